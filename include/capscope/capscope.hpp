@@ -1,0 +1,29 @@
+#pragma once
+//! @file
+//! capscope: declare what to capture into CUDA graphs as types; configurations that cannot
+//! work do not compile, and say which rule they break and how to fix it.
+//!
+//! Layers: vocabulary -> rules -> config (compile time) / validate (run time) -> flags.
+
+#include <capscope/vocabulary/capture_module.hpp>
+#include <capscope/vocabulary/graph_impl.hpp>
+#include <capscope/vocabulary/inference_scope.hpp>
+#include <capscope/vocabulary/moe.hpp>
+#include <capscope/vocabulary/offload_module.hpp>
+#include <capscope/vocabulary/recompute.hpp>
+#include <capscope/vocabulary/runtime_config.hpp>
+#include <capscope/vocabulary/training.hpp>
+
+#include <capscope/rules/evaluate.hpp>
+#include <capscope/rules/table.hpp>
+
+#include <capscope/config/capture_options.hpp>
+#include <capscope/config/config.hpp>
+#include <capscope/config/model_options.hpp>
+#include <capscope/config/offload_options.hpp>
+#include <capscope/config/select.hpp>
+#include <capscope/config/training_options.hpp>
+#include <capscope/config/vision_options.hpp>
+
+#include <capscope/describe.hpp>
+#include <capscope/validate.hpp>

@@ -1,0 +1,88 @@
+#pragma once
+//! @file
+//! `config<Options…>`: a CUDA-graph configuration checked by the compiler.
+//!
+//! The options are folded into a `runtime_config` (`requested`), and the rule table is walked
+//! in a constant expression. If a rule rejects, instantiating the config fails with exactly one
+//! error, `static assertion failed: capscope rule <ID>: <message> -- fix: <fix>`. Otherwise
+//! `normalized` is what will run, and equals the normalized form of any run-time configuration
+//! that means the same thing (option order carries no meaning).
+//!
+//! At compile time, rules Megatron applies silently (kind `adjustment`: S1's router/preprocess
+//! completion, OB1/OB2's offload downgrade at graph boundaries) are errors: a C++ configuration
+//! must spell out what will run. Migrations of deprecated spellings are applied.
+
+#include <capscope/config/option.hpp>
+#include <capscope/rules/evaluate.hpp>
+
+#include <boost/hana/length.hpp>
+#include <boost/hana/set.hpp>
+#include <boost/hana/tuple.hpp>
+#include <boost/hana/type.hpp>
+
+namespace capscope {
+
+namespace detail {
+template <class... Options>
+constexpr runtime_config collect_options() {
+    runtime_config c;
+    (Options::apply(c), ...);
+    return c;
+}
+
+//! Whether no two options share a kind (two impls, two modules<> lists, …).
+template <class... Options>
+constexpr bool option_kinds_unique() {
+    namespace hana = boost::hana;
+    constexpr auto kinds = hana::make_tuple(hana::type_c<typename Options::option_kind>...);
+    return hana::length(hana::to_set(kinds)) == hana::length(kinds);
+}
+
+template <class Config, int RuleIndex>
+struct report_rejection {
+    static constexpr bool reported = true; // accepted: nothing to report
+};
+template <class Config, int RuleIndex>
+    requires(RuleIndex >= 0)
+struct report_rejection<Config, RuleIndex> {
+    using rule = typename all_rules::template at<static_cast<std::size_t>(RuleIndex)>;
+    static constexpr bool reported = sizeof(typename rule::template rejected_by<Config>) > 0;
+};
+} // namespace detail
+
+template <config_option... Options>
+struct config {
+    static_assert(detail::option_kinds_unique<Options...>(),
+                  "capscope::config<...> names the same kind of option twice (two impls, two modules<...> lists, ...): "
+                  "merge them into one");
+
+    //! What the options ask for, deprecated spellings included.
+    static constexpr runtime_config requested = detail::collect_options<Options...>();
+    static constexpr first_rejection verdict = find_first_rejection(requested, enforcement::compile_time);
+    static_assert(detail::report_rejection<config, verdict.rule_index>::reported);
+
+    //! What will run: every migration and derived default applied.
+    static constexpr runtime_config normalized = verdict.normalized;
+
+    static constexpr graph_impl impl = normalized.impl;
+    static constexpr capture_module_set modules = normalized.modules.modules;
+    static constexpr inference_scope inference = *normalized.inference;
+};
+
+//! Whether `config<Options…>` would compile, without instantiating it (no diagnostic).
+template <class... Options>
+inline constexpr bool is_valid_config =
+    find_first_rejection(detail::collect_options<Options...>(), enforcement::compile_time).accepted();
+
+//! The id of the rule that would reject `config<Options…>`, or "" when it is valid.
+template <class... Options>
+inline constexpr std::string_view rejecting_rule = [] {
+    auto v = find_first_rejection(detail::collect_options<Options...>(), enforcement::compile_time);
+    return v.accepted() ? std::string_view{} : rule_table[static_cast<std::size_t>(v.rule_index)].id;
+}();
+
+//! Two configs that normalize to the same thing (e.g. the same options in another order).
+template <class A, class B>
+inline constexpr bool same_config = A::normalized == B::normalized;
+
+} // namespace capscope

@@ -1,0 +1,76 @@
+#pragma once
+//! @file
+//! Training-loop facts: layer-level CPU offloading, the NaN check, inference batching,
+//! the transformer implementation and Megatron-FSDP.
+
+#include <capscope/config/option.hpp>
+
+namespace capscope {
+
+//! `--cpu-offloading-num-layers N` (layer-level offloading, not fine-grained).
+template <int N>
+struct layer_cpu_offloading {
+    using option_kind = option_kind::training_fact_cpu_offload;
+    static constexpr void apply(runtime_config& c) { c.cpu_offloading_num_layers = N; }
+};
+
+//! `--no-check-for-nan-in-loss-and-grad`.
+struct no_nan_check {
+    using option_kind = option_kind::nan_check;
+    static constexpr void apply(runtime_config& c) { c.check_for_nan_in_loss_and_grad = false; }
+};
+
+//! `--inference-batch-times-seqlen-threshold N` (pipeline-parallel microbatched inference when N > -1).
+template <int N>
+struct pipeline_parallel_inference {
+    using option_kind = option_kind::pp_inference;
+    static constexpr void apply(runtime_config& c) { c.inference_batch_times_seqlen_threshold = N; }
+};
+
+//! `--inference-dynamic-batching-num-cuda-graphs N`.
+template <int N>
+struct dynamic_batching_graphs {
+    using option_kind = option_kind::dynamic_batching;
+    static constexpr void apply(runtime_config& c) { c.inference_dynamic_batching_num_cuda_graphs = N; }
+};
+
+//! `--transformer-impl`.
+template <transformer_impl T>
+struct transformer {
+    using option_kind = option_kind::transformer;
+    static constexpr void apply(runtime_config& c) { c.transformer = T; }
+};
+
+// --- Megatron-FSDP -----------------------------------------------------------------------
+namespace detail {
+template <class T>
+concept fsdp_flag = requires(fsdp_settings& s) {
+    typename T::fsdp_flag_tag;
+    T::apply(s);
+};
+struct fsdp_flag_base { using fsdp_flag_tag = void; };
+} // namespace detail
+
+struct fsdp_double_buffer : detail::fsdp_flag_base { static constexpr void apply(fsdp_settings& s) { s.double_buffer = true; } };
+struct fsdp_persistent_buffer_on_alloc_fail : detail::fsdp_flag_base {
+    static constexpr void apply(fsdp_settings& s) { s.persistent_buffer_on_alloc_fail = true; }
+};
+struct fsdp_nccl_user_buffers : detail::fsdp_flag_base { static constexpr void apply(fsdp_settings& s) { s.nccl_user_buffers = true; } };
+struct fsdp_max_pool_double_buffer : detail::fsdp_flag_base {
+    static constexpr void apply(fsdp_settings& s) { s.max_pool_double_buffer = true; }
+};
+
+//! `--use-megatron-fsdp` (v1; v2 adds `--use-fully-shard-api`) with its buffer flags.
+template <fsdp_mode Mode, class... Flags>
+struct megatron_fsdp {
+    static_assert((detail::fsdp_flag<Flags> && ...),
+                  "capscope::megatron_fsdp<mode, ...> takes fsdp_double_buffer, fsdp_persistent_buffer_on_alloc_fail, "
+                  "fsdp_nccl_user_buffers, fsdp_max_pool_double_buffer");
+    using option_kind = option_kind::fsdp;
+    static constexpr void apply(runtime_config& c) {
+        c.fsdp.mode = Mode;
+        (Flags::apply(c.fsdp), ...);
+    }
+};
+
+} // namespace capscope

@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Compile-fail check: passes only when the compiler fails AND its first error names the rule.
+
+usage: check.py RULE_ID -- COMPILER ARGS...
+       check.py SUCCESS -- COMPILER ARGS...   (the positive twins: must compile, no warnings)
+The first line containing "error" must contain "capscope rule RULE_ID:", so a typo, a missing
+include or a different rule firing first all fail the test.
+"""
+import subprocess
+import sys
+
+def main():
+    sep = sys.argv.index("--")
+    rule = sys.argv[1]
+    cmd = sys.argv[sep + 1:]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout
+    if rule == "SUCCESS":
+        if proc.returncode != 0:
+            print(f"FAIL: the valid twins did not compile\n$ {' '.join(cmd)}\n{out}")
+            return 1
+        print("ok: every valid twin compiled")
+        return 0
+    if proc.returncode == 0:
+        print(f"FAIL: the snippet for rule {rule} compiled\n$ {' '.join(cmd)}\n{out}")
+        return 1
+    first_error = next((l for l in out.splitlines() if "error" in l), "")
+    needle = f"capscope rule {rule}:"
+    if needle not in first_error:
+        print(f"FAIL: first error does not name '{needle}'\nfirst error: {first_error}\n--- full output ---\n{out}")
+        return 1
+    print(f"ok: rule {rule} rejected; first error: {first_error.strip()}")
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+// Compile-time enforcer and select<>: valid configs compile, verdicts match the run-time ones.
+#include "rule_cases.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace capscope;
+
+using dense_te = config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::mlp>>;
+using moe_local = config<impl::lazy_per_layer, modules<capture::attention, capture::moe_router, capture::moe_preprocess>,
+                         model<experts<8>, dispatcher<token_dispatcher::alltoall>>>;
+using whole = config<impl::whole_iteration, no_nan_check, recompute<recompute_granularity::full>>;
+
+static_assert(dense_te::impl == graph_impl::ahead_of_time_per_layer);
+static_assert(moe_local::inference == inference_scope::per_layer); // derived default (N10)
+static_assert(is_valid_config<impl::eager>);
+static_assert(!is_valid_config<impl::whole_iteration>); // A1
+static_assert(rejecting_rule<impl::whole_iteration> == "A1");
+static_assert(rejecting_rule<impl::lazy_per_layer, modules<capture::moe_router>, model<experts<8>>> == "S1");
+// Option order carries no meaning.
+static_assert(same_config<config<model<experts<8>>, impl::lazy_per_layer, warmup_steps<2>>,
+                          config<warmup_steps<2>, impl::lazy_per_layer, model<experts<8>>>>);
+// Deprecated spellings migrate to the same configuration.
+static_assert(same_config<config<deprecated::enable_cuda_graph, deprecated::cuda_graph_scope<capture::attention>>,
+                          config<impl::lazy_per_layer, modules<capture::attention>>>);
+static_assert(same_config<config<modules<deprecated::full_iteration>, no_nan_check>, config<impl::whole_iteration, no_nan_check>>);
+
+TEST_CASE("compile-time and run-time enforcers agree on every rule case") {
+    for (const auto& c : test::all_rule_cases()) {
+        CAPTURE(c.id);
+        for (const runtime_config& cfg : {c.holds, c.breaks}) {
+            auto ct = find_first_rejection(cfg, enforcement::compile_time);
+            auto rt = validate(cfg);
+            bool rt_adjusted = false;
+            for (const auto& n : rt.notes) rt_adjusted = rt_adjusted || n.rule->kind == rule_kind::adjustment;
+            // Compile time rejects exactly what run time rejects, plus silent adjustments.
+            CHECK(ct.accepted() == (rt.valid() && !rt_adjusted));
+            if (!ct.accepted() && !rt.valid())
+                CHECK(rule_table[static_cast<std::size_t>(ct.rule_index)].id == rt.violations.front().rule->id);
+        }
+    }
+}
+
+TEST_CASE("select calls f with the compile-time config equal to the run-time one") {
+    runtime_config rc;
+    rc.impl = graph_impl::lazy_per_layer;
+    rc.num_experts = 8;
+    rc.dispatcher = token_dispatcher::alltoall;
+    rc.modules.modules = {capture_module::attention, capture_module::moe_router};
+    rc.modules.entries = 2; // moe_preprocess is completed by S1, as Megatron does
+    int chosen = select<dense_te, moe_local, whole>(rc, []<class Cfg>(Cfg) {
+        if constexpr (std::is_same_v<Cfg, moe_local>) return 2;
+        else return 0;
+    });
+    CHECK(chosen == 2);
+}
+
+TEST_CASE("select reports no match with the closest candidate's differences") {
+    runtime_config rc;
+    rc.impl = graph_impl::ahead_of_time_per_layer;
+    rc.modules.modules = {capture_module::attention};
+    rc.modules.entries = 1;
+    try {
+        select<dense_te, whole>(rc, [](auto) {});
+        FAIL("expected no_matching_config");
+    } catch (const no_matching_config& e) {
+        std::string what = e.what();
+        CHECK(what.find("modules: [attn] vs [attn, mlp]") != std::string::npos);
+    }
+}
+
+TEST_CASE("select refuses an invalid run-time configuration with every violation") {
+    runtime_config rc;
+    rc.impl = graph_impl::whole_iteration;
+    rc.modules.modules = {capture_module::attention};
+    rc.modules.entries = 1;
+    CHECK_THROWS_AS(select<whole>(rc, [](auto) {}), invalid_configuration);
+    try {
+        select<whole>(rc, [](auto) {});
+    } catch (const invalid_configuration& e) {
+        CHECK(std::string(e.what()).find("[N12]") != std::string::npos);
+    }
+}
