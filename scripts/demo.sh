@@ -7,7 +7,7 @@ scripts/install-deps.sh
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -d build ] || meson setup build --buildtype=debugoptimized
 meson compile -C build
-build/01_first_config || true
+build/examples/01_first_config
 echo; echo '$ capscope-check --cuda-graph-impl local --cuda-graph-modules attn moe_router --num-experts 8 --recompute-activations'
 build/tools/capscope_check/capscope-check --cuda-graph-impl local --cuda-graph-modules attn moe_router --num-experts 8 \
   --recompute-activations || true
