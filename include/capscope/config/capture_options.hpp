@@ -68,14 +68,7 @@ struct full_iteration_inference { static constexpr void add_to(module_request& r
 //! spellings `full`, `full_iteration`, `full_iteration_inference` are accepted too.
 template <detail::fixed_string Name>
 struct module_named {
-    static constexpr void add_to(module_request& r) {
-        std::string_view n = Name.view();
-        if (auto m = parse_megatron_name<capture_module>(n)) r.modules.insert(*m);
-        else if (n == "full") r.full = true;
-        else if (n == "full_iteration") r.full_iteration = true;
-        else if (n == "full_iteration_inference") r.full_iteration_inference = true;
-        else if (r.unknown_name.empty()) r.unknown_name = detail::short_text(n);
-    }
+    static constexpr void add_to(module_request& r) { add_module_name(r, Name.view()); }
 };
 
 namespace detail {

@@ -115,11 +115,7 @@ inline module_request read_modules(const std::vector<std::string>& values) {
     module_request r;
     for (const std::string& v : values) {
         ++r.entries;
-        if (auto m = parse_megatron_name<capture_module>(v)) r.modules.insert(*m);
-        else if (v == "full") r.full = true;
-        else if (v == "full_iteration") r.full_iteration = true;
-        else if (v == "full_iteration_inference") r.full_iteration_inference = true;
-        else if (r.unknown_name.empty()) r.unknown_name = capscope::detail::short_text(v);
+        add_module_name(r, v);
     }
     return r;
 }

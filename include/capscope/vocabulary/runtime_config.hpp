@@ -17,6 +17,7 @@
 #include <capscope/vocabulary/training.hpp>
 
 #include <optional>
+#include <string_view>
 
 namespace capscope {
 
@@ -33,6 +34,16 @@ struct module_request {
     constexpr bool empty() const { return entries == 0; }
     friend constexpr bool operator==(const module_request&, const module_request&) = default;
 };
+
+//! Adds one entry, by Megatron spelling, to a module list: a module, one of the deprecated
+//! pseudo-modules, or an unknown name (kept for rule N6). The entry count is the caller's.
+constexpr void add_module_name(module_request& r, std::string_view name) {
+    if (auto m = parse_megatron_name<capture_module>(name)) r.modules.insert(*m);
+    else if (name == "full") r.full = true;
+    else if (name == "full_iteration") r.full_iteration = true;
+    else if (name == "full_iteration_inference") r.full_iteration_inference = true;
+    else if (r.unknown_name.empty()) r.unknown_name = detail::short_text(name);
+}
 
 //! Fine-grained activation offloading (`--fine-grained-activation-offloading` and friends).
 struct offload_settings {
