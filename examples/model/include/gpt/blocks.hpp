@@ -1,0 +1,143 @@
+#pragma once
+//! @file
+//! The model's blocks. Each owns its parameters (declared in a `parameter_store`), its
+//! activations and its gradient buffers, all allocated at construction; `bind` wires it to the
+//! block before (its input) and after (the gradient of its output) and builds its stages.
+//! A dense layer is attention + mlp, an MoE layer attention + moe, a Mamba layer one mamba block.
+
+#include <gpt/config.hpp>
+#include <gpt/parameters.hpp>
+#include <gpt/stage.hpp>
+
+#include <capscope/cuda/blas.hpp>
+#include <capscope/cuda/buffer.hpp>
+
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+enum class attention_kind {
+    causal,              //!< decoder self-attention
+    bidirectional_padded //!< encoder attention over the first lengths[b] keys of each sample
+};
+
+//! The token grid and widths a block works on.
+struct block_shape {
+    int batch = 0, seq = 0, hidden = 0, heads = 0, ffn_hidden = 0;
+    int experts = 0, top_k = 0, capacity = 0, inner = 0;
+    gpt::moe_mode moe_mode = gpt::moe_mode::drop_and_pad;
+    float init_stddev = 0.02f;
+    int tokens() const { return batch * seq; }
+};
+
+template <class T>
+class block {
+public:
+    virtual ~block() = default;
+    block(const block&) = delete;
+    block& operator=(const block&) = delete;
+
+    //! x: this block's input [tokens, hidden]; dy: gradient of its output, written by the next
+    //! block's backward (or the head's) before this block's backward runs.
+    virtual void bind(const T* x, const T* dy) = 0;
+    const T* output() const { return y_.data(); }
+    //! Gradient of the loss with respect to the input, written by backward.
+    const T* input_grad() const { return dx_.data(); }
+    const std::vector<stage>& stages() const { return stages_; }
+
+protected:
+    block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer)
+        : shape_(shape), params_(params), blas_(blas), name_(std::move(name)), layer_(layer),
+          y_(std::size_t(shape.tokens()) * shape.hidden), dx_(std::size_t(shape.tokens()) * shape.hidden) {}
+    tensor_ref ref(std::string what, const void* p, std::size_t bytes) const {
+        return {name_ + "." + what, const_cast<void*>(p), bytes};
+    }
+    std::size_t activation_bytes() const { return std::size_t(shape_.tokens()) * shape_.hidden * sizeof(T); }
+
+    block_shape shape_;
+    parameter_store<T>& params_;
+    const capscope::cuda::blas_handle& blas_;
+    std::string name_;
+    int layer_;
+    const T* x_ = nullptr;
+    const T* dy_ = nullptr;
+    capscope::cuda::device_buffer<T> y_, dx_;
+    std::vector<stage> stages_;
+};
+
+template <class T>
+class attention_block final : public block<T> {
+public:
+    attention_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name,
+                    int layer, attention_kind kind, const int* lengths = nullptr);
+    void bind(const T* x, const T* dy) override;
+    void forward(cudaStream_t s);
+    void backward(cudaStream_t s);
+
+private:
+    attention_kind kind_;
+    const int* lengths_;
+    typename parameter_store<T>::id norm_, qkv_w_, out_w_;
+    capscope::cuda::device_buffer<float> rstd_;
+    capscope::cuda::device_buffer<T> normed_, qkv_, q_, k_, v_, probs_, ctx_, merged_;
+    capscope::cuda::device_buffer<T> d_merged_, d_ctx_, d_probs_, dq_, dk_, dv_, d_qkv_, d_normed_;
+};
+
+template <class T>
+class mlp_block final : public block<T> {
+public:
+    mlp_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer);
+    void bind(const T* x, const T* dy) override;
+    void forward(cudaStream_t s);
+    void backward(cudaStream_t s);
+
+private:
+    typename parameter_store<T>::id norm_, fc1_, fc2_;
+    capscope::cuda::device_buffer<float> rstd_;
+    capscope::cuda::device_buffer<T> normed_, pre_, act_, d_act_, d_pre_, d_normed_;
+};
+
+//! Router -> preprocess (permute) -> experts + combine, as three stages.
+template <class T>
+class moe_block final : public block<T> {
+public:
+    moe_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer);
+    void bind(const T* x, const T* dy) override;
+    void router_forward(cudaStream_t s);
+    void router_backward(cudaStream_t s);
+    void preprocess_forward(cudaStream_t s);
+    void preprocess_backward(cudaStream_t s);
+    void experts_forward(cudaStream_t s);
+    void experts_backward(cudaStream_t s);
+
+    //! Rows of the permuted buffer: experts * capacity (drop-and-pad) or tokens * top_k (dropless).
+    int permuted_rows() const { return rows_; }
+    //! Per-expert assignment counts of the last forward (device memory): kept ones under drop-and-pad.
+    const int* expert_counts() const { return counts_.data(); }
+
+private:
+    int rows_;
+    typename parameter_store<T>::id norm_, router_, fc1_, fc2_;
+    capscope::cuda::device_buffer<float> rstd_, gate_, d_gate_;
+    capscope::cuda::device_buffer<int> expert_, counts_, slot_, row_owner_;
+    capscope::cuda::pinned_buffer<int> host_counts_;
+    capscope::cuda::device_buffer<T> normed_, logits_, permuted_, pre_, act_, expert_out_;
+    capscope::cuda::device_buffer<T> d_expert_out_, d_act_, d_pre_, d_permuted_, d_logits_, d_normed_;
+};
+
+template <class T>
+class mamba_block final : public block<T> {
+public:
+    mamba_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer);
+    void bind(const T* x, const T* dy) override;
+    void forward(cudaStream_t s);
+    void backward(cudaStream_t s);
+
+private:
+    typename parameter_store<T>::id norm_, in_proj_, out_proj_;
+    capscope::cuda::device_buffer<float> rstd_, state_;
+    capscope::cuda::device_buffer<T> normed_, proj_, mixed_, d_mixed_, d_proj_, d_normed_;
+};
+
+} // namespace gpt

@@ -1,0 +1,62 @@
+#pragma once
+//! @file
+//! Shape and behaviour of the example model. Checked once, at set-up: a bad value throws
+//! `std::invalid_argument` naming the field and what it must be.
+
+#include <cstdint>
+#include <string>
+
+namespace gpt {
+
+enum class precision { fp32, bf16 };
+
+//! How the MoE layer sizes its expert batches.
+enum class moe_mode {
+    drop_and_pad, //!< fixed capacity per expert, overflow dropped: fixed shapes, no host sync, capturable
+    dropless,     //!< every token kept: per-expert counts are read back by the host to size the GEMMs
+};
+
+//! Layer kinds in `layer_pattern`: 'D' dense transformer, 'E' MoE transformer, 'M' Mamba-style.
+struct model_config {
+    int vocab = 32;
+    int hidden = 64;
+    int heads = 4;
+    int ffn_hidden = 256;
+    int seq_len = 16;
+    int batch = 4;
+    std::string layer_pattern = "DEM";
+    int experts = 4;
+    int top_k = 2;
+    double capacity_factor = 1.25;
+    gpt::moe_mode moe_mode = gpt::moe_mode::drop_and_pad;
+    int mamba_inner = 0; //!< 0: same as hidden
+    std::uint64_t seed = 1234;
+    float init_stddev = 0.02f; //!< weights ~ N(0, init_stddev); norm gains start at 1
+
+    int tokens() const { return seq_len * batch; }
+    int head_dim() const { return hidden / heads; }
+    int inner() const { return mamba_inner ? mamba_inner : hidden; }
+    //! Slots per expert under drop-and-pad: ceil(capacity_factor * tokens * top_k / experts).
+    int expert_capacity() const;
+    //! Throws std::invalid_argument on the first field that cannot work.
+    void validate() const;
+};
+
+//! A bidirectional encoder over a variable number of patches per sample, padded to `max_patches`.
+struct vision_config {
+    int patch_dim = 24;
+    int hidden = 64;
+    int heads = 4;
+    int ffn_hidden = 256;
+    int layers = 2;
+    int max_patches = 32; //!< size of the position table: the largest padded length
+    int batch = 4;
+    int padded_len = 32; //!< the length every sample is padded to in this encoder's buffers
+    std::uint64_t seed = 99;
+    float init_stddev = 0.02f;
+
+    int tokens() const { return batch * padded_len; }
+    void validate() const;
+};
+
+} // namespace gpt

@@ -1,0 +1,62 @@
+#pragma once
+//! @file
+//! A vision encoder over a variable number of patches per sample. Each batch is padded to the
+//! encoder's fixed length (`padded_len`, one bucket); attention is bidirectional with a key
+//! padding mask, so the outputs on real patches do not depend on the padding. A sample longer
+//! than the bucket is rejected with an error that says so.
+
+#include <gpt/blocks.hpp>
+#include <gpt/config.hpp>
+#include <gpt/parameters.hpp>
+#include <gpt/stage.hpp>
+
+#include <capscope/cuda/blas.hpp>
+#include <capscope/cuda/buffer.hpp>
+
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace gpt {
+
+template <class T>
+class vision_encoder {
+public:
+    vision_encoder(const vision_config& cfg, cudaStream_t setup_stream);
+    vision_encoder(const vision_encoder&) = delete;
+    vision_encoder& operator=(const vision_encoder&) = delete;
+
+    //! patches: [batch, padded_len, patch_dim] (the padding rows may hold anything); lengths:
+    //! real patches per sample, each in [1, padded_len].
+    void set_inputs(std::span<const float> patches, std::span<const int> lengths, cudaStream_t s);
+    //! d(loss)/d(output), [batch, padded_len, hidden]; read by backward.
+    void set_output_grad(std::span<const float> grad, cudaStream_t s);
+
+    void forward(cudaStream_t s);
+    void backward(cudaStream_t s);
+
+    const T* output() const { return out_.data(); } //!< [batch, padded_len, hidden]
+    const std::vector<stage>& stages() const { return stages_; }
+    const vision_config& config() const { return cfg_; }
+    parameter_store<T>& parameters() { return params_; }
+    const parameter_store<T>& parameters() const { return params_; }
+    const T* input_patches() const { return patches_.data(); }
+
+private:
+    void embed_forward(cudaStream_t s);
+    void embed_backward(cudaStream_t s);
+    void norm_forward(cudaStream_t s);
+    void norm_backward(cudaStream_t s);
+
+    vision_config cfg_;
+    capscope::cuda::blas_handle blas_;
+    parameter_store<T> params_;
+    typename parameter_store<T>::id patch_w_, pos_emb_, final_norm_;
+    capscope::cuda::device_buffer<int> lengths_;
+    std::vector<std::unique_ptr<block<T>>> blocks_;
+    capscope::cuda::device_buffer<float> staging_, rstd_;
+    capscope::cuda::device_buffer<T> patches_, embedded_, out_, d_out_, d_last_;
+    std::vector<stage> stages_;
+};
+
+} // namespace gpt

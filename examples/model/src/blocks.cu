@@ -1,0 +1,388 @@
+// Forward and backward of the model's blocks, written by hand. Shapes (row-major):
+// tokens T = batch * seq, hidden H, heads nh with head_dim dh, ffn F, experts E, top-k k.
+
+#include <gpt/blocks.hpp>
+
+#include "gemm.hpp"
+#include "kernels.hpp"
+
+#include <capscope/cuda/error.hpp>
+
+#include <cmath>
+
+namespace gpt {
+
+using capscope::capture_module;
+using capscope::cuda::device_buffer;
+using detail::gemm;
+using detail::gemm_shape;
+
+namespace {
+std::size_t n_elems(long a, long b = 1, long c = 1) { return std::size_t(a) * std::size_t(b) * std::size_t(c); }
+
+template <class T> void copy_rows(T* dst, const T* src, std::size_t count, cudaStream_t s) {
+    CAPSCOPE_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, s));
+}
+} // namespace
+
+// ---- attention: y = x + Wo . attention(rmsnorm(x)) -------------------------------------------
+template <class T>
+attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
+                                    std::string name, int layer, attention_kind kind, const int* lengths)
+    : block<T>(sh, params, blas, std::move(name), layer), kind_(kind), lengths_(lengths),
+      norm_(params.declare(this->name_ + ".input_norm", sh.hidden, init_kind::ones)),
+      qkv_w_(params.declare(this->name_ + ".qkv", n_elems(sh.hidden, 3 * sh.hidden), init_kind::normal, sh.init_stddev)),
+      out_w_(params.declare(this->name_ + ".proj", n_elems(sh.hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
+      rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), qkv_(n_elems(sh.tokens(), 3 * sh.hidden)),
+      q_(n_elems(sh.tokens(), sh.hidden)), k_(n_elems(sh.tokens(), sh.hidden)), v_(n_elems(sh.tokens(), sh.hidden)),
+      probs_(n_elems(sh.batch * sh.heads, sh.seq, sh.seq)), ctx_(n_elems(sh.tokens(), sh.hidden)), merged_(n_elems(sh.tokens(), sh.hidden)),
+      d_merged_(n_elems(sh.tokens(), sh.hidden)), d_ctx_(n_elems(sh.tokens(), sh.hidden)),
+      d_probs_(n_elems(sh.batch * sh.heads, sh.seq, sh.seq)), dq_(n_elems(sh.tokens(), sh.hidden)), dk_(n_elems(sh.tokens(), sh.hidden)),
+      dv_(n_elems(sh.tokens(), sh.hidden)), d_qkv_(n_elems(sh.tokens(), 3 * sh.hidden)), d_normed_(n_elems(sh.tokens(), sh.hidden)) {
+    if (kind == attention_kind::bidirectional_padded && !lengths)
+        throw std::invalid_argument(this->name_ + ": bidirectional_padded attention needs the device array of lengths");
+}
+
+template <class T> void attention_block<T>::bind(const T* x, const T* dy) {
+    this->x_ = x;
+    this->dy_ = dy;
+    stage st;
+    st.name = this->name_ + ".attention";
+    st.layer = this->layer_;
+    st.kind = stage_kind::attention;
+    st.captured_by = {capture_module::attention};
+    st.forward = stream_fn::of<&attention_block::forward>(this);
+    st.backward = stream_fn::of<&attention_block::backward>(this);
+    st.inputs = {this->ref("input", x, this->activation_bytes())};
+    if (lengths_) st.inputs.push_back(this->ref("lengths", lengths_, sizeof(int) * this->shape_.batch));
+    st.outputs = {this->ref("output", this->y_.data(), this->activation_bytes())};
+    this->stages_ = {std::move(st)};
+}
+
+template <class T> void attention_block<T>::forward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden, dh = h / sh.heads, bh = sh.batch * sh.heads, S = sh.seq;
+    auto& P = this->params_;
+    kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
+    gemm(this->blas_, s, {false, false, t, 3 * h, h}, normed_.data(), P.value(qkv_w_), qkv_.data());
+    kernels::split_heads(qkv_.data(), q_.data(), k_.data(), v_.data(), sh.batch, S, sh.heads, dh, s);
+    gemm(this->blas_, s, {false, true, S, S, dh}, q_.data(), k_.data(), probs_.data(), 0.f, bh, S * dh, S * dh, S * S);
+    kernels::masked_softmax(probs_.data(), 1.f / std::sqrt(float(dh)),
+                            kind_ == attention_kind::causal ? kernels::attention_mask::causal : kernels::attention_mask::key_padding,
+                            lengths_, sh.batch, sh.heads, S, s);
+    gemm(this->blas_, s, {false, false, S, dh, S}, probs_.data(), v_.data(), ctx_.data(), 0.f, bh, S * S, S * dh, S * dh);
+    kernels::merge_heads(ctx_.data(), merged_.data(), sh.batch, S, sh.heads, dh, s);
+    copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
+    gemm(this->blas_, s, {false, false, t, h, h}, merged_.data(), P.value(out_w_), this->y_.data(), 1.f);
+}
+
+template <class T> void attention_block<T>::backward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden, dh = h / sh.heads, bh = sh.batch * sh.heads, S = sh.seq;
+    auto& P = this->params_;
+    const T* dy = this->dy_;
+    gemm(this->blas_, s, {true, false, h, h, t}, merged_.data(), dy, P.grad(out_w_));
+    gemm(this->blas_, s, {false, true, t, h, h}, dy, P.value(out_w_), d_merged_.data());
+    kernels::unmerge_heads(d_merged_.data(), d_ctx_.data(), sh.batch, S, sh.heads, dh, s);
+    gemm(this->blas_, s, {false, true, S, S, dh}, d_ctx_.data(), v_.data(), d_probs_.data(), 0.f, bh, S * dh, S * dh, S * S);
+    gemm(this->blas_, s, {true, false, S, dh, S}, probs_.data(), d_ctx_.data(), dv_.data(), 0.f, bh, S * S, S * dh, S * dh);
+    kernels::softmax_backward(probs_.data(), d_probs_.data(), 1.f / std::sqrt(float(dh)), bh * S, S, s);
+    gemm(this->blas_, s, {false, false, S, dh, S}, d_probs_.data(), k_.data(), dq_.data(), 0.f, bh, S * S, S * dh, S * dh);
+    gemm(this->blas_, s, {true, false, S, dh, S}, d_probs_.data(), q_.data(), dk_.data(), 0.f, bh, S * S, S * dh, S * dh);
+    kernels::merge_qkv_grads(dq_.data(), dk_.data(), dv_.data(), d_qkv_.data(), sh.batch, S, sh.heads, dh, s);
+    gemm(this->blas_, s, {true, false, h, 3 * h, t}, normed_.data(), d_qkv_.data(), P.grad(qkv_w_));
+    gemm(this->blas_, s, {false, true, t, h, 3 * h}, d_qkv_.data(), P.value(qkv_w_), d_normed_.data());
+    kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
+    kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);
+}
+
+// ---- dense MLP: y = x + W2 . gelu(W1 . rmsnorm(x)) ------------------------------------------
+template <class T>
+mlp_block<T>::mlp_block(const block_shape& sh, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name,
+                        int layer)
+    : block<T>(sh, params, blas, std::move(name), layer),
+      norm_(params.declare(this->name_ + ".pre_mlp_norm", sh.hidden, init_kind::ones)),
+      fc1_(params.declare(this->name_ + ".fc1", n_elems(sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
+      fc2_(params.declare(this->name_ + ".fc2", n_elems(sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
+      rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), pre_(n_elems(sh.tokens(), sh.ffn_hidden)),
+      act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_pre_(n_elems(sh.tokens(), sh.ffn_hidden)),
+      d_normed_(n_elems(sh.tokens(), sh.hidden)) {}
+
+template <class T> void mlp_block<T>::bind(const T* x, const T* dy) {
+    this->x_ = x;
+    this->dy_ = dy;
+    stage st;
+    st.name = this->name_ + ".mlp";
+    st.layer = this->layer_;
+    st.kind = stage_kind::mlp;
+    st.captured_by = {capture_module::mlp};
+    st.forward = stream_fn::of<&mlp_block::forward>(this);
+    st.backward = stream_fn::of<&mlp_block::backward>(this);
+    st.inputs = {this->ref("input", x, this->activation_bytes())};
+    st.outputs = {this->ref("output", this->y_.data(), this->activation_bytes())};
+    this->stages_ = {std::move(st)};
+}
+
+template <class T> void mlp_block<T>::forward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden, f = sh.ffn_hidden;
+    auto& P = this->params_;
+    kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
+    gemm(this->blas_, s, {false, false, t, f, h}, normed_.data(), P.value(fc1_), pre_.data());
+    kernels::gelu_forward(pre_.data(), act_.data(), long(t) * f, s);
+    copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
+    gemm(this->blas_, s, {false, false, t, h, f}, act_.data(), P.value(fc2_), this->y_.data(), 1.f);
+}
+
+template <class T> void mlp_block<T>::backward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden, f = sh.ffn_hidden;
+    auto& P = this->params_;
+    const T* dy = this->dy_;
+    gemm(this->blas_, s, {true, false, f, h, t}, act_.data(), dy, P.grad(fc2_));
+    gemm(this->blas_, s, {false, true, t, f, h}, dy, P.value(fc2_), d_act_.data());
+    kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(t) * f, s);
+    gemm(this->blas_, s, {true, false, h, f, t}, normed_.data(), d_pre_.data(), P.grad(fc1_));
+    gemm(this->blas_, s, {false, true, t, h, f}, d_pre_.data(), P.value(fc1_), d_normed_.data());
+    kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
+    kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);
+}
+
+// ---- MoE: y = x + sum_k gate_k * expert_k(rmsnorm(x)) ------------------------------------------
+template <class T>
+moe_block<T>::moe_block(const block_shape& sh, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name,
+                        int layer)
+    : block<T>(sh, params, blas, std::move(name), layer),
+      rows_(sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity : sh.tokens() * sh.top_k),
+      norm_(params.declare(this->name_ + ".pre_mlp_norm", sh.hidden, init_kind::ones)),
+      router_(params.declare(this->name_ + ".router", n_elems(sh.hidden, sh.experts), init_kind::normal, sh.init_stddev)),
+      fc1_(params.declare(this->name_ + ".experts.fc1", n_elems(sh.experts, sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
+      fc2_(params.declare(this->name_ + ".experts.fc2", n_elems(sh.experts, sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
+      rstd_(sh.tokens()), gate_(n_elems(sh.tokens(), sh.top_k)), d_gate_(n_elems(sh.tokens(), sh.top_k)),
+      expert_(n_elems(sh.tokens(), sh.top_k)), counts_(sh.experts), slot_(n_elems(sh.tokens(), sh.top_k)), row_owner_(rows_),
+      host_counts_(sh.experts), normed_(n_elems(sh.tokens(), sh.hidden)), logits_(n_elems(sh.tokens(), sh.experts)),
+      permuted_(n_elems(rows_, sh.hidden)), pre_(n_elems(rows_, sh.ffn_hidden)), act_(n_elems(rows_, sh.ffn_hidden)),
+      expert_out_(n_elems(rows_, sh.hidden)), d_expert_out_(n_elems(rows_, sh.hidden)), d_act_(n_elems(rows_, sh.ffn_hidden)),
+      d_pre_(n_elems(rows_, sh.ffn_hidden)), d_permuted_(n_elems(rows_, sh.hidden)), d_logits_(n_elems(sh.tokens(), sh.experts)),
+      d_normed_(n_elems(sh.tokens(), sh.hidden)) {}
+
+template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
+    this->x_ = x;
+    this->dy_ = dy;
+    const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
+    const std::size_t act = this->activation_bytes();
+    stage router;
+    router.name = this->name_ + ".moe_router";
+    router.layer = this->layer_;
+    router.kind = stage_kind::moe_router;
+    router.captured_by = {capture_module::moe, capture_module::moe_router};
+    router.forward = stream_fn::of<&moe_block::router_forward>(this);
+    router.backward = stream_fn::of<&moe_block::router_backward>(this);
+    router.inputs = {this->ref("input", x, act)};
+    router.outputs = {this->ref("probs", gate_.data(), gate_.bytes()), this->ref("routing_map", expert_.data(), expert_.bytes())};
+
+    stage pre;
+    pre.name = this->name_ + ".moe_preprocess";
+    pre.layer = this->layer_;
+    pre.kind = stage_kind::moe_preprocess;
+    pre.captured_by = {capture_module::moe, capture_module::moe_preprocess};
+    pre.synchronizes_with_host = dropless; // reads the per-expert counts back to size the GEMMs
+    pre.forward = stream_fn::of<&moe_block::preprocess_forward>(this);
+    pre.backward = stream_fn::of<&moe_block::preprocess_backward>(this);
+    pre.inputs = {this->ref("pre_mlp_norm_output", normed_.data(), normed_.bytes()), router.outputs[1]};
+    pre.outputs = {this->ref("permuted_tokens", permuted_.data(), permuted_.bytes())};
+
+    stage experts;
+    experts.name = this->name_ + ".moe_experts";
+    experts.layer = this->layer_;
+    experts.kind = stage_kind::moe_experts;
+    experts.captured_by = {capture_module::moe};
+    experts.shapes_depend_on_data = dropless;
+    experts.forward = stream_fn::of<&moe_block::experts_forward>(this);
+    experts.backward = stream_fn::of<&moe_block::experts_backward>(this);
+    experts.inputs = {pre.outputs[0], router.outputs[0], this->ref("input", x, act)};
+    experts.outputs = {this->ref("output", this->y_.data(), act)};
+    this->stages_ = {std::move(router), std::move(pre), std::move(experts)};
+}
+
+template <class T> void moe_block<T>::router_forward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden;
+    auto& P = this->params_;
+    kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
+    gemm(this->blas_, s, {false, false, t, sh.experts, h}, normed_.data(), P.value(router_), logits_.data());
+    kernels::router_topk(logits_.data(), expert_.data(), gate_.data(), t, sh.experts, sh.top_k, s);
+}
+
+template <class T> void moe_block<T>::preprocess_forward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const bool dropless = sh.moe_mode == moe_mode::dropless;
+    kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), sh.tokens(), sh.top_k, sh.experts,
+                          dropless ? 0 : sh.capacity, s);
+    if (dropless) {
+        // The device-to-host sync that makes dropless MoE uncapturable: GEMM sizes come from data.
+        CAPSCOPE_CHECK(cudaMemcpyAsync(host_counts_.data(), counts_.data(), counts_.bytes(), cudaMemcpyDeviceToHost, s));
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    }
+    kernels::permute_rows(normed_.data(), row_owner_.data(), permuted_.data(), rows_, sh.hidden, sh.top_k, s);
+}
+
+template <class T> void moe_block<T>::experts_forward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int h = sh.hidden, f = sh.ffn_hidden;
+    auto& P = this->params_;
+    if (sh.moe_mode == moe_mode::drop_and_pad) {
+        const int c = sh.capacity;
+        gemm(this->blas_, s, {false, false, c, f, h}, permuted_.data(), P.value(fc1_), pre_.data(), 0.f, sh.experts, long(c) * h,
+             long(h) * f, long(c) * f);
+        kernels::gelu_forward(pre_.data(), act_.data(), long(rows_) * f, s);
+        gemm(this->blas_, s, {false, false, c, h, f}, act_.data(), P.value(fc2_), expert_out_.data(), 0.f, sh.experts, long(c) * f,
+             long(f) * h, long(c) * h);
+    } else {
+        long row = 0;
+        for (int e = 0; e < sh.experts; ++e) {
+            const int m = host_counts_[e];
+            if (m > 0)
+                gemm(this->blas_, s, {false, false, m, f, h}, permuted_.data() + row * h, P.value(fc1_) + long(e) * h * f,
+                     pre_.data() + row * f);
+            row += m;
+        }
+        kernels::gelu_forward(pre_.data(), act_.data(), long(rows_) * f, s);
+        row = 0;
+        for (int e = 0; e < sh.experts; ++e) {
+            const int m = host_counts_[e];
+            if (m > 0)
+                gemm(this->blas_, s, {false, false, m, h, f}, act_.data() + row * f, P.value(fc2_) + long(e) * f * h,
+                     expert_out_.data() + row * h);
+            row += m;
+        }
+    }
+    kernels::combine(expert_out_.data(), slot_.data(), gate_.data(), this->x_, this->y_.data(), sh.tokens(), h, sh.top_k, s);
+}
+
+template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int h = sh.hidden, f = sh.ffn_hidden;
+    auto& P = this->params_;
+    kernels::combine_backward(this->dy_, expert_out_.data(), slot_.data(), row_owner_.data(), gate_.data(), d_expert_out_.data(),
+                              d_gate_.data(), sh.tokens(), rows_, h, sh.top_k, s);
+    if (sh.moe_mode == moe_mode::drop_and_pad) {
+        const int c = sh.capacity, e = sh.experts;
+        gemm(this->blas_, s, {true, false, f, h, c}, act_.data(), d_expert_out_.data(), P.grad(fc2_), 0.f, e, long(c) * f,
+             long(c) * h, long(f) * h);
+        gemm(this->blas_, s, {false, true, c, f, h}, d_expert_out_.data(), P.value(fc2_), d_act_.data(), 0.f, e, long(c) * h,
+             long(f) * h, long(c) * f);
+        kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows_) * f, s);
+        gemm(this->blas_, s, {true, false, h, f, c}, permuted_.data(), d_pre_.data(), P.grad(fc1_), 0.f, e, long(c) * h,
+             long(c) * f, long(h) * f);
+        gemm(this->blas_, s, {false, true, c, h, f}, d_pre_.data(), P.value(fc1_), d_permuted_.data(), 0.f, e, long(c) * f,
+             long(h) * f, long(c) * h);
+        return;
+    }
+    long row = 0;
+    for (int e = 0; e < sh.experts; ++e) {
+        const int m = host_counts_[e];
+        float* g1 = P.grad(fc1_) + long(e) * h * f;
+        float* g2 = P.grad(fc2_) + long(e) * f * h;
+        if (m == 0) { // an expert that got no token has zero gradient, not a stale one
+            CAPSCOPE_CHECK(cudaMemsetAsync(g1, 0, sizeof(float) * h * f, s));
+            CAPSCOPE_CHECK(cudaMemsetAsync(g2, 0, sizeof(float) * f * h, s));
+            continue;
+        }
+        gemm(this->blas_, s, {true, false, f, h, m}, act_.data() + row * f, d_expert_out_.data() + row * h, g2);
+        gemm(this->blas_, s, {false, true, m, f, h}, d_expert_out_.data() + row * h, P.value(fc2_) + long(e) * f * h,
+             d_act_.data() + row * f);
+        row += m;
+    }
+    kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows_) * f, s);
+    row = 0;
+    for (int e = 0; e < sh.experts; ++e) {
+        const int m = host_counts_[e];
+        if (m > 0) {
+            gemm(this->blas_, s, {true, false, h, f, m}, permuted_.data() + row * h, d_pre_.data() + row * f,
+                 P.grad(fc1_) + long(e) * h * f);
+            gemm(this->blas_, s, {false, true, m, h, f}, d_pre_.data() + row * f, P.value(fc1_) + long(e) * h * f,
+                 d_permuted_.data() + row * h);
+        }
+        row += m;
+    }
+}
+
+template <class T> void moe_block<T>::preprocess_backward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    kernels::permute_rows_backward(d_permuted_.data(), slot_.data(), d_normed_.data(), sh.tokens(), sh.hidden, sh.top_k, s);
+}
+
+template <class T> void moe_block<T>::router_backward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden;
+    auto& P = this->params_;
+    kernels::router_topk_backward(expert_.data(), gate_.data(), d_gate_.data(), d_logits_.data(), t, sh.experts, sh.top_k, s);
+    gemm(this->blas_, s, {true, false, h, sh.experts, t}, normed_.data(), d_logits_.data(), P.grad(router_));
+    gemm(this->blas_, s, {false, true, t, h, sh.experts}, d_logits_.data(), P.value(router_), d_normed_.data(), 1.f);
+    kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
+    kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), this->dy_, this->dx_.data(), t, h, s);
+}
+
+// ---- Mamba-style: y = x + Wout . (scan(Win . rmsnorm(x))) ----------------------------------
+template <class T>
+mamba_block<T>::mamba_block(const block_shape& sh, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
+                            std::string name, int layer)
+    : block<T>(sh, params, blas, std::move(name), layer),
+      norm_(params.declare(this->name_ + ".norm", sh.hidden, init_kind::ones)),
+      in_proj_(params.declare(this->name_ + ".in_proj", n_elems(sh.hidden, 3 * sh.inner), init_kind::normal, sh.init_stddev)),
+      out_proj_(params.declare(this->name_ + ".out_proj", n_elems(sh.inner, sh.hidden), init_kind::normal, sh.init_stddev)),
+      rstd_(sh.tokens()), state_(n_elems(sh.tokens(), sh.inner)), normed_(n_elems(sh.tokens(), sh.hidden)),
+      proj_(n_elems(sh.tokens(), 3 * sh.inner)), mixed_(n_elems(sh.tokens(), sh.inner)), d_mixed_(n_elems(sh.tokens(), sh.inner)),
+      d_proj_(n_elems(sh.tokens(), 3 * sh.inner)), d_normed_(n_elems(sh.tokens(), sh.hidden)) {}
+
+template <class T> void mamba_block<T>::bind(const T* x, const T* dy) {
+    this->x_ = x;
+    this->dy_ = dy;
+    stage st;
+    st.name = this->name_ + ".mamba";
+    st.layer = this->layer_;
+    st.kind = stage_kind::mamba;
+    st.captured_by = {capture_module::mamba};
+    st.forward = stream_fn::of<&mamba_block::forward>(this);
+    st.backward = stream_fn::of<&mamba_block::backward>(this);
+    st.inputs = {this->ref("input", x, this->activation_bytes())};
+    st.outputs = {this->ref("output", this->y_.data(), this->activation_bytes())};
+    this->stages_ = {std::move(st)};
+}
+
+template <class T> void mamba_block<T>::forward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden, d = sh.inner;
+    auto& P = this->params_;
+    kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
+    gemm(this->blas_, s, {false, false, t, 3 * d, h}, normed_.data(), P.value(in_proj_), proj_.data());
+    kernels::gated_scan_forward(proj_.data(), state_.data(), mixed_.data(), sh.batch, sh.seq, d, s);
+    copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
+    gemm(this->blas_, s, {false, false, t, h, d}, mixed_.data(), P.value(out_proj_), this->y_.data(), 1.f);
+}
+
+template <class T> void mamba_block<T>::backward(cudaStream_t s) {
+    const auto& sh = this->shape_;
+    const int t = sh.tokens(), h = sh.hidden, d = sh.inner;
+    auto& P = this->params_;
+    const T* dy = this->dy_;
+    gemm(this->blas_, s, {true, false, d, h, t}, mixed_.data(), dy, P.grad(out_proj_));
+    gemm(this->blas_, s, {false, true, t, d, h}, dy, P.value(out_proj_), d_mixed_.data());
+    kernels::gated_scan_backward(proj_.data(), state_.data(), d_mixed_.data(), d_proj_.data(), sh.batch, sh.seq, d, s);
+    gemm(this->blas_, s, {true, false, h, 3 * d, t}, normed_.data(), d_proj_.data(), P.grad(in_proj_));
+    gemm(this->blas_, s, {false, true, t, h, 3 * d}, d_proj_.data(), P.value(in_proj_), d_normed_.data());
+    kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
+    kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);
+}
+
+template class attention_block<float>;
+template class attention_block<__nv_bfloat16>;
+template class mlp_block<float>;
+template class mlp_block<__nv_bfloat16>;
+template class moe_block<float>;
+template class moe_block<__nv_bfloat16>;
+template class mamba_block<float>;
+template class mamba_block<__nv_bfloat16>;
+
+} // namespace gpt

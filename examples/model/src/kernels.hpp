@@ -1,0 +1,86 @@
+#pragma once
+// Host launchers of the model's kernels (definitions in kernels.cu). Every launcher checks its
+// launch. Reductions that feed a result use a fixed order (no float atomics), so a step is
+// bitwise reproducible.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace gpt::kernels {
+
+enum class attention_mask { causal, key_padding };
+
+template <class T> void cast_from_float(const float* in, T* out, long n, cudaStream_t s);
+template <class T> void to_float(const T* in, float* out, long n, cudaStream_t s);
+template <class T> void add(const T* a, const T* b, T* out, long n, cudaStream_t s);
+
+// RMSNorm: y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps).
+template <class T> void rms_norm_forward(const T* x, const T* g, T* y, float* rstd, int rows, int cols, cudaStream_t s);
+// dx = (residual_grad ? residual_grad : 0) + d(norm)/dx . dy
+template <class T>
+void rms_norm_backward(const T* x, const T* g, const float* rstd, const T* dy, const T* residual_grad, T* dx, int rows,
+                       int cols, cudaStream_t s);
+template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols, cudaStream_t s);
+
+// [B*S, 3H] -> q, k, v each [B, heads, S, dh]; and the reverse for the context and the gradients.
+template <class T> void split_heads(const T* qkv, T* q, T* k, T* v, int batch, int seq, int heads, int head_dim, cudaStream_t s);
+template <class T> void merge_heads(const T* ctx, T* out, int batch, int seq, int heads, int head_dim, cudaStream_t s);
+template <class T> void unmerge_heads(const T* in, T* ctx, int batch, int seq, int heads, int head_dim, cudaStream_t s);
+template <class T>
+void merge_qkv_grads(const T* dq, const T* dk, const T* dv, T* dqkv, int batch, int seq, int heads, int head_dim, cudaStream_t s);
+// In place over scores [batch*heads, seq, seq]: p = softmax(scale * scores + mask).
+template <class T>
+void masked_softmax(T* scores, float scale, attention_mask mask, const int* lengths, int batch, int heads, int seq, cudaStream_t s);
+// In place over dp: ds = scale * p * (dp - sum(p * dp)).
+template <class T> void softmax_backward(const T* p, T* dp, float scale, int rows, int cols, cudaStream_t s);
+
+template <class T> void gelu_forward(const T* x, T* y, long n, cudaStream_t s);
+template <class T> void gelu_backward(const T* x, const T* dy, T* dx, long n, cudaStream_t s);
+
+template <class T>
+void embedding_forward(const int* tokens, const T* tok, const T* pos, T* out, int batch, int seq, int hidden, cudaStream_t s);
+template <class T>
+void embedding_backward(const int* tokens, const T* dout, float* dtok, float* dpos, int vocab, int max_pos, int batch, int seq,
+                        int hidden, cudaStream_t s);
+// Row-broadcast of a position table onto [B*S, H] (vision patches): out += pos[s].
+template <class T> void add_positions(T* x, const T* pos, int batch, int seq, int hidden, cudaStream_t s);
+template <class T> void position_grad(const T* dout, float* dpos, int max_pos, int batch, int seq, int hidden, cudaStream_t s);
+
+// Mean cross-entropy over labels != -1. Writes the scalar loss and dlogits = d(loss)/d(logits).
+template <class T>
+void cross_entropy(const T* logits, const int* labels, float* row_loss, float* loss, float* valid_count, T* dlogits, int rows,
+                   int vocab, cudaStream_t s);
+
+// MoE. Top-k by logit (ties to the lower expert), gates = softmax over the k chosen logits.
+template <class T> void router_topk(const T* logits, int* expert, float* gate, int tokens, int experts, int k, cudaStream_t s);
+template <class T>
+void router_topk_backward(const int* expert, const float* gate, const float* dgate, T* dlogits, int tokens, int experts, int k,
+                          cudaStream_t s);
+// Assignment (t, j) -> row of the permuted buffer, in token order per expert. capacity > 0:
+// drop-and-pad (row e*capacity + position, -1 once full); capacity == 0: dropless (rows packed
+// by expert, offsets from the counts). row_owner[r] = t*k + j, or -1 for a padding row.
+void assign_slots(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity,
+                  cudaStream_t s);
+template <class T> void permute_rows(const T* x, const int* row_owner, T* out, int rows, int hidden, int k, cudaStream_t s);
+template <class T>
+void permute_rows_backward(const T* dout, const int* slot, T* dx, int tokens, int hidden, int k, cudaStream_t s);
+template <class T>
+void combine(const T* expert_out, const int* slot, const float* gate, const T* residual, T* y, int tokens, int hidden, int k,
+             cudaStream_t s);
+template <class T>
+void combine_backward(const T* dy, const T* expert_out, const int* slot, const int* row_owner, const float* gate,
+                      T* dexpert_out, float* dgate, int tokens, int rows, int hidden, int k, cudaStream_t s);
+
+// Mamba-style gated recurrence over proj = [u | z | a_logit] ([B*S, 3D]):
+// a = sigmoid(a_logit), h_t = a h_{t-1} + (1 - a) u, y = h * silu(z).
+template <class T> void gated_scan_forward(const T* proj, float* h, T* y, int batch, int seq, int inner, cudaStream_t s);
+template <class T>
+void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, int batch, int seq, int inner, cudaStream_t s);
+
+template <class T>
+void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, float lr, float beta1, float beta2,
+           float eps, float weight_decay, float bias_correction1, float bias_correction2, cudaStream_t s);
+
+void fill(float* x, float value, long n, cudaStream_t s);
+
+} // namespace gpt::kernels

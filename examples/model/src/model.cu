@@ -1,0 +1,203 @@
+#include <gpt/model.hpp>
+
+#include "gemm.hpp"
+#include "kernels.hpp"
+
+#include <capscope/cuda/error.hpp>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace gpt {
+
+using capscope::cuda::device_buffer;
+using detail::gemm;
+
+const char* stage_kind_name(stage_kind k) {
+    switch (k) {
+    case stage_kind::embedding: return "embedding";
+    case stage_kind::attention: return "attention";
+    case stage_kind::mlp: return "mlp";
+    case stage_kind::moe_router: return "moe_router";
+    case stage_kind::moe_preprocess: return "moe_preprocess";
+    case stage_kind::moe_experts: return "moe_experts";
+    case stage_kind::mamba: return "mamba";
+    case stage_kind::head: return "head";
+    }
+    return "?";
+}
+
+namespace {
+block_shape shape_of(const model_config& c) {
+    block_shape s;
+    s.batch = c.batch;
+    s.seq = c.seq_len;
+    s.hidden = c.hidden;
+    s.heads = c.heads;
+    s.ffn_hidden = c.ffn_hidden;
+    s.experts = c.experts;
+    s.top_k = c.top_k;
+    s.capacity = c.expert_capacity();
+    s.inner = c.inner();
+    s.moe_mode = c.moe_mode;
+    s.init_stddev = c.init_stddev;
+    return s;
+}
+const model_config& validated(const model_config& c) {
+    c.validate();
+    return c;
+}
+} // namespace
+
+template <class T>
+gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
+    : cfg_(validated(cfg)),
+      tok_emb_(params_.declare("embedding.tokens", std::size_t(cfg.vocab) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
+      pos_emb_(params_.declare("embedding.positions", std::size_t(cfg.seq_len) * cfg.hidden, init_kind::normal, cfg.init_stddev)) {
+    const block_shape sh = shape_of(cfg);
+    for (std::size_t i = 0; i < cfg.layer_pattern.size(); ++i) {
+        const std::string name = "layer" + std::to_string(i);
+        const int layer = static_cast<int>(i);
+        switch (cfg.layer_pattern[i]) {
+        case 'D':
+            blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, layer, attention_kind::causal));
+            blocks_.push_back(std::make_unique<mlp_block<T>>(sh, params_, blas_, name, layer));
+            break;
+        case 'E':
+            blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, layer, attention_kind::causal));
+            blocks_.push_back(std::make_unique<moe_block<T>>(sh, params_, blas_, name, layer));
+            break;
+        default: blocks_.push_back(std::make_unique<mamba_block<T>>(sh, params_, blas_, name, layer)); break;
+        }
+    }
+    final_norm_ = params_.declare("final_norm", cfg.hidden, init_kind::ones);
+    head_w_ = params_.declare("lm_head", std::size_t(cfg.hidden) * cfg.vocab, init_kind::normal, cfg.init_stddev);
+
+    const std::size_t t = cfg.tokens(), h = cfg.hidden, v = cfg.vocab;
+    tokens_ = device_buffer<int>(t);
+    labels_ = device_buffer<int>(t);
+    embedded_ = device_buffer<T>(t * h);
+    final_normed_ = device_buffer<T>(t * h);
+    logits_ = device_buffer<T>(t * v);
+    d_logits_ = device_buffer<T>(t * v);
+    d_final_normed_ = device_buffer<T>(t * h);
+    d_last_ = device_buffer<T>(t * h);
+    final_rstd_ = device_buffer<float>(t);
+    row_loss_ = device_buffer<float>(t);
+    loss_ = device_buffer<float>(1);
+    valid_count_ = device_buffer<float>(1);
+    host_loss_ = capscope::cuda::pinned_buffer<float>(1);
+    tokens_.fill_bytes(0, s); // a valid token id until the first set_batch
+    labels_.fill_bytes(0xff, s);
+    params_.allocate(cfg.seed, s);
+
+    const T* x = embedded_.data();
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+        const T* dy = i + 1 < blocks_.size() ? blocks_[i + 1]->input_grad() : d_last_.data();
+        blocks_[i]->bind(x, dy);
+        x = blocks_[i]->output();
+    }
+
+    stage embed;
+    embed.name = "embedding";
+    embed.kind = stage_kind::embedding;
+    embed.forward = stream_fn::of<&gpt_model::embedding_forward>(this);
+    embed.backward = stream_fn::of<&gpt_model::embedding_backward>(this);
+    embed.inputs = {{"tokens", tokens_.data(), tokens_.bytes()}};
+    embed.outputs = {{"embedding.output", embedded_.data(), embedded_.bytes()}};
+    stages_.push_back(std::move(embed));
+    for (const auto& b : blocks_)
+        for (const auto& st : b->stages()) stages_.push_back(st);
+    stage head;
+    head.name = "head";
+    head.kind = stage_kind::head;
+    head.forward = stream_fn::of<&gpt_model::head_forward>(this);
+    head.backward = stream_fn::of<&gpt_model::head_backward>(this);
+    head.inputs = {{"head.input", const_cast<T*>(x), t * h * sizeof(T)}, {"labels", labels_.data(), labels_.bytes()}};
+    head.outputs = {{"loss", loss_.data(), loss_.bytes()}};
+    stages_.push_back(std::move(head));
+}
+
+template <class T> void gpt_model<T>::set_batch(std::span<const int> tokens, std::span<const int> labels, cudaStream_t s) {
+    const std::size_t t = cfg_.tokens();
+    if (tokens.size() != t || labels.size() != t)
+        throw std::invalid_argument("set_batch: expected " + std::to_string(t) + " tokens and labels (batch " +
+                                    std::to_string(cfg_.batch) + " x seq_len " + std::to_string(cfg_.seq_len) + "), got " +
+                                    std::to_string(tokens.size()) + " and " + std::to_string(labels.size()));
+    for (std::size_t i = 0; i < t; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= cfg_.vocab)
+            throw std::out_of_range("set_batch: token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+                                    " is outside the vocabulary [0, " + std::to_string(cfg_.vocab) + ")");
+        if (labels[i] < -1 || labels[i] >= cfg_.vocab)
+            throw std::out_of_range("set_batch: label " + std::to_string(labels[i]) + " at " + std::to_string(i) +
+                                    " is neither -1 (no loss) nor in [0, " + std::to_string(cfg_.vocab) + ")");
+    }
+    tokens_.copy_from_host(tokens, s);
+    labels_.copy_from_host(labels, s);
+}
+
+template <class T> void gpt_model<T>::forward(cudaStream_t s) {
+    for (const auto& st : stages_) {
+        capscope::cuda::scope_label label(st.name);
+        st.forward(s);
+    }
+}
+
+template <class T> void gpt_model<T>::backward(cudaStream_t s) {
+    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) {
+        capscope::cuda::scope_label label(it->name);
+        it->backward(s);
+    }
+}
+
+template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s, const adamw_config& o) {
+    ++step_;
+    const float bc1 = 1.f - std::pow(o.beta1, float(step_)), bc2 = 1.f - std::pow(o.beta2, float(step_));
+    kernels::adamw(params_.masters(), params_.values(), params_.grads(), params_.first_moment(), params_.second_moment(),
+                   long(params_.total()), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, bc1, bc2, s);
+}
+
+template <class T> float gpt_model<T>::loss(cudaStream_t s) const {
+    CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), loss_.data(), sizeof(float), cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return host_loss_[0];
+}
+
+template <class T> const int* gpt_model<T>::expert_counts(int layer) const {
+    if (layer >= 0 && layer < int(cfg_.layer_pattern.size()) && cfg_.layer_pattern[layer] == 'E')
+        for (const auto& b : blocks_)
+            if (auto* moe = dynamic_cast<const moe_block<T>*>(b.get()); moe && moe->stages().front().layer == layer)
+                return moe->expert_counts();
+    throw std::invalid_argument("expert_counts: layer " + std::to_string(layer) + " is not an MoE layer of pattern \"" +
+                                cfg_.layer_pattern + "\"");
+}
+
+template <class T> void gpt_model<T>::embedding_forward(cudaStream_t s) {
+    kernels::embedding_forward(tokens_.data(), params_.value(tok_emb_), params_.value(pos_emb_), embedded_.data(), cfg_.batch,
+                               cfg_.seq_len, cfg_.hidden, s);
+}
+template <class T> void gpt_model<T>::embedding_backward(cudaStream_t s) {
+    kernels::embedding_backward(tokens_.data(), blocks_.front()->input_grad(), params_.grad(tok_emb_), params_.grad(pos_emb_),
+                                cfg_.vocab, cfg_.seq_len, cfg_.batch, cfg_.seq_len, cfg_.hidden, s);
+}
+template <class T> void gpt_model<T>::head_forward(cudaStream_t s) {
+    const int t = cfg_.tokens(), h = cfg_.hidden, v = cfg_.vocab;
+    kernels::rms_norm_forward(blocks_.back()->output(), params_.value(final_norm_), final_normed_.data(), final_rstd_.data(), t, h, s);
+    gemm(blas_, s, {false, false, t, v, h}, final_normed_.data(), params_.value(head_w_), logits_.data());
+    kernels::cross_entropy(logits_.data(), labels_.data(), row_loss_.data(), loss_.data(), valid_count_.data(), d_logits_.data(), t, v, s);
+}
+template <class T> void gpt_model<T>::head_backward(cudaStream_t s) {
+    const int t = cfg_.tokens(), h = cfg_.hidden, v = cfg_.vocab;
+    const T* x = blocks_.back()->output();
+    gemm(blas_, s, {true, false, h, v, t}, final_normed_.data(), d_logits_.data(), params_.grad(head_w_));
+    gemm(blas_, s, {false, true, t, h, v}, d_logits_.data(), params_.value(head_w_), d_final_normed_.data());
+    kernels::rms_norm_weight_grad(x, final_rstd_.data(), d_final_normed_.data(), params_.grad(final_norm_), t, h, s);
+    kernels::rms_norm_backward(x, params_.value(final_norm_), final_rstd_.data(), d_final_normed_.data(), static_cast<const T*>(nullptr),
+                               d_last_.data(), t, h, s);
+}
+
+template class gpt_model<float>;
+template class gpt_model<__nv_bfloat16>;
+
+} // namespace gpt

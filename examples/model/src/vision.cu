@@ -1,0 +1,148 @@
+#include <gpt/vision.hpp>
+
+#include "gemm.hpp"
+#include "kernels.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace gpt {
+
+using capscope::cuda::device_buffer;
+using detail::gemm;
+
+namespace {
+const vision_config& validated(const vision_config& c) {
+    c.validate();
+    return c;
+}
+} // namespace
+
+template <class T>
+vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
+    : cfg_(validated(cfg)),
+      patch_w_(params_.declare("vision.patch_embed", std::size_t(cfg.patch_dim) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
+      pos_emb_(params_.declare("vision.positions", std::size_t(cfg.max_patches) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
+      lengths_(cfg.batch) {
+    block_shape sh;
+    sh.batch = cfg.batch;
+    sh.seq = cfg.padded_len;
+    sh.hidden = cfg.hidden;
+    sh.heads = cfg.heads;
+    sh.ffn_hidden = cfg.ffn_hidden;
+    sh.init_stddev = cfg.init_stddev;
+    for (int i = 0; i < cfg.layers; ++i) {
+        const std::string name = "vision.layer" + std::to_string(i);
+        blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, i, attention_kind::bidirectional_padded,
+                                                               lengths_.data()));
+        blocks_.push_back(std::make_unique<mlp_block<T>>(sh, params_, blas_, name, i));
+    }
+    final_norm_ = params_.declare("vision.final_norm", cfg.hidden, init_kind::ones);
+    const std::size_t t = cfg.tokens(), h = cfg.hidden;
+    staging_ = device_buffer<float>(t * std::max<std::size_t>(cfg.patch_dim, h));
+    rstd_ = device_buffer<float>(t);
+    patches_ = device_buffer<T>(t * cfg.patch_dim);
+    embedded_ = device_buffer<T>(t * h);
+    out_ = device_buffer<T>(t * h);
+    d_out_ = device_buffer<T>(t * h);
+    d_last_ = device_buffer<T>(t * h);
+    params_.allocate(cfg.seed, s);
+
+    const T* x = embedded_.data();
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+        const T* dy = i + 1 < blocks_.size() ? blocks_[i + 1]->input_grad() : d_last_.data();
+        blocks_[i]->bind(x, dy);
+        x = blocks_[i]->output();
+    }
+    stage embed;
+    embed.name = "vision.patch_embed";
+    embed.kind = stage_kind::embedding;
+    embed.forward = stream_fn::of<&vision_encoder::embed_forward>(this);
+    embed.backward = stream_fn::of<&vision_encoder::embed_backward>(this);
+    embed.inputs = {{"vision.patches", patches_.data(), patches_.bytes()}, {"vision.lengths", lengths_.data(), lengths_.bytes()}};
+    embed.outputs = {{"vision.embedded", embedded_.data(), embedded_.bytes()}};
+    stages_.push_back(std::move(embed));
+    for (const auto& b : blocks_)
+        for (const auto& st : b->stages()) stages_.push_back(st);
+    stage norm;
+    norm.name = "vision.final_norm";
+    norm.kind = stage_kind::head;
+    norm.forward = stream_fn::of<&vision_encoder::norm_forward>(this);
+    norm.backward = stream_fn::of<&vision_encoder::norm_backward>(this);
+    norm.inputs = {{"vision.final_norm.input", const_cast<T*>(x), t * h * sizeof(T)}};
+    norm.outputs = {{"vision.output", out_.data(), out_.bytes()}};
+    stages_.push_back(std::move(norm));
+}
+
+template <class T> void vision_encoder<T>::set_inputs(std::span<const float> patches, std::span<const int> lengths, cudaStream_t s) {
+    const std::size_t want = std::size_t(cfg_.tokens()) * cfg_.patch_dim;
+    if (patches.size() != want)
+        throw std::invalid_argument("vision_encoder::set_inputs: expected " + std::to_string(want) + " patch values (batch " +
+                                    std::to_string(cfg_.batch) + " x padded_len " + std::to_string(cfg_.padded_len) + " x patch_dim " +
+                                    std::to_string(cfg_.patch_dim) + "), got " + std::to_string(patches.size()));
+    if (lengths.size() != std::size_t(cfg_.batch))
+        throw std::invalid_argument("vision_encoder::set_inputs: expected " + std::to_string(cfg_.batch) + " lengths, got " +
+                                    std::to_string(lengths.size()));
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        if (lengths[b] > cfg_.padded_len)
+            throw std::out_of_range("vision_encoder::set_inputs: sample " + std::to_string(b) + " has " + std::to_string(lengths[b]) +
+                                    " patches, more than this encoder's padded length " + std::to_string(cfg_.padded_len) +
+                                    "; use an encoder built for a larger bucket (up to max_patches = " +
+                                    std::to_string(cfg_.max_patches) + ") or split the image");
+        if (lengths[b] < 1)
+            throw std::out_of_range("vision_encoder::set_inputs: sample " + std::to_string(b) + " has " + std::to_string(lengths[b]) +
+                                    " patches; every sample needs at least one");
+    }
+    staging_.copy_from_host(patches, s);
+    kernels::cast_from_float(staging_.data(), patches_.data(), long(want), s);
+    lengths_.copy_from_host(lengths, s);
+}
+
+template <class T> void vision_encoder<T>::set_output_grad(std::span<const float> grad, cudaStream_t s) {
+    const std::size_t want = std::size_t(cfg_.tokens()) * cfg_.hidden;
+    if (grad.size() != want)
+        throw std::invalid_argument("vision_encoder::set_output_grad: expected " + std::to_string(want) + " values, got " +
+                                    std::to_string(grad.size()));
+    staging_.copy_from_host(grad, s);
+    kernels::cast_from_float(staging_.data(), d_out_.data(), long(want), s);
+}
+
+template <class T> void vision_encoder<T>::forward(cudaStream_t s) {
+    for (const auto& st : stages_) {
+        capscope::cuda::scope_label label(st.name);
+        st.forward(s);
+    }
+}
+template <class T> void vision_encoder<T>::backward(cudaStream_t s) {
+    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) {
+        capscope::cuda::scope_label label(it->name);
+        it->backward(s);
+    }
+}
+
+template <class T> void vision_encoder<T>::embed_forward(cudaStream_t s) {
+    const int t = cfg_.tokens();
+    gemm(blas_, s, {false, false, t, cfg_.hidden, cfg_.patch_dim}, patches_.data(), params_.value(patch_w_), embedded_.data());
+    kernels::add_positions(embedded_.data(), params_.value(pos_emb_), cfg_.batch, cfg_.padded_len, cfg_.hidden, s);
+}
+template <class T> void vision_encoder<T>::embed_backward(cudaStream_t s) {
+    const int t = cfg_.tokens();
+    const T* dx = blocks_.front()->input_grad();
+    gemm(blas_, s, {true, false, cfg_.patch_dim, cfg_.hidden, t}, patches_.data(), dx, params_.grad(patch_w_));
+    kernels::position_grad(dx, params_.grad(pos_emb_), cfg_.max_patches, cfg_.batch, cfg_.padded_len, cfg_.hidden, s);
+}
+template <class T> void vision_encoder<T>::norm_forward(cudaStream_t s) {
+    kernels::rms_norm_forward(blocks_.back()->output(), params_.value(final_norm_), out_.data(), rstd_.data(), cfg_.tokens(),
+                              cfg_.hidden, s);
+}
+template <class T> void vision_encoder<T>::norm_backward(cudaStream_t s) {
+    const T* x = blocks_.back()->output();
+    kernels::rms_norm_weight_grad(x, rstd_.data(), d_out_.data(), params_.grad(final_norm_), cfg_.tokens(), cfg_.hidden, s);
+    kernels::rms_norm_backward(x, params_.value(final_norm_), rstd_.data(), d_out_.data(), static_cast<const T*>(nullptr), d_last_.data(),
+                               cfg_.tokens(), cfg_.hidden, s);
+}
+
+template class vision_encoder<float>;
+template class vision_encoder<__nv_bfloat16>;
+
+} // namespace gpt

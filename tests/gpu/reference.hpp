@@ -1,0 +1,32 @@
+#pragma once
+// A float64 CPU reference of the example model and vision encoder, written from the maths,
+// not from the CUDA code: no permutation buffers, no head splitting, no fused residuals. The
+// gradient checks differentiate it by central differences.
+
+#include <gpt/config.hpp>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace reference {
+
+using parameters = std::map<std::string, std::vector<double>>;
+
+//! Mean next-token cross-entropy of the GPT model (labels -1 carry no loss).
+double model_loss(const gpt::model_config& cfg, const parameters& p, const std::vector<int>& tokens, const std::vector<int>& labels);
+
+//! Vision encoder output [batch * padded_len, hidden] for patches [batch * padded_len, patch_dim].
+std::vector<double> vision_forward(const gpt::vision_config& cfg, const parameters& p, const std::vector<double>& patches,
+                                   const std::vector<int>& lengths);
+
+//! d f / d p for every element of every parameter, by central differences with step `h`
+//! scaled to each value's magnitude.
+parameters finite_difference_gradients(const parameters& p, const std::function<double(const parameters&)>& f);
+
+//! Which (token, choice) assignments a drop-and-pad MoE layer keeps, for the layer's input
+//! rows: used to assert the check really exercised dropped tokens.
+int dropped_assignments(const gpt::model_config& cfg, const parameters& p, const std::vector<int>& tokens, int moe_layer);
+
+} // namespace reference

@@ -1,0 +1,91 @@
+#pragma once
+// Helpers shared by the GPU tests: reading device buffers back, relative errors, random data.
+
+#include "reference.hpp"
+
+#include <gpt/parameters.hpp>
+
+#include <capscope/cuda/error.hpp>
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace support {
+
+inline double to_double(float x) { return x; }
+inline double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+//! Copies after the work queued on `s` (the model's streams are non-blocking, so a plain
+//! cudaMemcpy on the default stream would not wait for them).
+template <class T> std::vector<T> download(const T* device, std::size_t n, cudaStream_t s) {
+    std::vector<T> host(n);
+    CAPSCOPE_CHECK(cudaMemcpyAsync(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return host;
+}
+template <class T> std::vector<double> download_as_double(const T* device, std::size_t n, cudaStream_t s) {
+    std::vector<double> out;
+    for (const T& v : download(device, n, s)) out.push_back(to_double(v));
+    return out;
+}
+
+//! The values the GPU computes with (already rounded to T), by name.
+template <class T> reference::parameters values_of(const gpt::parameter_store<T>& store, cudaStream_t s) {
+    reference::parameters out;
+    for (std::size_t i = 0; i < store.list().size(); ++i)
+        out[store.list()[i].name] = download_as_double(store.value(i), store.list()[i].count, s);
+    return out;
+}
+template <class T> reference::parameters grads_of(const gpt::parameter_store<T>& store, cudaStream_t s) {
+    reference::parameters out;
+    for (std::size_t i = 0; i < store.list().size(); ++i)
+        out[store.list()[i].name] = download_as_double(store.grad(i), store.list()[i].count, s);
+    return out;
+}
+
+//! ||a - b|| / ||b||; NaN anywhere gives infinity (never passes).
+inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+//! Bitwise equality of two device-read vectors.
+template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+struct batch {
+    std::vector<int> tokens, labels;
+};
+//! Random tokens; labels are the next token, with the last position and every fourth one unlabelled.
+inline batch random_batch(int batch_size, int seq, int vocab, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> tok(0, vocab - 1);
+    batch b;
+    for (int i = 0; i < batch_size * seq; ++i) b.tokens.push_back(tok(rng));
+    for (int i = 0; i < batch_size * seq; ++i) {
+        const bool last = i % seq == seq - 1;
+        b.labels.push_back(last || i % 4 == 3 ? -1 : b.tokens[i + 1]);
+    }
+    return b;
+}
+
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale = 1.f) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> d(0.f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+} // namespace support

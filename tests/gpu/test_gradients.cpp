@@ -1,0 +1,151 @@
+// Every stage's backward against a float64 reference: the model's gradients with respect to
+// every parameter are compared, parameter by parameter, with central differences of the CPU
+// reference (reference.cpp), on random inputs and random weights. The embedding, each layer
+// kind's stages (attention, MLP, router / preprocess / experts, Mamba scan) and the head each
+// own parameters, so a wrong backward anywhere shows up in its own rows of the report.
+// Bounds (device/METHOD.md): fp32 far under 1e-3 (we ask 1e-4); bf16 operands 1e-3..1e-2
+// per operation, and several in a row, so 3e-2.
+
+#include "reference.hpp"
+#include "support.hpp"
+
+#include <gpt/model.hpp>
+#include <gpt/vision.hpp>
+
+#include <capscope/cuda/stream.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <type_traits>
+
+namespace {
+
+template <class T> constexpr const char* precision_name = std::is_same_v<T, float> ? "fp32" : "bf16";
+template <class T> constexpr double gradient_bound = std::is_same_v<T, float> ? 1e-4 : 3e-2;
+template <class T> constexpr double forward_bound = std::is_same_v<T, float> ? 1e-5 : 2e-2;
+
+gpt::model_config tiny(const char* pattern, gpt::moe_mode mode, double capacity_factor, std::uint64_t seed) {
+    gpt::model_config c;
+    c.vocab = 11;
+    c.hidden = 16;
+    c.heads = 2;
+    c.ffn_hidden = 24;
+    c.seq_len = 6;
+    c.batch = 2;
+    c.layer_pattern = pattern;
+    c.experts = 4;
+    c.top_k = 2;
+    c.capacity_factor = capacity_factor;
+    c.moe_mode = mode;
+    c.seed = seed;
+    c.init_stddev = 0.3f; // large enough that attention and routing are far from uniform
+    return c;
+}
+
+void report(const char* what, const char* precision, const std::string& param, double err, double bound) {
+    std::printf("  %-28s %s %-28s rel.err %.3e (bound %.0e)%s\n", what, precision, param.c_str(), err, bound,
+                err < bound ? "" : "  <-- FAIL");
+}
+
+template <class T> void check_model(const char* what, const gpt::model_config& cfg, bool expect_drops) {
+    capscope::cuda::stream s;
+    gpt::gpt_model<T> model(cfg, s);
+    const auto b = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, cfg.seed + 7);
+    model.set_batch(b.tokens, b.labels, s);
+    // Poison every gradient (0xff.. is NaN): backward must write each one.
+    CAPSCOPE_CHECK(cudaMemsetAsync(model.parameters().grads(), 0xff, model.parameters().total() * sizeof(float), s));
+    model.forward(s);
+    model.backward(s);
+    const float loss = model.loss(s);
+
+    const auto params = support::values_of(model.parameters(), s);
+    const auto loss_of = [&](const reference::parameters& p) { return reference::model_loss(cfg, p, b.tokens, b.labels); };
+    const double ref_loss = loss_of(params);
+    const double loss_err = std::abs(loss - ref_loss) / std::abs(ref_loss);
+    report(what, precision_name<T>, "(forward loss)", loss_err, forward_bound<T>);
+    CHECK(loss_err < forward_bound<T>);
+    if (expect_drops) {
+        const int layer = int(cfg.layer_pattern.find('E'));
+        const int dropped = reference::dropped_assignments(cfg, params, b.tokens, layer);
+        std::printf("  %-28s %s drop-and-pad dropped %d of %d assignments\n", what, precision_name<T>, dropped, cfg.tokens() * cfg.top_k);
+        CHECK(dropped > 0);
+    }
+
+    const auto expected = reference::finite_difference_gradients(params, loss_of);
+    const auto got = support::grads_of(model.parameters(), s);
+    for (const auto& [name, ref] : expected) {
+        const double err = support::relative_error(got.at(name), ref);
+        report(what, precision_name<T>, name, err, gradient_bound<T>);
+        CHECK_MESSAGE(err < gradient_bound<T>, what, " ", name);
+    }
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("model gradients match float64 finite differences, every layer kind", T, float, __nv_bfloat16) {
+    using gpt::moe_mode;
+    SUBCASE("dense layer") { check_model<T>("dense", tiny("D", moe_mode::drop_and_pad, 1.0, 11), false); }
+    SUBCASE("MoE drop-and-pad, tokens dropped") { check_model<T>("moe drop-and-pad", tiny("E", moe_mode::drop_and_pad, 0.5, 12), true); }
+    SUBCASE("MoE dropless") { check_model<T>("moe dropless", tiny("E", moe_mode::dropless, 1.0, 13), false); }
+    SUBCASE("Mamba-style layer") { check_model<T>("mamba", tiny("M", moe_mode::drop_and_pad, 1.0, 14), false); }
+    SUBCASE("mixed pattern DEM") { check_model<T>("mixed DEM", tiny("DEM", moe_mode::drop_and_pad, 1.0, 15), false); }
+}
+
+TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite differences", T, float, __nv_bfloat16) {
+    gpt::vision_config c;
+    c.patch_dim = 5;
+    c.hidden = 16;
+    c.heads = 2;
+    c.ffn_hidden = 24;
+    c.layers = 1;
+    c.max_patches = 8;
+    c.batch = 2;
+    c.padded_len = 6;
+    c.init_stddev = 0.3f;
+    const std::vector<int> lengths = {4, 6};
+    capscope::cuda::stream s;
+    gpt::vision_encoder<T> enc(c, s);
+    // Padding rows hold garbage on purpose: the mask must keep it away from real patches.
+    const auto patches = support::random_floats(std::size_t(c.tokens()) * c.patch_dim, 5, 1.f);
+    auto probe = support::random_floats(std::size_t(c.tokens()) * c.hidden, 6, 1.f);
+    for (int b = 0; b < c.batch; ++b)
+        for (int i = lengths[b]; i < c.padded_len; ++i)
+            for (int d = 0; d < c.hidden; ++d) probe[(std::size_t(b) * c.padded_len + i) * c.hidden + d] = 0.f;
+    enc.set_inputs(patches, lengths, s);
+    enc.set_output_grad(probe, s);
+    CAPSCOPE_CHECK(cudaMemsetAsync(enc.parameters().grads(), 0xff, enc.parameters().total() * sizeof(float), s));
+    enc.forward(s);
+    enc.backward(s);
+    s.synchronize();
+
+    const auto params = support::values_of(enc.parameters(), s);
+    const auto x = support::download_as_double(enc.input_patches(), patches.size(), s);
+    const std::vector<double> r(probe.begin(), probe.end());
+    const auto objective = [&](const reference::parameters& p) {
+        const auto out = reference::vision_forward(c, p, x, lengths);
+        double acc = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) acc += out[i] * r[i];
+        return acc;
+    };
+    // Forward, on the real rows.
+    const auto out = support::download_as_double(enc.output(), std::size_t(c.tokens()) * c.hidden, s);
+    const auto ref_out = reference::vision_forward(c, params, x, lengths);
+    std::vector<double> got_real, ref_real;
+    for (int b = 0; b < c.batch; ++b)
+        for (int i = 0; i < lengths[b] * c.hidden; ++i) {
+            got_real.push_back(out[std::size_t(b) * c.padded_len * c.hidden + i]);
+            ref_real.push_back(ref_out[std::size_t(b) * c.padded_len * c.hidden + i]);
+        }
+    const double fwd = support::relative_error(got_real, ref_real);
+    report("vision", precision_name<T>, "(forward, real patches)", fwd, forward_bound<T>);
+    CHECK(fwd < forward_bound<T>);
+
+    const auto expected = reference::finite_difference_gradients(params, objective);
+    const auto got = support::grads_of(enc.parameters(), s);
+    for (const auto& [name, ref] : expected) {
+        const double err = support::relative_error(got.at(name), ref);
+        report("vision", precision_name<T>, name, err, gradient_bound<T>);
+        CHECK_MESSAGE(err < gradient_bound<T>, name);
+    }
+}
