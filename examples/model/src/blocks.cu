@@ -46,16 +46,10 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
 template <class T> void attention_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
-    stage st;
-    st.name = this->name_ + ".attention";
-    st.layer = this->layer_;
-    st.kind = stage_kind::attention;
-    st.captured_by = {capture_module::attention};
-    st.forward = stream_fn::of<&attention_block::forward>(this);
-    st.backward = stream_fn::of<&attention_block::backward>(this);
-    st.inputs = {this->ref("input", x, this->activation_bytes())};
+    stage st = this->make_stage("attention", stage_kind::attention, {capture_module::attention},
+                                stream_fn::of<&attention_block::forward>(this), stream_fn::of<&attention_block::backward>(this));
     if (lengths_) st.inputs.push_back(this->ref("lengths", lengths_, sizeof(int) * this->shape_.batch));
-    st.outputs = {this->ref("output", this->y_.data(), this->activation_bytes())};
+    st.outputs = {this->output_ref()};
     this->stages_ = {std::move(st)};
 }
 
@@ -111,15 +105,9 @@ mlp_block<T>::mlp_block(const block_shape& sh, parameter_store<T>& params, const
 template <class T> void mlp_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
-    stage st;
-    st.name = this->name_ + ".mlp";
-    st.layer = this->layer_;
-    st.kind = stage_kind::mlp;
-    st.captured_by = {capture_module::mlp};
-    st.forward = stream_fn::of<&mlp_block::forward>(this);
-    st.backward = stream_fn::of<&mlp_block::backward>(this);
-    st.inputs = {this->ref("input", x, this->activation_bytes())};
-    st.outputs = {this->ref("output", this->y_.data(), this->activation_bytes())};
+    stage st = this->make_stage("mlp", stage_kind::mlp, {capture_module::mlp}, stream_fn::of<&mlp_block::forward>(this),
+                                stream_fn::of<&mlp_block::backward>(this));
+    st.outputs = {this->output_ref()};
     this->stages_ = {std::move(st)};
 }
 
@@ -170,38 +158,23 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
     const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
-    const std::size_t act = this->activation_bytes();
-    stage router;
-    router.name = this->name_ + ".moe_router";
-    router.layer = this->layer_;
-    router.kind = stage_kind::moe_router;
-    router.captured_by = {capture_module::moe, capture_module::moe_router};
-    router.forward = stream_fn::of<&moe_block::router_forward>(this);
-    router.backward = stream_fn::of<&moe_block::router_backward>(this);
-    router.inputs = {this->ref("input", x, act)};
+    stage router = this->make_stage("moe_router", stage_kind::moe_router, {capture_module::moe, capture_module::moe_router},
+                                    stream_fn::of<&moe_block::router_forward>(this), stream_fn::of<&moe_block::router_backward>(this));
     router.outputs = {this->ref("probs", gate_.data(), gate_.bytes()), this->ref("routing_map", expert_.data(), expert_.bytes())};
 
-    stage pre;
-    pre.name = this->name_ + ".moe_preprocess";
-    pre.layer = this->layer_;
-    pre.kind = stage_kind::moe_preprocess;
-    pre.captured_by = {capture_module::moe, capture_module::moe_preprocess};
+    stage pre = this->make_stage("moe_preprocess", stage_kind::moe_preprocess, {capture_module::moe, capture_module::moe_preprocess},
+                                 stream_fn::of<&moe_block::preprocess_forward>(this),
+                                 stream_fn::of<&moe_block::preprocess_backward>(this));
     pre.synchronizes_with_host = dropless; // reads the per-expert counts back to size the GEMMs
-    pre.forward = stream_fn::of<&moe_block::preprocess_forward>(this);
-    pre.backward = stream_fn::of<&moe_block::preprocess_backward>(this);
     pre.inputs = {this->ref("pre_mlp_norm_output", normed_.data(), normed_.bytes()), router.outputs[1]};
     pre.outputs = {this->ref("permuted_tokens", permuted_.data(), permuted_.bytes())};
 
-    stage experts;
-    experts.name = this->name_ + ".moe_experts";
-    experts.layer = this->layer_;
-    experts.kind = stage_kind::moe_experts;
-    experts.captured_by = {capture_module::moe};
+    stage experts = this->make_stage("moe_experts", stage_kind::moe_experts, {capture_module::moe},
+                                     stream_fn::of<&moe_block::experts_forward>(this),
+                                     stream_fn::of<&moe_block::experts_backward>(this));
     experts.shapes_depend_on_data = dropless;
-    experts.forward = stream_fn::of<&moe_block::experts_forward>(this);
-    experts.backward = stream_fn::of<&moe_block::experts_backward>(this);
-    experts.inputs = {pre.outputs[0], router.outputs[0], this->ref("input", x, act)};
-    experts.outputs = {this->ref("output", this->y_.data(), act)};
+    experts.inputs = {pre.outputs[0], router.outputs[0], experts.inputs[0]};
+    experts.outputs = {this->output_ref()};
     this->stages_ = {std::move(router), std::move(pre), std::move(experts)};
 }
 
@@ -339,15 +312,9 @@ mamba_block<T>::mamba_block(const block_shape& sh, parameter_store<T>& params, c
 template <class T> void mamba_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
-    stage st;
-    st.name = this->name_ + ".mamba";
-    st.layer = this->layer_;
-    st.kind = stage_kind::mamba;
-    st.captured_by = {capture_module::mamba};
-    st.forward = stream_fn::of<&mamba_block::forward>(this);
-    st.backward = stream_fn::of<&mamba_block::backward>(this);
-    st.inputs = {this->ref("input", x, this->activation_bytes())};
-    st.outputs = {this->ref("output", this->y_.data(), this->activation_bytes())};
+    stage st = this->make_stage("mamba", stage_kind::mamba, {capture_module::mamba}, stream_fn::of<&mamba_block::forward>(this),
+                                stream_fn::of<&mamba_block::backward>(this));
+    st.outputs = {this->output_ref()};
     this->stages_ = {std::move(st)};
 }
 

@@ -21,43 +21,37 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 
 unsigned blocks_for(long n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-__device__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct sum_op {
+    static constexpr float identity = 0.f;
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct max_op {
+    static constexpr float identity = -INFINITY;
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+template <class Op> __device__ float warp_reduce(float v, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-__device__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-// Fixed-order block reductions; every thread gets the result. blockDim.x is a multiple of 32.
-__device__ float block_sum(float v) {
+__device__ float warp_sum(float v) { return warp_reduce(v, sum_op{}); }
+
+// Fixed-order block reduction; every thread gets the result. blockDim.x is a multiple of 32.
+template <class Op> __device__ float block_reduce(float v, Op op) {
     __shared__ float part[32];
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) part[warp] = v;
     __syncthreads();
-    v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
-    if (warp == 0) v = warp_sum(v);
+    v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : Op::identity;
+    if (warp == 0) v = warp_reduce(v, op);
     if (threadIdx.x == 0) part[0] = v;
     __syncthreads();
     v = part[0];
     __syncthreads();
     return v;
 }
-__device__ float block_max(float v) {
-    __shared__ float part[32];
-    v = warp_max(v);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : -INFINITY;
-    if (warp == 0) v = warp_max(v);
-    if (threadIdx.x == 0) part[0] = v;
-    __syncthreads();
-    v = part[0];
-    __syncthreads();
-    return v;
-}
+__device__ float block_sum(float v) { return block_reduce(v, sum_op{}); }
+__device__ float block_max(float v) { return block_reduce(v, max_op{}); }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
@@ -116,7 +110,10 @@ template <class T> __global__ void rms_norm_weight_grad_k(const T* x, const floa
 }
 
 // ---- attention -----------------------------------------------------------------------------
-template <class T> __global__ void split_heads_k(const T* qkv, T* q, T* k, T* v, int batch, int seq, int heads, int dh) {
+// [B*S, 3H] <-> q, k, v [B, heads, S, dh]: Split scatters the packed QKV into heads; the
+// reverse gathers the head-major gradients back into the packed layout.
+template <class T, bool Split>
+__global__ void qkv_heads_k(T* packed, T* q, T* k, T* v, int batch, int seq, int heads, int dh) {
     const int hidden = heads * dh;
     const long n = long(batch) * seq * 3 * hidden;
     long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
@@ -125,8 +122,10 @@ template <class T> __global__ void split_heads_k(const T* qkv, T* q, T* k, T* v,
     const int c = int(i % (3 * hidden));
     const int which = c / hidden, h = (c % hidden) / dh, d = c % dh;
     const long b = t / seq, s = t % seq;
-    T* dst = which == 0 ? q : which == 1 ? k : v;
-    dst[((b * heads + h) * seq + s) * dh + d] = qkv[i];
+    T* part = which == 0 ? q : which == 1 ? k : v;
+    T& head_elem = part[((b * heads + h) * seq + s) * dh + d];
+    if constexpr (Split) head_elem = packed[i];
+    else packed[i] = head_elem;
 }
 template <class T> __global__ void merge_heads_k(const T* ctx, T* out, int batch, int seq, int heads, int dh) {
     const int hidden = heads * dh;
@@ -147,19 +146,6 @@ template <class T> __global__ void unmerge_heads_k(const T* in, T* ctx, int batc
     const int c = int(i % hidden), h = c / dh, d = c % dh;
     const long b = t / seq, s = t % seq;
     ctx[((b * heads + h) * seq + s) * dh + d] = in[i];
-}
-template <class T>
-__global__ void merge_qkv_grads_k(const T* dq, const T* dk, const T* dv, T* dqkv, int batch, int seq, int heads, int dh) {
-    const int hidden = heads * dh;
-    const long n = long(batch) * seq * 3 * hidden;
-    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
-    if (i >= n) return;
-    const long t = i / (3 * hidden);
-    const int c = int(i % (3 * hidden));
-    const int which = c / hidden, h = (c % hidden) / dh, d = c % dh;
-    const long b = t / seq, s = t % seq;
-    const T* src = which == 0 ? dq : which == 1 ? dk : dv;
-    dqkv[i] = src[((b * heads + h) * seq + s) * dh + d];
 }
 template <class T>
 __global__ void masked_softmax_k(T* scores, float scale, attention_mask mask, const int* lengths, int heads, int seq) {
@@ -496,7 +482,7 @@ template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, cons
 }
 template <class T> void split_heads(const T* qkv, T* q, T* k, T* v, int batch, int seq, int heads, int dh, cudaStream_t s) {
     const long n = long(batch) * seq * 3 * heads * dh;
-    split_heads_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(qkv, q, k, v, batch, seq, heads, dh);
+    qkv_heads_k<T, true><<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(const_cast<T*>(qkv), q, k, v, batch, seq, heads, dh);
     CHECKED("split_heads");
 }
 template <class T> void merge_heads(const T* ctx, T* out, int batch, int seq, int heads, int dh, cudaStream_t s) {
@@ -512,7 +498,8 @@ template <class T> void unmerge_heads(const T* in, T* ctx, int batch, int seq, i
 template <class T>
 void merge_qkv_grads(const T* dq, const T* dk, const T* dv, T* dqkv, int batch, int seq, int heads, int dh, cudaStream_t s) {
     const long n = long(batch) * seq * 3 * heads * dh;
-    merge_qkv_grads_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(dq, dk, dv, dqkv, batch, seq, heads, dh);
+    qkv_heads_k<T, false><<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(dqkv, const_cast<T*>(dq), const_cast<T*>(dk),
+                                                                            const_cast<T*>(dv), batch, seq, heads, dh);
     CHECKED("merge_qkv_grads");
 }
 template <class T>

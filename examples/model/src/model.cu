@@ -92,12 +92,7 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
     labels_.fill_bytes(0xff, s);
     params_.allocate(cfg.seed, s);
 
-    const T* x = embedded_.data();
-    for (std::size_t i = 0; i < blocks_.size(); ++i) {
-        const T* dy = i + 1 < blocks_.size() ? blocks_[i + 1]->input_grad() : d_last_.data();
-        blocks_[i]->bind(x, dy);
-        x = blocks_[i]->output();
-    }
+    const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
 
     stage embed;
     embed.name = "embedding";
@@ -137,19 +132,8 @@ template <class T> void gpt_model<T>::set_batch(std::span<const int> tokens, std
     labels_.copy_from_host(labels, s);
 }
 
-template <class T> void gpt_model<T>::forward(cudaStream_t s) {
-    for (const auto& st : stages_) {
-        capscope::cuda::scope_label label(st.name);
-        st.forward(s);
-    }
-}
-
-template <class T> void gpt_model<T>::backward(cudaStream_t s) {
-    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) {
-        capscope::cuda::scope_label label(it->name);
-        it->backward(s);
-    }
-}
+template <class T> void gpt_model<T>::forward(cudaStream_t s) { run_forward(stages_, s); }
+template <class T> void gpt_model<T>::backward(cudaStream_t s) { run_backward(stages_, s); }
 
 template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s, const adamw_config& o) {
     ++step_;

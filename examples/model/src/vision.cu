@@ -48,12 +48,7 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     d_last_ = device_buffer<T>(t * h);
     params_.allocate(cfg.seed, s);
 
-    const T* x = embedded_.data();
-    for (std::size_t i = 0; i < blocks_.size(); ++i) {
-        const T* dy = i + 1 < blocks_.size() ? blocks_[i + 1]->input_grad() : d_last_.data();
-        blocks_[i]->bind(x, dy);
-        x = blocks_[i]->output();
-    }
+    const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
     stage embed;
     embed.name = "vision.patch_embed";
     embed.kind = stage_kind::embedding;
@@ -107,18 +102,8 @@ template <class T> void vision_encoder<T>::set_output_grad(std::span<const float
     kernels::cast_from_float(staging_.data(), d_out_.data(), long(want), s);
 }
 
-template <class T> void vision_encoder<T>::forward(cudaStream_t s) {
-    for (const auto& st : stages_) {
-        capscope::cuda::scope_label label(st.name);
-        st.forward(s);
-    }
-}
-template <class T> void vision_encoder<T>::backward(cudaStream_t s) {
-    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) {
-        capscope::cuda::scope_label label(it->name);
-        it->backward(s);
-    }
-}
+template <class T> void vision_encoder<T>::forward(cudaStream_t s) { run_forward(stages_, s); }
+template <class T> void vision_encoder<T>::backward(cudaStream_t s) { run_backward(stages_, s); }
 
 template <class T> void vision_encoder<T>::embed_forward(cudaStream_t s) {
     const int t = cfg_.tokens();

@@ -6,11 +6,11 @@
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
+#include <capscope/detail/unique_handle.hpp>
 
 #include <cublas_v2.h>
 
 #include <cstddef>
-#include <utility>
 
 namespace capscope::cuda::detail {
 inline void check_status(cublasStatus_t status, const char* call, const char* file, int line) {
@@ -27,31 +27,25 @@ public:
     static constexpr std::size_t default_workspace_bytes = std::size_t{32} << 20;
 
     explicit blas_handle(std::size_t workspace_bytes = default_workspace_bytes) : workspace_(workspace_bytes) {
-        CAPSCOPE_CHECK(cublasCreate(&handle_));
-        CAPSCOPE_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
+        CAPSCOPE_CHECK(cublasCreate(handle_.out()));
+        CAPSCOPE_CHECK(cublasSetWorkspace(handle_.get(), workspace_.data(), workspace_.bytes()));
         // Pointer mode host: alpha and beta are host scalars, fixed at capture time.
-        CAPSCOPE_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
+        CAPSCOPE_CHECK(cublasSetPointerMode(handle_.get(), CUBLAS_POINTER_MODE_HOST));
     }
-    ~blas_handle() {
-        if (handle_) cublasDestroy(handle_);
-    }
-    blas_handle(blas_handle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), workspace_(std::move(o.workspace_)) {}
-    blas_handle& operator=(blas_handle&&) = delete;
-    blas_handle(const blas_handle&) = delete;
-    blas_handle& operator=(const blas_handle&) = delete;
 
     //! The handle bound to `s`: every call goes through here, so no call runs on a stale stream.
     cublasHandle_t on(cudaStream_t s) const {
-        CAPSCOPE_CHECK(cublasSetStream(handle_, s));
+        CAPSCOPE_CHECK(cublasSetStream(handle_.get(), s));
         // cublasSetStream resets the workspace to the default pool; set ours again (no allocation).
-        CAPSCOPE_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
-        return handle_;
+        CAPSCOPE_CHECK(cublasSetWorkspace(handle_.get(), workspace_.data(), workspace_.bytes()));
+        return handle_.get();
     }
     std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
 
 private:
-    cublasHandle_t handle_ = nullptr;
+    // Declared first, destroyed last: the handle goes before the workspace it points into.
     device_buffer<std::byte> workspace_;
+    capscope::detail::unique_handle<cublasHandle_t, &cublasDestroy> handle_;
 };
 
 } // namespace capscope::cuda

@@ -3,45 +3,31 @@
 //! Move-only owner of a CUDA event: orders work across streams, and times device work.
 
 #include <capscope/cuda/error.hpp>
-
-#include <utility>
+#include <capscope/detail/unique_handle.hpp>
 
 namespace capscope::cuda {
 
 class event {
 public:
     //! Timing is off by default: such events are cheaper to record and wait on.
-    explicit event(unsigned flags = cudaEventDisableTiming) { CAPSCOPE_CHECK(cudaEventCreateWithFlags(&handle_, flags)); }
+    explicit event(unsigned flags = cudaEventDisableTiming) { CAPSCOPE_CHECK(cudaEventCreateWithFlags(handle_.out(), flags)); }
     static event timing() { return event(cudaEventDefault); }
-    ~event() {
-        if (handle_) cudaEventDestroy(handle_);
-    }
-    event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-    event& operator=(event&& other) noexcept {
-        if (this != &other) {
-            if (handle_) cudaEventDestroy(handle_);
-            handle_ = std::exchange(other.handle_, nullptr);
-        }
-        return *this;
-    }
-    event(const event&) = delete;
-    event& operator=(const event&) = delete;
 
-    cudaEvent_t get() const noexcept { return handle_; }
-    void record(cudaStream_t s) const { CAPSCOPE_CHECK(cudaEventRecord(handle_, s)); }
+    cudaEvent_t get() const noexcept { return handle_.get(); }
+    void record(cudaStream_t s) const { CAPSCOPE_CHECK(cudaEventRecord(get(), s)); }
     //! Makes `s` wait for the work recorded before this event.
-    void wait_on(cudaStream_t s) const { CAPSCOPE_CHECK(cudaStreamWaitEvent(s, handle_, 0)); }
-    void synchronize() const { CAPSCOPE_CHECK(cudaEventSynchronize(handle_)); }
+    void wait_on(cudaStream_t s) const { CAPSCOPE_CHECK(cudaStreamWaitEvent(s, get(), 0)); }
+    void synchronize() const { CAPSCOPE_CHECK(cudaEventSynchronize(get())); }
 
     //! Milliseconds between two recorded timing events.
     static float elapsed_ms(const event& start, const event& stop) {
         float ms = 0;
-        CAPSCOPE_CHECK(cudaEventElapsedTime(&ms, start.handle_, stop.handle_));
+        CAPSCOPE_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
         return ms;
     }
 
 private:
-    cudaEvent_t handle_ = nullptr;
+    capscope::detail::unique_handle<cudaEvent_t, &cudaEventDestroy> handle_;
 };
 
 } // namespace capscope::cuda

@@ -4,8 +4,9 @@
 //! which records the work a callable issues on a stream into a graph.
 
 #include <capscope/cuda/error.hpp>
+#include <capscope/detail/unique_handle.hpp>
 
-#include <exception>
+#include <cstddef>
 #include <utility>
 
 namespace capscope::cuda {
@@ -14,56 +15,30 @@ class graph {
 public:
     graph() = default;
     explicit graph(cudaGraph_t adopted) noexcept : handle_(adopted) {}
-    ~graph() {
-        if (handle_) cudaGraphDestroy(handle_);
-    }
-    graph(graph&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-    graph& operator=(graph&& other) noexcept {
-        if (this != &other) {
-            if (handle_) cudaGraphDestroy(handle_);
-            handle_ = std::exchange(other.handle_, nullptr);
-        }
-        return *this;
-    }
-    graph(const graph&) = delete;
-    graph& operator=(const graph&) = delete;
 
-    cudaGraph_t get() const noexcept { return handle_; }
-    explicit operator bool() const noexcept { return handle_ != nullptr; }
+    cudaGraph_t get() const noexcept { return handle_.get(); }
+    explicit operator bool() const noexcept { return bool(handle_); }
     std::size_t node_count() const {
         std::size_t n = 0;
-        CAPSCOPE_CHECK(cudaGraphGetNodes(handle_, nullptr, &n));
+        CAPSCOPE_CHECK(cudaGraphGetNodes(get(), nullptr, &n));
         return n;
     }
 
 private:
-    cudaGraph_t handle_ = nullptr;
+    capscope::detail::unique_handle<cudaGraph_t, &cudaGraphDestroy> handle_;
 };
 
 class graph_exec {
 public:
     graph_exec() = default;
-    explicit graph_exec(const graph& g) { CAPSCOPE_CHECK(cudaGraphInstantiate(&handle_, g.get(), 0)); }
-    ~graph_exec() {
-        if (handle_) cudaGraphExecDestroy(handle_);
-    }
-    graph_exec(graph_exec&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-    graph_exec& operator=(graph_exec&& other) noexcept {
-        if (this != &other) {
-            if (handle_) cudaGraphExecDestroy(handle_);
-            handle_ = std::exchange(other.handle_, nullptr);
-        }
-        return *this;
-    }
-    graph_exec(const graph_exec&) = delete;
-    graph_exec& operator=(const graph_exec&) = delete;
+    explicit graph_exec(const graph& g) { CAPSCOPE_CHECK(cudaGraphInstantiate(handle_.out(), g.get(), 0)); }
 
-    cudaGraphExec_t get() const noexcept { return handle_; }
-    explicit operator bool() const noexcept { return handle_ != nullptr; }
-    void launch(cudaStream_t s) const { CAPSCOPE_CHECK(cudaGraphLaunch(handle_, s)); }
+    cudaGraphExec_t get() const noexcept { return handle_.get(); }
+    explicit operator bool() const noexcept { return bool(handle_); }
+    void launch(cudaStream_t s) const { CAPSCOPE_CHECK(cudaGraphLaunch(get(), s)); }
 
 private:
-    cudaGraphExec_t handle_ = nullptr;
+    capscope::detail::unique_handle<cudaGraphExec_t, &cudaGraphExecDestroy> handle_;
 };
 
 //! Captures what `work(stream)` issues on `s` into a graph. If `work` throws, or the capture is

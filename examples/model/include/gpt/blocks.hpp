@@ -12,6 +12,7 @@
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,20 @@ protected:
     tensor_ref ref(std::string what, const void* p, std::size_t bytes) const {
         return {name_ + "." + what, const_cast<void*>(p), bytes};
     }
+    //! A stage of this block named "<block>.<suffix>", reading the block input x.
+    stage make_stage(std::string suffix, stage_kind kind, capscope::capture_module_set captured_by, stream_fn forward,
+                     stream_fn backward) const {
+        stage st;
+        st.name = name_ + "." + std::move(suffix);
+        st.layer = layer_;
+        st.kind = kind;
+        st.captured_by = captured_by;
+        st.forward = forward;
+        st.backward = backward;
+        st.inputs = {ref("input", x_, activation_bytes())};
+        return st;
+    }
+    tensor_ref output_ref() const { return ref("output", y_.data(), activation_bytes()); }
     std::size_t activation_bytes() const { return std::size_t(shape_.tokens()) * shape_.hidden * sizeof(T); }
 
     block_shape shape_;
@@ -139,5 +154,17 @@ private:
     capscope::cuda::device_buffer<float> rstd_, state_;
     capscope::cuda::device_buffer<T> normed_, proj_, mixed_, d_mixed_, d_proj_, d_normed_;
 };
+
+//! Binds blocks in sequence: block i reads block i-1's output and the gradient written by
+//! block i+1 (the last one reads `d_last`). Returns the last block's output.
+template <class T>
+const T* bind_chain(const std::vector<std::unique_ptr<block<T>>>& blocks, const T* input, const T* d_last) {
+    const T* x = input;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+        blocks[i]->bind(x, i + 1 < blocks.size() ? blocks[i + 1]->input_grad() : d_last);
+        x = blocks[i]->output();
+    }
+    return x;
+}
 
 } // namespace gpt

@@ -6,12 +6,14 @@
 //! capture region contains it, and says whether it synchronises with the host (such a stage
 //! cannot be inside a graph). The capture engine reads exactly this.
 
+#include <capscope/cuda/error.hpp>
 #include <capscope/vocabulary/capture_module.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -84,5 +86,20 @@ struct stage {
     std::vector<tensor_ref> inputs;  //!< read by forward (what activation offloading would move)
     std::vector<tensor_ref> outputs; //!< written by forward
 };
+
+//! Eager execution: each stage's forward in order, under its name as the error scope.
+inline void run_forward(std::span<const stage> stages, cudaStream_t s) {
+    for (const stage& st : stages) {
+        capscope::cuda::scope_label label(st.name);
+        st.forward(s);
+    }
+}
+//! Each stage's backward, in reverse order.
+inline void run_backward(std::span<const stage> stages, cudaStream_t s) {
+    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+        capscope::cuda::scope_label label(it->name);
+        it->backward(s);
+    }
+}
 
 } // namespace gpt
