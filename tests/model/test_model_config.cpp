@@ -1,0 +1,87 @@
+// The example model's configuration checks run on the host, before anything touches a GPU:
+// each bad field is named, with what it must be.
+
+#include <gpt/config.hpp>
+
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace {
+std::string rejection(const gpt::model_config& c) {
+    try {
+        c.validate();
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "";
+}
+std::string rejection(const gpt::vision_config& c) {
+    try {
+        c.validate();
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "";
+}
+} // namespace
+
+TEST_CASE("the default model and vision configs are valid") {
+    CHECK(rejection(gpt::model_config{}).empty());
+    CHECK(rejection(gpt::vision_config{}).empty());
+}
+
+TEST_CASE("a bad model field is named, with what it must be") {
+    gpt::model_config c;
+    c.layer_pattern = "DXM";
+    CHECK(rejection(c) == "model config: layer_pattern = \"DXM\": unknown layer kind 'X'; use D (dense), E (MoE) or M (Mamba)");
+    c = {};
+    c.layer_pattern = "";
+    CHECK(rejection(c).find("needs at least one layer") != std::string::npos);
+    c = {};
+    c.hidden = 30;
+    c.heads = 4;
+    CHECK(rejection(c) == "model config: hidden = 30: must be a multiple of heads (4)");
+    c = {};
+    c.top_k = 5;
+    c.experts = 4;
+    CHECK(rejection(c) == "model config: top_k = 5: must be in [1, experts]");
+    c = {};
+    c.experts = 65;
+    CHECK(rejection(c) == "model config: experts = 65: must be in [1, 64]");
+    c = {};
+    c.capacity_factor = 0;
+    CHECK(rejection(c).find("capacity_factor") != std::string::npos);
+    c.moe_mode = gpt::moe_mode::dropless; // dropless has no capacity
+    CHECK(rejection(c).empty());
+    c = {};
+    c.batch = 0;
+    CHECK(rejection(c) == "model config: batch = 0: must be positive");
+    c = {};
+    c.layer_pattern = "DM"; // no MoE layer: expert fields are not read
+    c.experts = 0;
+    CHECK(rejection(c).empty());
+}
+
+TEST_CASE("drop-and-pad capacity is ceil(capacity_factor * tokens * top_k / experts)") {
+    gpt::model_config c;
+    c.batch = 4;
+    c.seq_len = 16;
+    c.experts = 4;
+    c.top_k = 2;
+    c.capacity_factor = 1.25;
+    CHECK(c.expert_capacity() == 40);
+    c.capacity_factor = 0.25;
+    CHECK(c.expert_capacity() == 8);
+    c.capacity_factor = 0.26;
+    CHECK(c.expert_capacity() == 9);
+}
+
+TEST_CASE("a vision bucket larger than the position table is rejected with the fix") {
+    gpt::vision_config v;
+    v.max_patches = 16;
+    v.padded_len = 32;
+    CHECK(rejection(v) ==
+          "vision config: padded_len = 32: exceeds max_patches = 16 (the position table); raise max_patches or pad to a smaller length");
+}
