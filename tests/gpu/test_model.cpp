@@ -214,30 +214,38 @@ TEST_CASE("stages carry the capture modules of Megatron's regions") {
     CHECK(st[2].inputs[0].data == st[1].outputs[0].data);
 }
 
-TEST_CASE("drop-and-pad is capturable: a graph of forward + backward replays the eager step bit for bit") {
+TEST_CASE("drop-and-pad is capturable: a graph of the whole training step replays the eager steps bit for bit") {
     const auto cfg = small("DEM", gpt::moe_mode::drop_and_pad, 1.0);
     capscope::cuda::stream s;
     gpt::gpt_model<float> eager(cfg, s), graphed(cfg, s);
     for (const auto& st : graphed.stages()) CHECK(st.capturable());
-    const auto b = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 3);
-    eager.set_batch(b.tokens, b.labels, s);
-    eager.forward(s);
-    eager.backward(s);
-    graphed.set_batch(b.tokens, b.labels, s);
+    const auto first = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 3);
+    graphed.set_batch(first.tokens, first.labels, s);
     s.synchronize();
     auto g = capscope::cuda::capture(s, [&](cudaStream_t cs) {
         graphed.forward(cs);
         graphed.backward(cs);
+        graphed.optimizer_step(cs, {});
     });
     capscope::cuda::graph_exec exec(g);
-    exec.launch(s);
-    exec.launch(s); // replaying twice on the same inputs changes nothing
-    s.synchronize();
-    std::printf("  capture: drop-and-pad DEM forward+backward = %zu graph nodes\n", g.node_count());
-    CHECK(eager.loss(s) == graphed.loss(s));
-    const auto ge = support::download(eager.parameters().grads(), eager.parameters().total(), s);
-    const auto gg = support::download(graphed.parameters().grads(), graphed.parameters().total(), s);
-    CHECK(support::same_bits(ge, gg));
+    std::printf("  capture: drop-and-pad DEM forward+backward+AdamW = %zu graph nodes\n", g.node_count());
+    // Three steps on three batches: new data goes into the same input buffers, and AdamW's
+    // step count advances on the device, so the replays must match eager steps 1, 2, 3.
+    for (int step = 0; step < 3; ++step) {
+        const auto b = step == 0 ? first : support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 3 + step);
+        eager.set_batch(b.tokens, b.labels, s);
+        eager.forward(s);
+        eager.backward(s);
+        eager.optimizer_step(s, {});
+        graphed.set_batch(b.tokens, b.labels, s);
+        exec.launch(s);
+        CHECK(eager.loss(s) == graphed.loss(s));
+    }
+    const auto& pe = eager.parameters();
+    const auto& pg = graphed.parameters();
+    CHECK(support::same_bits(support::download(pe.grads(), pe.total(), s), support::download(pg.grads(), pg.total(), s)));
+    CHECK(support::same_bits(support::download(pe.masters(), pe.total(), s), support::download(pg.masters(), pg.total(), s)));
+    CHECK(support::same_bits(support::download(pe.first_moment(), pe.total(), s), support::download(pg.first_moment(), pg.total(), s)));
 }
 
 TEST_CASE("dropless MoE is not capturable, and the error names the stage") {

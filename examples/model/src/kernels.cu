@@ -426,11 +426,13 @@ __global__ void gated_scan_backward_k(const T* proj, const float* h, const T* dy
 }
 
 // ---- AdamW ---------------------------------------------------------------------------------
+__global__ void advance_step_k(int* step) { ++*step; }
 template <class T>
-__global__ void adamw_k(float* master, T* param, const float* grad, float* m, float* v, long n, float lr, float b1, float b2,
-                        float eps, float wd, float bc1, float bc2) {
+__global__ void adamw_k(float* master, T* param, const float* grad, float* m, float* v, long n, const int* step, float lr, float b1,
+                        float b2, float eps, float wd) {
     long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
     if (i >= n) return;
+    const float bc1 = 1.f - powf(b1, float(*step)), bc2 = 1.f - powf(b2, float(*step));
     const float g = grad[i];
     const float mi = b1 * m[i] + (1.f - b1) * g;
     const float vi = b2 * v[i] + (1.f - b2) * g * g;
@@ -607,10 +609,11 @@ void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, i
     CHECKED("gated_scan_backward");
 }
 template <class T>
-void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, float lr, float beta1, float beta2, float eps,
-           float weight_decay, float bias_correction1, float bias_correction2, cudaStream_t s) {
-    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                                                              bias_correction1, bias_correction2);
+void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, float lr, float beta1, float beta2,
+           float eps, float weight_decay, cudaStream_t s) {
+    advance_step_k<<<1, 1, 0, s>>>(step);
+    CHECKED("advance_step");
+    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, lr, beta1, beta2, eps, weight_decay);
     CHECKED("adamw");
 }
 
@@ -643,8 +646,7 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
                                       int, cudaStream_t);                                                                  \
     template void gated_scan_forward<T>(const T*, float*, T*, int, int, int, cudaStream_t);                                \
     template void gated_scan_backward<T>(const T*, const float*, const T*, T*, int, int, int, cudaStream_t);               \
-    template void adamw<T>(float*, T*, const float*, float*, float*, long, float, float, float, float, float, float, float, \
-                           cudaStream_t);
+    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, float, float, float, float, float, cudaStream_t);
 
 GPT_INSTANTIATE(float)
 GPT_INSTANTIATE(__nv_bfloat16)

@@ -77,9 +77,11 @@ template <class T> void gated_scan_forward(const T* proj, float* h, T* y, int ba
 template <class T>
 void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, int batch, int seq, int inner, cudaStream_t s);
 
+// AdamW. The step count lives on the device and is advanced by the same call, so the bias
+// corrections follow it when the step is replayed from a graph.
 template <class T>
-void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, float lr, float beta1, float beta2,
-           float eps, float weight_decay, float bias_correction1, float bias_correction2, cudaStream_t s);
+void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, float lr, float beta1, float beta2,
+           float eps, float weight_decay, cudaStream_t s);
 
 void fill(float* x, float value, long n, cudaStream_t s);
 

@@ -87,6 +87,8 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
     row_loss_ = device_buffer<float>(t);
     loss_ = device_buffer<float>(1);
     valid_count_ = device_buffer<float>(1);
+    device_step_ = device_buffer<int>(1);
+    device_step_.fill_bytes(0, s);
     host_loss_ = capscope::cuda::pinned_buffer<float>(1);
     tokens_.fill_bytes(0, s); // a valid token id until the first set_batch
     labels_.fill_bytes(0xff, s);
@@ -137,9 +139,8 @@ template <class T> void gpt_model<T>::backward(cudaStream_t s) { run_backward(st
 
 template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s, const adamw_config& o) {
     ++step_;
-    const float bc1 = 1.f - std::pow(o.beta1, float(step_)), bc2 = 1.f - std::pow(o.beta2, float(step_));
     kernels::adamw(params_.masters(), params_.values(), params_.grads(), params_.first_moment(), params_.second_moment(),
-                   long(params_.total()), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, bc1, bc2, s);
+                   long(params_.total()), device_step_.data(), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s);
 }
 
 template <class T> float gpt_model<T>::loss(cudaStream_t s) const {

@@ -35,6 +35,8 @@ public:
 
     void forward(cudaStream_t s);  //!< every stage's forward, in order (the head computes the loss)
     void backward(cudaStream_t s); //!< every stage's backward, in reverse order
+    //! AdamW over every parameter. The step count (for the bias corrections) is kept on the
+    //! device, so a captured step stays correct on replay; the hyperparameters are fixed at the call.
     void optimizer_step(cudaStream_t s, const adamw_config& opt);
     //! Reads the loss of the last forward (synchronizes `s`).
     float loss(cudaStream_t s) const;
@@ -62,7 +64,7 @@ private:
     parameter_store<T> params_;
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
-    capscope::cuda::device_buffer<int> tokens_, labels_;
+    capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_, d_logits_, d_final_normed_, d_last_;
     capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_;
     capscope::cuda::pinned_buffer<float> host_loss_;

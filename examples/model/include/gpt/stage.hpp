@@ -29,7 +29,8 @@ public:
     template <class F>
         requires(!std::is_same_v<std::remove_cvref_t<F>, stream_fn> && std::is_invocable_v<F&, cudaStream_t>)
     stream_fn(F& f) noexcept // NOLINT: implicit by design, like std::function_ref
-        : object_(&f), call_([](void* o, cudaStream_t s) { (*static_cast<F*>(o))(s); }) {}
+        : object_(const_cast<void*>(static_cast<const void*>(&f))),
+          call_([](void* o, cudaStream_t s) { (*static_cast<F*>(o))(s); }) {}
     //! Binds a member function: `stream_fn::of<&block::forward>(this)`.
     template <auto Method, class C>
     static stream_fn of(C* object) noexcept {
