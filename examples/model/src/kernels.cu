@@ -60,18 +60,6 @@ template <class T> __global__ void cast_from_float_k(const float* in, T* out, lo
     long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
     if (i < n) out[i] = from_f<T>(in[i]);
 }
-template <class T> __global__ void to_float_k(const T* in, float* out, long n) {
-    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
-    if (i < n) out[i] = to_f(in[i]);
-}
-template <class T> __global__ void add_k(const T* a, const T* b, T* out, long n) {
-    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
-    if (i < n) out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
-}
-__global__ void fill_k(float* x, float value, long n) {
-    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
-    if (i < n) x[i] = value;
-}
 
 // ---- RMSNorm -------------------------------------------------------------------------------
 constexpr float norm_eps = 1e-5f;
@@ -454,20 +442,6 @@ template <class T> void cast_from_float(const float* in, T* out, long n, cudaStr
     cast_from_float_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(in, out, n);
     CHECKED("cast_from_float");
 }
-template <class T> void to_float(const T* in, float* out, long n, cudaStream_t s) {
-    if (n == 0) return;
-    to_float_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(in, out, n);
-    CHECKED("to_float");
-}
-template <class T> void add(const T* a, const T* b, T* out, long n, cudaStream_t s) {
-    add_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(a, b, out, n);
-    CHECKED("add");
-}
-void fill(float* x, float value, long n, cudaStream_t s) {
-    if (n == 0) return;
-    fill_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, value, n);
-    CHECKED("fill");
-}
 template <class T> void rms_norm_forward(const T* x, const T* g, T* y, float* rstd, int rows, int cols, cudaStream_t s) {
     rms_norm_forward_k<<<rows, row_threads, 0, s>>>(x, g, y, rstd, cols);
     CHECKED("rms_norm_forward");
@@ -619,8 +593,6 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
 
 #define GPT_INSTANTIATE(T)                                                                                                  \
     template void cast_from_float<T>(const float*, T*, long, cudaStream_t);                                                \
-    template void to_float<T>(const T*, float*, long, cudaStream_t);                                                       \
-    template void add<T>(const T*, const T*, T*, long, cudaStream_t);                                                      \
     template void rms_norm_forward<T>(const T*, const T*, T*, float*, int, int, cudaStream_t);                             \
     template void rms_norm_backward<T>(const T*, const T*, const float*, const T*, const T*, T*, int, int, cudaStream_t);  \
     template void rms_norm_weight_grad<T>(const T*, const float*, const T*, float*, int, int, cudaStream_t);               \

@@ -11,8 +11,6 @@ namespace gpt::kernels {
 enum class attention_mask { causal, key_padding };
 
 template <class T> void cast_from_float(const float* in, T* out, long n, cudaStream_t s);
-template <class T> void to_float(const T* in, float* out, long n, cudaStream_t s);
-template <class T> void add(const T* a, const T* b, T* out, long n, cudaStream_t s);
 
 // RMSNorm: y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps).
 template <class T> void rms_norm_forward(const T* x, const T* g, T* y, float* rstd, int rows, int cols, cudaStream_t s);
@@ -82,7 +80,5 @@ void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, i
 template <class T>
 void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, float lr, float beta1, float beta2,
            float eps, float weight_decay, cudaStream_t s);
-
-void fill(float* x, float value, long n, cudaStream_t s);
 
 } // namespace gpt::kernels

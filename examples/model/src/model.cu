@@ -5,7 +5,6 @@
 
 #include <capscope/cuda/error.hpp>
 
-#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -13,20 +12,6 @@ namespace gpt {
 
 using capscope::cuda::device_buffer;
 using detail::gemm;
-
-const char* stage_kind_name(stage_kind k) {
-    switch (k) {
-    case stage_kind::embedding: return "embedding";
-    case stage_kind::attention: return "attention";
-    case stage_kind::mlp: return "mlp";
-    case stage_kind::moe_router: return "moe_router";
-    case stage_kind::moe_preprocess: return "moe_preprocess";
-    case stage_kind::moe_experts: return "moe_experts";
-    case stage_kind::mamba: return "mamba";
-    case stage_kind::head: return "head";
-    }
-    return "?";
-}
 
 namespace {
 block_shape shape_of(const model_config& c) {
@@ -138,7 +123,6 @@ template <class T> void gpt_model<T>::forward(cudaStream_t s) { run_forward(stag
 template <class T> void gpt_model<T>::backward(cudaStream_t s) { run_backward(stages_, s); }
 
 template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s, const adamw_config& o) {
-    ++step_;
     kernels::adamw(params_.masters(), params_.values(), params_.grads(), params_.first_moment(), params_.second_moment(),
                    long(params_.total()), device_step_.data(), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s);
 }

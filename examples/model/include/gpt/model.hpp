@@ -46,9 +46,6 @@ public:
     const model_config& config() const { return cfg_; }
     parameter_store<T>& parameters() { return params_; }
     const parameter_store<T>& parameters() const { return params_; }
-    const T* tokens_embedded() const { return embedded_.data(); }
-    const T* logits() const { return logits_.data(); }
-    int step_count() const { return step_; }
     //! Per-expert assignment counts of the MoE block in `layer` after the last forward (kept
     //! assignments under drop-and-pad). Throws if that layer is not an MoE layer.
     const int* expert_counts(int layer) const;
@@ -69,7 +66,6 @@ private:
     capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_;
     capscope::cuda::pinned_buffer<float> host_loss_;
     std::vector<stage> stages_;
-    int step_ = 0;
 };
 
 } // namespace gpt

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,11 +25,6 @@ namespace gpt {
 class stream_fn {
 public:
     stream_fn() = default;
-    template <class F>
-        requires(!std::is_same_v<std::remove_cvref_t<F>, stream_fn> && std::is_invocable_v<F&, cudaStream_t>)
-    stream_fn(F& f) noexcept // NOLINT: implicit by design, like std::function_ref
-        : object_(const_cast<void*>(static_cast<const void*>(&f))),
-          call_([](void* o, cudaStream_t s) { (*static_cast<F*>(o))(s); }) {}
     //! Binds a member function: `stream_fn::of<&block::forward>(this)`.
     template <auto Method, class C>
     static stream_fn of(C* object) noexcept {
@@ -58,8 +52,6 @@ enum class stage_kind : std::uint8_t {
     mamba,          //!< norm, gated linear recurrence, residual add
     head,           //!< final norm, LM head, cross-entropy loss
 };
-
-const char* stage_kind_name(stage_kind k);
 
 //! A device tensor a stage reads or writes; the capture engine and offloading work in these.
 struct tensor_ref {
