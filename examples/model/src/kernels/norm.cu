@@ -1,0 +1,68 @@
+// RMSNorm forward, backward and gain gradient.
+
+#include "common.cuh"
+
+namespace gpt::kernels {
+namespace {
+using namespace detail;
+
+constexpr float norm_eps = 1e-5f;
+
+template <class T> __global__ void rms_norm_forward_k(const T* x, const T* g, T* y, float* rstd, int cols) {
+    const long row = blockIdx.x;
+    const T* xr = x + row * cols;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += to_f(xr[c]) * to_f(xr[c]);
+    const float r = rsqrtf(block_sum(ss) / cols + norm_eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) y[row * cols + c] = from_f<T>(to_f(xr[c]) * r * to_f(g[c]));
+    if (threadIdx.x == 0) rstd[row] = r;
+}
+template <class T>
+__global__ void rms_norm_backward_k(const T* x, const T* g, const float* rstd, const T* dy, const T* residual_grad, T* dx,
+                                    int cols) {
+    const long row = blockIdx.x;
+    const long base = row * cols;
+    float dot = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dot += to_f(dy[base + c]) * to_f(g[c]) * to_f(x[base + c]);
+    dot = block_sum(dot);
+    const float r = rstd[row];
+    const float k = r * r * r * dot / cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = r * to_f(g[c]) * to_f(dy[base + c]) - to_f(x[base + c]) * k;
+        if (residual_grad) v += to_f(residual_grad[base + c]);
+        dx[base + c] = from_f<T>(v);
+    }
+}
+template <class T> __global__ void rms_norm_weight_grad_k(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float acc = 0.f;
+    for (int r = 0; r < rows; ++r) acc += to_f(dy[long(r) * cols + c]) * to_f(x[long(r) * cols + c]) * rstd[r];
+    dg[c] = acc;
+}
+
+} // namespace
+
+template <class T> void rms_norm_forward(const T* x, const T* g, T* y, float* rstd, int rows, int cols, cudaStream_t s) {
+    rms_norm_forward_k<<<rows, row_threads, 0, s>>>(x, g, y, rstd, cols);
+    CHECKED("rms_norm_forward");
+}
+template <class T>
+void rms_norm_backward(const T* x, const T* g, const float* rstd, const T* dy, const T* residual_grad, T* dx, int rows, int cols,
+                       cudaStream_t s) {
+    rms_norm_backward_k<<<rows, row_threads, 0, s>>>(x, g, rstd, dy, residual_grad, dx, cols);
+    CHECKED("rms_norm_backward");
+}
+template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols, cudaStream_t s) {
+    rms_norm_weight_grad_k<<<blocks_for(cols, 64), 64, 0, s>>>(x, rstd, dy, dg, rows, cols);
+    CHECKED("rms_norm_weight_grad");
+}
+
+#define INSTANTIATE(T) \
+    template void rms_norm_forward<T>(const T*, const T*, T*, float*, int, int, cudaStream_t); \
+    template void rms_norm_backward<T>(const T*, const T*, const float*, const T*, const T*, T*, int, int, cudaStream_t); \
+    template void rms_norm_weight_grad<T>(const T*, const float*, const T*, float*, int, int, cudaStream_t);
+INSTANTIATE(float)
+INSTANTIATE(__nv_bfloat16)
+
+} // namespace gpt::kernels

@@ -1,0 +1,82 @@
+// Elementwise kernels: precision casts, GELU (tanh form), and the AdamW update.
+
+#include "common.cuh"
+
+namespace gpt::kernels {
+namespace {
+using namespace detail;
+
+// ---- elementwise ---------------------------------------------------------------------------
+template <class T> __global__ void cast_from_float_k(const float* in, T* out, long n) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i < n) out[i] = from_f<T>(in[i]);
+}
+
+// ---- GELU (tanh form) ----------------------------------------------------------------------
+constexpr float gelu_k0 = 0.7978845608028654f, gelu_k1 = 0.044715f;
+template <class T> __global__ void gelu_forward_k(const T* x, T* y, long n) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    const float v = to_f(x[i]);
+    y[i] = from_f<T>(0.5f * v * (1.f + tanhf(gelu_k0 * (v + gelu_k1 * v * v * v))));
+}
+template <class T> __global__ void gelu_backward_k(const T* x, const T* dy, T* dx, long n) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    const float v = to_f(x[i]);
+    const float t = tanhf(gelu_k0 * (v + gelu_k1 * v * v * v));
+    const float d = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * gelu_k0 * (1.f + 3.f * gelu_k1 * v * v);
+    dx[i] = from_f<T>(d * to_f(dy[i]));
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------
+__global__ void advance_step_k(int* step) { ++*step; }
+template <class T>
+__global__ void adamw_k(float* master, T* param, const float* grad, float* m, float* v, long n, const int* step, float lr, float b1,
+                        float b2, float eps, float wd) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    const float bc1 = 1.f - powf(b1, float(*step)), bc2 = 1.f - powf(b2, float(*step));
+    const float g = grad[i];
+    const float mi = b1 * m[i] + (1.f - b1) * g;
+    const float vi = b2 * v[i] + (1.f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float w = master[i] - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * master[i]);
+    master[i] = w;
+    param[i] = from_f<T>(w);
+}
+
+} // namespace
+
+template <class T> void cast_from_float(const float* in, T* out, long n, cudaStream_t s) {
+    if (n == 0) return;
+    cast_from_float_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(in, out, n);
+    CHECKED("cast_from_float");
+}
+template <class T> void gelu_forward(const T* x, T* y, long n, cudaStream_t s) {
+    gelu_forward_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, y, n);
+    CHECKED("gelu_forward");
+}
+template <class T> void gelu_backward(const T* x, const T* dy, T* dx, long n, cudaStream_t s) {
+    gelu_backward_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, dy, dx, n);
+    CHECKED("gelu_backward");
+}
+template <class T>
+void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, float lr, float beta1, float beta2,
+           float eps, float weight_decay, cudaStream_t s) {
+    advance_step_k<<<1, 1, 0, s>>>(step);
+    CHECKED("advance_step");
+    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, lr, beta1, beta2, eps, weight_decay);
+    CHECKED("adamw");
+}
+
+#define INSTANTIATE(T) \
+    template void cast_from_float<T>(const float*, T*, long, cudaStream_t); \
+    template void gelu_forward<T>(const T*, T*, long, cudaStream_t); \
+    template void gelu_backward<T>(const T*, const T*, T*, long, cudaStream_t); \
+    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, float, float, float, float, float, cudaStream_t);
+INSTANTIATE(float)
+INSTANTIATE(__nv_bfloat16)
+
+} // namespace gpt::kernels
