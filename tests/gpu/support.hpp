@@ -13,9 +13,12 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace support {
+
+template <class T> constexpr const char* precision_name = std::is_same_v<T, float> ? "fp32" : "bf16";
 
 inline double to_double(float x) { return x; }
 inline double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -21,7 +21,6 @@
 
 namespace {
 
-template <class T> constexpr const char* precision_name = std::is_same_v<T, float> ? "fp32" : "bf16";
 template <class T> constexpr double gradient_bound = std::is_same_v<T, float> ? 1e-4 : 3e-2;
 template <class T> constexpr double forward_bound = std::is_same_v<T, float> ? 1e-5 : 2e-2;
 
@@ -63,12 +62,12 @@ template <class T> void check_model(const char* what, const gpt::model_config& c
     const auto loss_of = [&](const reference::parameters& p) { return reference::model_loss(cfg, p, b.tokens, b.labels); };
     const double ref_loss = loss_of(params);
     const double loss_err = std::abs(loss - ref_loss) / std::abs(ref_loss);
-    report(what, precision_name<T>, "(forward loss)", loss_err, forward_bound<T>);
+    report(what, support::precision_name<T>, "(forward loss)", loss_err, forward_bound<T>);
     CHECK(loss_err < forward_bound<T>);
     if (expect_drops) {
         const int layer = int(cfg.layer_pattern.find('E'));
         const int dropped = reference::dropped_assignments(cfg, params, b.tokens, layer);
-        std::printf("  %-28s %s drop-and-pad dropped %d of %d assignments\n", what, precision_name<T>, dropped, cfg.tokens() * cfg.top_k);
+        std::printf("  %-28s %s drop-and-pad dropped %d of %d assignments\n", what, support::precision_name<T>, dropped, cfg.tokens() * cfg.top_k);
         CHECK(dropped > 0);
     }
 
@@ -76,7 +75,7 @@ template <class T> void check_model(const char* what, const gpt::model_config& c
     const auto got = support::grads_of(model.parameters(), s);
     for (const auto& [name, ref] : expected) {
         const double err = support::relative_error(got.at(name), ref);
-        report(what, precision_name<T>, name, err, gradient_bound<T>);
+        report(what, support::precision_name<T>, name, err, gradient_bound<T>);
         CHECK_MESSAGE(err < gradient_bound<T>, what, " ", name);
     }
 }
@@ -138,14 +137,14 @@ TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite
             ref_real.push_back(ref_out[std::size_t(b) * c.padded_len * c.hidden + i]);
         }
     const double fwd = support::relative_error(got_real, ref_real);
-    report("vision", precision_name<T>, "(forward, real patches)", fwd, forward_bound<T>);
+    report("vision", support::precision_name<T>, "(forward, real patches)", fwd, forward_bound<T>);
     CHECK(fwd < forward_bound<T>);
 
     const auto expected = reference::finite_difference_gradients(params, objective);
     const auto got = support::grads_of(enc.parameters(), s);
     for (const auto& [name, ref] : expected) {
         const double err = support::relative_error(got.at(name), ref);
-        report("vision", precision_name<T>, name, err, gradient_bound<T>);
+        report("vision", support::precision_name<T>, name, err, gradient_bound<T>);
         CHECK_MESSAGE(err < gradient_bound<T>, name);
     }
 }

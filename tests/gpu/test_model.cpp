@@ -58,7 +58,6 @@ template <class T> step_result<T> run_steps(const gpt::model_config& cfg, int st
     return r;
 }
 
-template <class T> constexpr const char* precision_name = std::is_same_v<T, float> ? "fp32" : "bf16";
 
 } // namespace
 
@@ -69,7 +68,7 @@ TEST_CASE_TEMPLATE("a training step is bitwise deterministic", T, float, __nv_bf
         const auto b = run_steps<T>(cfg, 3);
         const bool same = support::same_bits(a.loss, b.loss) && support::same_bits(a.grads, b.grads) &&
                           support::same_bits(a.masters, b.masters) && support::same_bits(a.values, b.values);
-        std::printf("  determinism %s %-12s: 3 steps twice, losses %.6f %.6f %.6f, identical bits: %s\n", precision_name<T>,
+        std::printf("  determinism %s %-12s: 3 steps twice, losses %.6f %.6f %.6f, identical bits: %s\n", support::precision_name<T>,
                     mode == gpt::moe_mode::dropless ? "dropless" : "drop-and-pad", a.loss[0], a.loss[1], a.loss[2], same ? "yes" : "NO");
         CHECK(support::same_bits(a.loss, b.loss));
         CHECK(support::same_bits(a.grads, b.grads));
@@ -100,7 +99,7 @@ TEST_CASE_TEMPLATE("dropless and drop-and-pad agree when no token is dropped", T
     const std::vector<double> da(ga.begin(), ga.end()), db(gb.begin(), gb.end());
     const double grad_err = support::relative_error(da, db);
     const double bound = std::is_same_v<T, float> ? 1e-5 : 2e-2;
-    std::printf("  moe modes %s: loss %.7f vs %.7f, gradient rel.err %.3e (bound %.0e), bitwise equal: %s\n", precision_name<T>, la, lb,
+    std::printf("  moe modes %s: loss %.7f vs %.7f, gradient rel.err %.3e (bound %.0e), bitwise equal: %s\n", support::precision_name<T>, la, lb,
                 grad_err, bound, support::same_bits(ga, gb) ? "yes" : "no");
     CHECK(std::abs(la - lb) <= bound * std::abs(lb));
     CHECK(grad_err < bound);
@@ -173,7 +172,7 @@ TEST_CASE_TEMPLATE("vision encoder: padded batch equals each sample run unpadded
         const std::vector<double> got(out.begin() + std::ptrdiff_t(b) * padded.padded_len * padded.hidden,
                                       out.begin() + (std::ptrdiff_t(b) * padded.padded_len + lengths[b]) * padded.hidden);
         const double err = support::relative_error(got, ref);
-        std::printf("  vision padding %s sample %d (%2d of %d patches real): rel.err %.3e (bound %.0e)\n", precision_name<T>, b, lengths[b],
+        std::printf("  vision padding %s sample %d (%2d of %d patches real): rel.err %.3e (bound %.0e)\n", support::precision_name<T>, b, lengths[b],
                     padded.padded_len, err, bound);
         CHECK(err < bound);
     }

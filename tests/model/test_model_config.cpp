@@ -9,15 +9,7 @@
 #include <string>
 
 namespace {
-std::string rejection(const gpt::model_config& c) {
-    try {
-        c.validate();
-    } catch (const std::invalid_argument& e) {
-        return e.what();
-    }
-    return "";
-}
-std::string rejection(const gpt::vision_config& c) {
+template <class Config> std::string rejection(const Config& c) {
     try {
         c.validate();
     } catch (const std::invalid_argument& e) {
