@@ -9,11 +9,14 @@ namespace {
 
 using vec = std::vector<double>;
 
-const vec& get(const parameters& p, const std::string& name) {
+// Keys are passed as a block name and a part (or one literal), never as a temporary string, so
+// binding the result to a reference is visibly safe (and gcc 13's -Wdangling-reference agrees).
+const vec& get(const parameters& p, const char* name) {
     auto it = p.find(name);
-    if (it == p.end()) throw std::logic_error("reference: no parameter '" + name + "'");
+    if (it == p.end()) throw std::logic_error(std::string("reference: no parameter '") + name + "'");
     return it->second;
 }
+const vec& get(const parameters& p, const std::string& block, const char* part) { return get(p, (block + part).c_str()); }
 
 // [m,k] x [k,n]
 vec matmul(const vec& a, const vec& b, int m, int k, int n) {
@@ -48,8 +51,8 @@ void add_into(vec& x, const vec& d) {
 vec attention(const vec& x, const parameters& p, const std::string& name, int batch, int seq, int hidden, int heads, bool causal,
               const std::vector<int>& lengths) {
     const int t = batch * seq, dh = hidden / heads;
-    const vec n = rms_norm(x, get(p, name + ".input_norm"), t, hidden);
-    const vec qkv = matmul(n, get(p, name + ".qkv"), t, hidden, 3 * hidden);
+    const vec n = rms_norm(x, get(p, name, ".input_norm"), t, hidden);
+    const vec qkv = matmul(n, get(p, name, ".qkv"), t, hidden, 3 * hidden);
     vec ctx(std::size_t(t) * hidden, 0.0);
     const double scale = 1.0 / std::sqrt(double(dh));
     for (int b = 0; b < batch; ++b)
@@ -74,16 +77,16 @@ vec attention(const vec& x, const parameters& p, const std::string& name, int ba
                             w[j] / sum * qkv[std::size_t(b * seq + j) * 3 * hidden + 2 * hidden + h * dh + d];
             }
     vec y = x;
-    add_into(y, matmul(ctx, get(p, name + ".proj"), t, hidden, hidden));
+    add_into(y, matmul(ctx, get(p, name, ".proj"), t, hidden, hidden));
     return y;
 }
 
 vec mlp(const vec& x, const parameters& p, const std::string& name, int t, int hidden, int ffn) {
-    const vec n = rms_norm(x, get(p, name + ".pre_mlp_norm"), t, hidden);
-    vec a = matmul(n, get(p, name + ".fc1"), t, hidden, ffn);
+    const vec n = rms_norm(x, get(p, name, ".pre_mlp_norm"), t, hidden);
+    vec a = matmul(n, get(p, name, ".fc1"), t, hidden, ffn);
     for (double& v : a) v = gelu(v);
     vec y = x;
-    add_into(y, matmul(a, get(p, name + ".fc2"), t, ffn, hidden));
+    add_into(y, matmul(a, get(p, name, ".fc2"), t, ffn, hidden));
     return y;
 }
 
@@ -95,7 +98,7 @@ struct routing {
 
 routing route(const vec& n, const parameters& p, const std::string& name, const gpt::model_config& c) {
     const int t = c.tokens(), e = c.experts, k = c.top_k;
-    const vec logits = matmul(n, get(p, name + ".router"), t, c.hidden, e);
+    const vec logits = matmul(n, get(p, name, ".router"), t, c.hidden, e);
     routing r{std::vector<int>(std::size_t(t) * k), vec(std::size_t(t) * k), std::vector<bool>(std::size_t(t) * k)};
     for (int i = 0; i < t; ++i) {
         std::vector<bool> taken(e, false);
@@ -121,10 +124,10 @@ routing route(const vec& n, const parameters& p, const std::string& name, const 
 
 vec moe(const vec& x, const parameters& p, const std::string& name, const gpt::model_config& c) {
     const int t = c.tokens(), h = c.hidden, f = c.ffn_hidden, k = c.top_k;
-    const vec n = rms_norm(x, get(p, name + ".pre_mlp_norm"), t, h);
+    const vec n = rms_norm(x, get(p, name, ".pre_mlp_norm"), t, h);
     const routing r = route(n, p, name, c);
-    const vec& w1 = get(p, name + ".experts.fc1");
-    const vec& w2 = get(p, name + ".experts.fc2");
+    const vec& w1 = get(p, name, ".experts.fc1");
+    const vec& w2 = get(p, name, ".experts.fc2");
     vec y = x;
     for (int i = 0; i < t; ++i)
         for (int j = 0; j < k; ++j) {
@@ -148,8 +151,8 @@ vec moe(const vec& x, const parameters& p, const std::string& name, const gpt::m
 
 vec mamba(const vec& x, const parameters& p, const std::string& name, const gpt::model_config& c) {
     const int t = c.tokens(), h = c.hidden, d = c.inner();
-    const vec n = rms_norm(x, get(p, name + ".norm"), t, h);
-    const vec proj = matmul(n, get(p, name + ".in_proj"), t, h, 3 * d);
+    const vec n = rms_norm(x, get(p, name, ".norm"), t, h);
+    const vec proj = matmul(n, get(p, name, ".in_proj"), t, h, 3 * d);
     vec mixed(std::size_t(t) * d);
     for (int b = 0; b < c.batch; ++b)
         for (int q = 0; q < d; ++q) {
@@ -162,7 +165,7 @@ vec mamba(const vec& x, const parameters& p, const std::string& name, const gpt:
             }
         }
     vec y = x;
-    add_into(y, matmul(mixed, get(p, name + ".out_proj"), t, d, h));
+    add_into(y, matmul(mixed, get(p, name, ".out_proj"), t, d, h));
     return y;
 }
 
@@ -215,7 +218,7 @@ double model_loss(const gpt::model_config& c, const parameters& p, const std::ve
 int dropped_assignments(const gpt::model_config& c, const parameters& p, const std::vector<int>& tokens, int moe_layer) {
     const vec x = model_hidden(c, p, tokens, moe_layer, true);
     const std::string name = "layer" + std::to_string(moe_layer);
-    const routing r = route(rms_norm(x, get(p, name + ".pre_mlp_norm"), c.tokens(), c.hidden), p, name, c);
+    const routing r = route(rms_norm(x, get(p, name, ".pre_mlp_norm"), c.tokens(), c.hidden), p, name, c);
     return int(std::count(r.kept.begin(), r.kept.end(), false));
 }
 

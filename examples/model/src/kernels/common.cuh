@@ -8,6 +8,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 namespace gpt::kernels::detail {
 
 constexpr int row_threads = 128; // one block per row
