@@ -1,5 +1,5 @@
 #pragma once
-// Host launchers of the model's kernels (definitions in kernels.cu). Every launcher checks its
+// Host launchers of the model's kernels (definitions in kernels/, one file per idea). Every launcher checks its
 // launch. Reductions that feed a result use a fixed order (no float atomics), so a step is
 // bitwise reproducible.
 
