@@ -60,6 +60,7 @@ template <class T> int train(const gpt::model_config& cfg, int steps) {
     for (int step = 1; step <= steps; ++step) {
         const batch b = make_batch(cfg, rng);
         model.set_batch(b.tokens, b.labels, s);
+        model.zero_grad(s);
         model.forward(s);
         model.backward(s);
         model.optimizer_step(s, opt);

@@ -3,7 +3,8 @@
 //! capscope: declare what to capture into CUDA graphs as types; configurations that cannot
 //! work do not compile, and say which rule they break and how to fix it.
 //!
-//! Layers: vocabulary -> rules -> config (compile time) / validate (run time) -> flags.
+//! Layers: vocabulary -> rules -> config (compile time) / validate (run time) -> flags, and the
+//! engine's host-only part: stages -> plan. The CUDA runner is <capscope/engine.hpp>.
 
 #include <capscope/vocabulary/capture_module.hpp>
 #include <capscope/vocabulary/graph_impl.hpp>
@@ -19,6 +20,7 @@
 
 #include <capscope/config/capture_options.hpp>
 #include <capscope/config/config.hpp>
+#include <capscope/config/engine_options.hpp>
 #include <capscope/config/model_options.hpp>
 #include <capscope/config/offload_options.hpp>
 #include <capscope/config/select.hpp>
@@ -27,3 +29,5 @@
 
 #include <capscope/describe.hpp>
 #include <capscope/validate.hpp>
+
+#include <capscope/plan.hpp>

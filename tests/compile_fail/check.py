@@ -3,7 +3,8 @@
 
 usage: check.py RULE_ID -- COMPILER ARGS...
        check.py SUCCESS -- COMPILER ARGS...   (the positive twins: must compile, no warnings)
-The first line containing "error" must contain "capscope rule RULE_ID:", so a typo, a missing
+The first line containing "error" must contain "capscope rule RULE_ID:" (for a plan rule P<n>,
+"capscope plan rule P<n>:"), so a typo, a missing
 include or a different rule firing first all fail the test.
 """
 import subprocess
@@ -25,7 +26,9 @@ def main():
         print(f"FAIL: the snippet for rule {rule} compiled\n$ {' '.join(cmd)}\n{out}")
         return 1
     first_error = next((l for l in out.splitlines() if "error" in l), "")
-    needle = f"capscope rule {rule}:"
+    # Plan rules (P1, P2, ...) are checked by the plan layer, the others by the rule table.
+    is_plan_rule = rule[0] == "P" and rule[1:].isdigit()
+    needle = f"capscope plan rule {rule}:" if is_plan_rule else f"capscope rule {rule}:"
     if needle not in first_error:
         print(f"FAIL: first error does not name '{needle}'\nfirst error: {first_error}\n--- full output ---\n{out}")
         return 1

@@ -44,11 +44,30 @@ template <class T> reference::parameters values_of(const gpt::parameter_store<T>
         out[store.list()[i].name] = download_as_double(store.value(i), store.list()[i].count, s);
     return out;
 }
-template <class T> reference::parameters grads_of(const gpt::parameter_store<T>& store, cudaStream_t s) {
+//! The gradients by name; minus `offset` (the arena's values before backward) when given.
+template <class T>
+reference::parameters grads_of(const gpt::parameter_store<T>& store, cudaStream_t s, const std::vector<float>* offset = nullptr) {
     reference::parameters out;
-    for (std::size_t i = 0; i < store.list().size(); ++i)
-        out[store.list()[i].name] = download_as_double(store.grad(i), store.list()[i].count, s);
+    for (std::size_t i = 0; i < store.list().size(); ++i) {
+        auto g = download_as_double(store.grad(i), store.list()[i].count, s);
+        if (offset)
+            for (std::size_t k = 0; k < g.size(); ++k) g[k] -= (*offset)[store.list()[i].offset + k];
+        out[store.list()[i].name] = std::move(g);
+    }
     return out;
+}
+
+//! Fills the gradient arena with small values k * 2^-12 (k in [-8, 8], exact in fp32) and
+//! returns them: backward must add to every gradient (it accumulates), so the gradient it
+//! computed is what the arena holds afterwards minus these, and one it never wrote shows as 0.
+template <class T> std::vector<float> offset_gradients(const gpt::parameter_store<T>& store, std::uint64_t seed, cudaStream_t s) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> k(-8, 8);
+    std::vector<float> offset(store.total());
+    for (float& x : offset) x = float(k(rng)) * (1.f / 4096.f);
+    CAPSCOPE_CHECK(cudaMemcpyAsync(store.grads(), offset.data(), offset.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return offset;
 }
 
 //! ||a - b|| / ||b||; NaN anywhere gives infinity (never passes).

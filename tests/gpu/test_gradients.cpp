@@ -52,8 +52,8 @@ template <class T> void check_model(const char* what, const gpt::model_config& c
     gpt::gpt_model<T> model(cfg, s);
     const auto b = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, cfg.seed + 7);
     model.set_batch(b.tokens, b.labels, s);
-    // Poison every gradient (0xff.. is NaN): backward must write each one.
-    CAPSCOPE_CHECK(cudaMemsetAsync(model.parameters().grads(), 0xff, model.parameters().total() * sizeof(float), s));
+    // Gradients accumulate: start them from known values, so backward must add to each one.
+    const auto offset = support::offset_gradients(model.parameters(), cfg.seed + 11, s);
     model.forward(s);
     model.backward(s);
     const float loss = model.loss(s);
@@ -72,7 +72,7 @@ template <class T> void check_model(const char* what, const gpt::model_config& c
     }
 
     const auto expected = reference::finite_difference_gradients(params, loss_of);
-    const auto got = support::grads_of(model.parameters(), s);
+    const auto got = support::grads_of(model.parameters(), s, &offset);
     for (const auto& [name, ref] : expected) {
         const double err = support::relative_error(got.at(name), ref);
         report(what, support::precision_name<T>, name, err, gradient_bound<T>);
@@ -113,7 +113,7 @@ TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite
             for (int d = 0; d < c.hidden; ++d) probe[(std::size_t(b) * c.padded_len + i) * c.hidden + d] = 0.f;
     enc.set_inputs(patches, lengths, s);
     enc.set_output_grad(probe, s);
-    CAPSCOPE_CHECK(cudaMemsetAsync(enc.parameters().grads(), 0xff, enc.parameters().total() * sizeof(float), s));
+    const auto offset = support::offset_gradients(enc.parameters(), 12, s);
     enc.forward(s);
     enc.backward(s);
     s.synchronize();
@@ -141,7 +141,7 @@ TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite
     CHECK(fwd < forward_bound<T>);
 
     const auto expected = reference::finite_difference_gradients(params, objective);
-    const auto got = support::grads_of(enc.parameters(), s);
+    const auto got = support::grads_of(enc.parameters(), s, &offset);
     for (const auto& [name, ref] : expected) {
         const double err = support::relative_error(got.at(name), ref);
         report("vision", support::precision_name<T>, name, err, gradient_bound<T>);

@@ -46,6 +46,7 @@ template <class T> step_result<T> run_steps(const gpt::model_config& cfg, int st
     for (int i = 0; i < steps; ++i) {
         const auto b = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 100 + i);
         m.set_batch(b.tokens, b.labels, s);
+        m.zero_grad(s);
         m.forward(s);
         m.backward(s);
         m.optimizer_step(s, {});
@@ -222,6 +223,7 @@ TEST_CASE("drop-and-pad is capturable: a graph of the whole training step replay
     graphed.set_batch(first.tokens, first.labels, s);
     s.synchronize();
     auto g = capscope::cuda::capture(s, [&](cudaStream_t cs) {
+        graphed.zero_grad(cs);
         graphed.forward(cs);
         graphed.backward(cs);
         graphed.optimizer_step(cs, {});
@@ -233,6 +235,7 @@ TEST_CASE("drop-and-pad is capturable: a graph of the whole training step replay
     for (int step = 0; step < 3; ++step) {
         const auto b = step == 0 ? first : support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 3 + step);
         eager.set_batch(b.tokens, b.labels, s);
+        eager.zero_grad(s);
         eager.forward(s);
         eager.backward(s);
         eager.optimizer_step(s, {});
@@ -276,6 +279,7 @@ TEST_CASE("a step allocates no device memory") {
     gpt::gpt_model<float> m(cfg, s);
     const auto b = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 4);
     m.set_batch(b.tokens, b.labels, s);
+    m.zero_grad(s);
     m.forward(s);
     m.backward(s);
     m.optimizer_step(s, {});
@@ -285,6 +289,7 @@ TEST_CASE("a step allocates no device memory") {
     for (int i = 0; i < 5; ++i) { // new batches: dropless expert GEMM shapes change every step
         const auto next = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 40 + i);
         m.set_batch(next.tokens, next.labels, s);
+        m.zero_grad(s);
         m.forward(s);
         m.backward(s);
         m.optimizer_step(s, {});

@@ -75,7 +75,7 @@ template <class T> void attention_block<T>::backward(cudaStream_t s) {
     const int t = sh.tokens(), h = sh.hidden, dh = h / sh.heads, bh = sh.batch * sh.heads, S = sh.seq;
     auto& P = this->params_;
     const T* dy = this->dy_;
-    gemm(this->blas_, s, {true, false, h, h, t}, merged_.data(), dy, P.grad(out_w_));
+    gemm(this->blas_, s, {true, false, h, h, t}, merged_.data(), dy, P.grad(out_w_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, h}, dy, P.value(out_w_), d_merged_.data());
     kernels::unmerge_heads(d_merged_.data(), d_ctx_.data(), sh.batch, S, sh.heads, dh, s);
     gemm(this->blas_, s, {false, true, S, S, dh}, d_ctx_.data(), v_.data(), d_probs_.data(), 0.f, bh, S * dh, S * dh, S * S);
@@ -84,7 +84,7 @@ template <class T> void attention_block<T>::backward(cudaStream_t s) {
     gemm(this->blas_, s, {false, false, S, dh, S}, d_probs_.data(), k_.data(), dq_.data(), 0.f, bh, S * S, S * dh, S * dh);
     gemm(this->blas_, s, {true, false, S, dh, S}, d_probs_.data(), q_.data(), dk_.data(), 0.f, bh, S * S, S * dh, S * dh);
     kernels::merge_qkv_grads(dq_.data(), dk_.data(), dv_.data(), d_qkv_.data(), sh.batch, S, sh.heads, dh, s);
-    gemm(this->blas_, s, {true, false, h, 3 * h, t}, normed_.data(), d_qkv_.data(), P.grad(qkv_w_));
+    gemm(this->blas_, s, {true, false, h, 3 * h, t}, normed_.data(), d_qkv_.data(), P.grad(qkv_w_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, 3 * h}, d_qkv_.data(), P.value(qkv_w_), d_normed_.data());
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
     kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);
@@ -127,10 +127,10 @@ template <class T> void mlp_block<T>::backward(cudaStream_t s) {
     const int t = sh.tokens(), h = sh.hidden, f = sh.ffn_hidden;
     auto& P = this->params_;
     const T* dy = this->dy_;
-    gemm(this->blas_, s, {true, false, f, h, t}, act_.data(), dy, P.grad(fc2_));
+    gemm(this->blas_, s, {true, false, f, h, t}, act_.data(), dy, P.grad(fc2_), 1.f);
     gemm(this->blas_, s, {false, true, t, f, h}, dy, P.value(fc2_), d_act_.data());
     kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(t) * f, s);
-    gemm(this->blas_, s, {true, false, h, f, t}, normed_.data(), d_pre_.data(), P.grad(fc1_));
+    gemm(this->blas_, s, {true, false, h, f, t}, normed_.data(), d_pre_.data(), P.grad(fc1_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, f}, d_pre_.data(), P.value(fc1_), d_normed_.data());
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
     kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);
@@ -241,12 +241,12 @@ template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
                               d_gate_.data(), sh.tokens(), rows_, h, sh.top_k, s);
     if (sh.moe_mode == moe_mode::drop_and_pad) {
         const int c = sh.capacity, e = sh.experts;
-        gemm(this->blas_, s, {true, false, f, h, c}, act_.data(), d_expert_out_.data(), P.grad(fc2_), 0.f, e, long(c) * f,
+        gemm(this->blas_, s, {true, false, f, h, c}, act_.data(), d_expert_out_.data(), P.grad(fc2_), 1.f, e, long(c) * f,
              long(c) * h, long(f) * h);
         gemm(this->blas_, s, {false, true, c, f, h}, d_expert_out_.data(), P.value(fc2_), d_act_.data(), 0.f, e, long(c) * h,
              long(f) * h, long(c) * f);
         kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows_) * f, s);
-        gemm(this->blas_, s, {true, false, h, f, c}, permuted_.data(), d_pre_.data(), P.grad(fc1_), 0.f, e, long(c) * h,
+        gemm(this->blas_, s, {true, false, h, f, c}, permuted_.data(), d_pre_.data(), P.grad(fc1_), 1.f, e, long(c) * h,
              long(c) * f, long(h) * f);
         gemm(this->blas_, s, {false, true, c, h, f}, d_pre_.data(), P.value(fc1_), d_permuted_.data(), 0.f, e, long(c) * f,
              long(h) * f, long(c) * h);
@@ -255,14 +255,9 @@ template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
     long row = 0;
     for (int e = 0; e < sh.experts; ++e) {
         const int m = host_counts_[e];
-        float* g1 = P.grad(fc1_) + long(e) * h * f;
         float* g2 = P.grad(fc2_) + long(e) * f * h;
-        if (m == 0) { // an expert that got no token has zero gradient, not a stale one
-            CAPSCOPE_CHECK(cudaMemsetAsync(g1, 0, sizeof(float) * h * f, s));
-            CAPSCOPE_CHECK(cudaMemsetAsync(g2, 0, sizeof(float) * f * h, s));
-            continue;
-        }
-        gemm(this->blas_, s, {true, false, f, h, m}, act_.data() + row * f, d_expert_out_.data() + row * h, g2);
+        if (m == 0) continue; // an expert that got no token adds nothing to its gradient
+        gemm(this->blas_, s, {true, false, f, h, m}, act_.data() + row * f, d_expert_out_.data() + row * h, g2, 1.f);
         gemm(this->blas_, s, {false, true, m, f, h}, d_expert_out_.data() + row * h, P.value(fc2_) + long(e) * f * h,
              d_act_.data() + row * f);
         row += m;
@@ -273,7 +268,7 @@ template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
         const int m = host_counts_[e];
         if (m > 0) {
             gemm(this->blas_, s, {true, false, h, f, m}, permuted_.data() + row * h, d_pre_.data() + row * f,
-                 P.grad(fc1_) + long(e) * h * f);
+                 P.grad(fc1_) + long(e) * h * f, 1.f);
             gemm(this->blas_, s, {false, true, m, h, f}, d_pre_.data() + row * f, P.value(fc1_) + long(e) * h * f,
                  d_permuted_.data() + row * h);
         }
@@ -291,7 +286,7 @@ template <class T> void moe_block<T>::router_backward(cudaStream_t s) {
     const int t = sh.tokens(), h = sh.hidden;
     auto& P = this->params_;
     kernels::router_topk_backward(expert_.data(), gate_.data(), d_gate_.data(), d_logits_.data(), t, sh.experts, sh.top_k, s);
-    gemm(this->blas_, s, {true, false, h, sh.experts, t}, normed_.data(), d_logits_.data(), P.grad(router_));
+    gemm(this->blas_, s, {true, false, h, sh.experts, t}, normed_.data(), d_logits_.data(), P.grad(router_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, sh.experts}, d_logits_.data(), P.value(router_), d_normed_.data(), 1.f);
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
     kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), this->dy_, this->dx_.data(), t, h, s);
@@ -334,10 +329,10 @@ template <class T> void mamba_block<T>::backward(cudaStream_t s) {
     const int t = sh.tokens(), h = sh.hidden, d = sh.inner;
     auto& P = this->params_;
     const T* dy = this->dy_;
-    gemm(this->blas_, s, {true, false, d, h, t}, mixed_.data(), dy, P.grad(out_proj_));
+    gemm(this->blas_, s, {true, false, d, h, t}, mixed_.data(), dy, P.grad(out_proj_), 1.f);
     gemm(this->blas_, s, {false, true, t, d, h}, dy, P.value(out_proj_), d_mixed_.data());
     kernels::gated_scan_backward(proj_.data(), state_.data(), d_mixed_.data(), d_proj_.data(), sh.batch, sh.seq, d, s);
-    gemm(this->blas_, s, {true, false, h, 3 * d, t}, normed_.data(), d_proj_.data(), P.grad(in_proj_));
+    gemm(this->blas_, s, {true, false, h, 3 * d, t}, normed_.data(), d_proj_.data(), P.grad(in_proj_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, 3 * d}, d_proj_.data(), P.value(in_proj_), d_normed_.data());
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
     kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);

@@ -25,6 +25,7 @@ void model_config::validate() const {
     positive("ffn_hidden", ffn_hidden);
     positive("seq_len", seq_len);
     positive("batch", batch);
+    positive("microbatches", microbatches);
     if (hidden % heads != 0) reject("hidden", std::to_string(hidden), "must be a multiple of heads (" + std::to_string(heads) + ")");
     if (layer_pattern.empty()) reject("layer_pattern", "\"\"", "needs at least one layer: D (dense), E (MoE) or M (Mamba)");
     bool moe = false;

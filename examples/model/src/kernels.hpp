@@ -12,6 +12,9 @@ enum class attention_mask { causal, key_padding };
 
 template <class T> void cast_from_float(const float* in, T* out, long n, cudaStream_t s);
 
+// Parameter gradients (dg, dtok, dpos here; the GEMMs with beta 1) accumulate: a step clears them
+// once (zero_grad) and every microbatch's backward adds to them.
+
 // RMSNorm: y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps).
 template <class T> void rms_norm_forward(const T* x, const T* g, T* y, float* rstd, int rows, int cols, cudaStream_t s);
 // dx = (residual_grad ? residual_grad : 0) + d(norm)/dx . dy
@@ -44,10 +47,11 @@ void embedding_backward(const int* tokens, const T* dout, float* dtok, float* dp
 template <class T> void add_positions(T* x, const T* pos, int batch, int seq, int hidden, cudaStream_t s);
 template <class T> void position_grad(const T* dout, float* dpos, int max_pos, int batch, int seq, int hidden, cudaStream_t s);
 
-// Mean cross-entropy over labels != -1. Writes the scalar loss and dlogits = d(loss)/d(logits).
+// Mean cross-entropy over labels != -1. Writes the scalar loss and dlogits = grad_scale * d(loss)/d(logits)
+// (grad_scale = 1 / microbatches: the step's loss is the microbatches' mean).
 template <class T>
 void cross_entropy(const T* logits, const int* labels, float* row_loss, float* loss, float* valid_count, T* dlogits, int rows,
-                   int vocab, cudaStream_t s);
+                   int vocab, float grad_scale, cudaStream_t s);
 
 // MoE. Top-k by logit (ties to the lower expert), gates = softmax over the k chosen logits.
 template <class T> void router_topk(const T* logits, int* expert, float* gate, int tokens, int experts, int k, cudaStream_t s);
@@ -75,10 +79,15 @@ template <class T> void gated_scan_forward(const T* proj, float* h, T* y, int ba
 template <class T>
 void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, int batch, int seq, int inner, cudaStream_t s);
 
-// AdamW. The step count lives on the device and is advanced by the same call, so the bias
-// corrections follow it when the step is replayed from a graph.
+// AdamW. The step count and the hyperparameters live on the device: the step count is advanced by
+// the same call, and the hyperparameters are set by a launch of their own, so a step replayed
+// from a graph follows both (bias corrections, a learning-rate schedule).
+struct adamw_hyperparameters {
+    float lr, beta1, beta2, eps, weight_decay;
+};
+void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperparameters& values, cudaStream_t s);
 template <class T>
-void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, float lr, float beta1, float beta2,
-           float eps, float weight_decay, cudaStream_t s);
+void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
+           cudaStream_t s);
 
 } // namespace gpt::kernels

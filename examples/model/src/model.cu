@@ -59,9 +59,9 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
     final_norm_ = params_.declare("final_norm", cfg.hidden, init_kind::ones);
     head_w_ = params_.declare("lm_head", std::size_t(cfg.hidden) * cfg.vocab, init_kind::normal, cfg.init_stddev);
 
-    const std::size_t t = cfg.tokens(), h = cfg.hidden, v = cfg.vocab;
-    tokens_ = device_buffer<int>(t);
-    labels_ = device_buffer<int>(t);
+    const std::size_t t = cfg.tokens(), h = cfg.hidden, v = cfg.vocab, mbs = std::size_t(cfg.microbatches);
+    tokens_ = device_buffer<int>(mbs * t);
+    labels_ = device_buffer<int>(mbs * t);
     embedded_ = device_buffer<T>(t * h);
     final_normed_ = device_buffer<T>(t * h);
     logits_ = device_buffer<T>(t * v);
@@ -70,67 +70,121 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
     d_last_ = device_buffer<T>(t * h);
     final_rstd_ = device_buffer<float>(t);
     row_loss_ = device_buffer<float>(t);
-    loss_ = device_buffer<float>(1);
+    loss_ = device_buffer<float>(mbs);
     valid_count_ = device_buffer<float>(1);
+    hyperparameters_ = device_buffer<float>(sizeof(kernels::adamw_hyperparameters) / sizeof(float));
     device_step_ = device_buffer<int>(1);
     device_step_.fill_bytes(0, s);
-    host_loss_ = capscope::cuda::pinned_buffer<float>(1);
+    host_loss_ = capscope::cuda::pinned_buffer<float>(mbs);
     tokens_.fill_bytes(0, s); // a valid token id until the first set_batch
     labels_.fill_bytes(0xff, s);
+    loss_.fill_bytes(0, s);
     params_.allocate(cfg.seed, s);
+    set_optimizer(adamw_config{}, s);
 
     const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
-
-    stage embed;
-    embed.name = "embedding";
-    embed.kind = stage_kind::embedding;
-    embed.forward = stream_fn::of<&gpt_model::embedding_forward>(this);
-    embed.backward = stream_fn::of<&gpt_model::embedding_backward>(this);
-    embed.inputs = {{"tokens", tokens_.data(), tokens_.bytes()}};
-    embed.outputs = {{"embedding.output", embedded_.data(), embedded_.bytes()}};
-    stages_.push_back(std::move(embed));
+    std::vector<stage> layer_stages;
     for (const auto& b : blocks_)
-        for (const auto& st : b->stages()) stages_.push_back(st);
-    stage head;
-    head.name = "head";
-    head.kind = stage_kind::head;
-    head.forward = stream_fn::of<&gpt_model::head_forward>(this);
-    head.backward = stream_fn::of<&gpt_model::head_backward>(this);
-    head.inputs = {{"head.input", const_cast<T*>(x), t * h * sizeof(T)}, {"labels", labels_.data(), labels_.bytes()}};
-    head.outputs = {{"loss", loss_.data(), loss_.bytes()}};
-    stages_.push_back(std::move(head));
+        for (const auto& st : b->stages()) layer_stages.push_back(st);
+    io_.reserve(mbs); // stages point into io_: its elements never move
+    for (int mb = 0; mb < cfg.microbatches; ++mb) {
+        io_.push_back({this, mb});
+        const std::string suffix = cfg.microbatches > 1 ? ".mb" + std::to_string(mb) : "";
+        std::vector<stage> list;
+        stage embed;
+        embed.name = "embedding" + suffix;
+        embed.kind = stage_kind::embedding;
+        embed.forward = stream_fn::of<&microbatch_io::embedding_forward>(&io_.back());
+        embed.backward = stream_fn::of<&microbatch_io::embedding_backward>(&io_.back());
+        embed.inputs = {{"tokens" + suffix, tokens(mb), t * sizeof(int)}};
+        embed.outputs = {{"embedding.output", embedded_.data(), embedded_.bytes()}};
+        list.push_back(std::move(embed));
+        list.insert(list.end(), layer_stages.begin(), layer_stages.end());
+        stage head;
+        head.name = "head" + suffix;
+        head.kind = stage_kind::head;
+        head.forward = stream_fn::of<&microbatch_io::head_forward>(&io_.back());
+        head.backward = stream_fn::of<&microbatch_io::head_backward>(&io_.back());
+        head.inputs = {{"head.input", const_cast<T*>(x), t * h * sizeof(T)}, {"labels" + suffix, labels(mb), t * sizeof(int)}};
+        head.outputs = {{"loss" + suffix, loss_.data() + mb, sizeof(float)}};
+        list.push_back(std::move(head));
+        stages_.push_back(std::move(list));
+    }
 }
 
-template <class T> void gpt_model<T>::set_batch(std::span<const int> tokens, std::span<const int> labels, cudaStream_t s) {
+template <class T> int gpt_model<T>::checked(int microbatch) const {
+    if (microbatch < 0 || microbatch >= cfg_.microbatches)
+        throw std::out_of_range("gpt_model: microbatch " + std::to_string(microbatch) + " is outside [0, " +
+                                std::to_string(cfg_.microbatches) + ") (model_config::microbatches)");
+    return microbatch;
+}
+
+template <class T>
+void gpt_model<T>::set_batch(int mb, std::span<const int> tokens_in, std::span<const int> labels_in, cudaStream_t s) {
     const std::size_t t = cfg_.tokens();
-    if (tokens.size() != t || labels.size() != t)
+    checked(mb);
+    if (tokens_in.size() != t || labels_in.size() != t)
         throw std::invalid_argument("set_batch: expected " + std::to_string(t) + " tokens and labels (batch " +
                                     std::to_string(cfg_.batch) + " x seq_len " + std::to_string(cfg_.seq_len) + "), got " +
-                                    std::to_string(tokens.size()) + " and " + std::to_string(labels.size()));
+                                    std::to_string(tokens_in.size()) + " and " + std::to_string(labels_in.size()));
     for (std::size_t i = 0; i < t; ++i) {
-        if (tokens[i] < 0 || tokens[i] >= cfg_.vocab)
-            throw std::out_of_range("set_batch: token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+        if (tokens_in[i] < 0 || tokens_in[i] >= cfg_.vocab)
+            throw std::out_of_range("set_batch: token " + std::to_string(tokens_in[i]) + " at " + std::to_string(i) +
                                     " is outside the vocabulary [0, " + std::to_string(cfg_.vocab) + ")");
-        if (labels[i] < -1 || labels[i] >= cfg_.vocab)
-            throw std::out_of_range("set_batch: label " + std::to_string(labels[i]) + " at " + std::to_string(i) +
+        if (labels_in[i] < -1 || labels_in[i] >= cfg_.vocab)
+            throw std::out_of_range("set_batch: label " + std::to_string(labels_in[i]) + " at " + std::to_string(i) +
                                     " is neither -1 (no loss) nor in [0, " + std::to_string(cfg_.vocab) + ")");
     }
-    tokens_.copy_from_host(tokens, s);
-    labels_.copy_from_host(labels, s);
+    CAPSCOPE_CHECK(cudaMemcpyAsync(tokens(mb), tokens_in.data(), t * sizeof(int), cudaMemcpyHostToDevice, s));
+    CAPSCOPE_CHECK(cudaMemcpyAsync(labels(mb), labels_in.data(), t * sizeof(int), cudaMemcpyHostToDevice, s));
 }
 
-template <class T> void gpt_model<T>::forward(cudaStream_t s) { run_forward(stages_, s); }
-template <class T> void gpt_model<T>::backward(cudaStream_t s) { run_backward(stages_, s); }
+template <class T> void gpt_model<T>::forward(cudaStream_t s, int mb) { capscope::run_forward(stages(mb), s); }
+template <class T> void gpt_model<T>::backward(cudaStream_t s, int mb) { capscope::run_backward(stages(mb), s); }
 
-template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s, const adamw_config& o) {
+template <class T> void gpt_model<T>::set_optimizer(const adamw_config& o, cudaStream_t s) {
+    kernels::set_adamw_hyperparameters(reinterpret_cast<kernels::adamw_hyperparameters*>(hyperparameters_.data()),
+                                       {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, s);
+}
+
+template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s) {
     kernels::adamw(params_.masters(), params_.values(), params_.grads(), params_.first_moment(), params_.second_moment(),
-                   long(params_.total()), device_step_.data(), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s);
+                   long(params_.total()), device_step_.data(),
+                   reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s);
+}
+
+template <class T> capscope::training_program gpt_model<T>::training_program() const {
+    capscope::training_program p;
+    auto* self = const_cast<gpt_model*>(this); // the program's functions change the model, as a step does
+    stage zero;
+    zero.name = "zero_grad";
+    zero.kind = stage_kind::other;
+    zero.forward = stream_fn::of<&gpt_model::zero_grad_stage>(self);
+    zero.outputs = {{"gradients", params_.grads(), params_.total() * sizeof(float)}};
+    p.step_begin.push_back(std::move(zero));
+    p.microbatches = stages_;
+    stage opt;
+    opt.name = "optimizer";
+    opt.kind = stage_kind::optimizer;
+    opt.forward = stream_fn::of<static_cast<void (gpt_model::*)(cudaStream_t)>(&gpt_model::optimizer_step)>(self);
+    opt.inputs = {{"gradients", params_.grads(), params_.total() * sizeof(float)}};
+    p.step_end.push_back(std::move(opt));
+    return p;
 }
 
 template <class T> float gpt_model<T>::loss(cudaStream_t s) const {
-    CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), loss_.data(), sizeof(float), cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), loss_.data(), loss_.bytes(), cudaMemcpyDeviceToHost, s));
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-    return host_loss_[0];
+    float sum = 0.f;
+    for (int mb = 0; mb < cfg_.microbatches; ++mb) sum += host_loss_[std::size_t(mb)];
+    return sum / float(cfg_.microbatches);
+}
+
+template <class T> float gpt_model<T>::microbatch_loss(cudaStream_t s, int mb) const {
+    checked(mb);
+    CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), loss_.data(), loss_.bytes(), cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return host_loss_[std::size_t(mb)];
 }
 
 template <class T> const int* gpt_model<T>::expert_counts(int layer) const {
@@ -142,24 +196,26 @@ template <class T> const int* gpt_model<T>::expert_counts(int layer) const {
                                 cfg_.layer_pattern + "\"");
 }
 
-template <class T> void gpt_model<T>::embedding_forward(cudaStream_t s) {
-    kernels::embedding_forward(tokens_.data(), params_.value(tok_emb_), params_.value(pos_emb_), embedded_.data(), cfg_.batch,
+template <class T> void gpt_model<T>::embedding_forward(cudaStream_t s, int mb) {
+    kernels::embedding_forward(tokens(mb), params_.value(tok_emb_), params_.value(pos_emb_), embedded_.data(), cfg_.batch,
                                cfg_.seq_len, cfg_.hidden, s);
 }
-template <class T> void gpt_model<T>::embedding_backward(cudaStream_t s) {
-    kernels::embedding_backward(tokens_.data(), blocks_.front()->input_grad(), params_.grad(tok_emb_), params_.grad(pos_emb_),
+template <class T> void gpt_model<T>::embedding_backward(cudaStream_t s, int mb) {
+    kernels::embedding_backward(tokens(mb), blocks_.front()->input_grad(), params_.grad(tok_emb_), params_.grad(pos_emb_),
                                 cfg_.vocab, cfg_.seq_len, cfg_.batch, cfg_.seq_len, cfg_.hidden, s);
 }
-template <class T> void gpt_model<T>::head_forward(cudaStream_t s) {
+template <class T> void gpt_model<T>::head_forward(cudaStream_t s, int mb) {
     const int t = cfg_.tokens(), h = cfg_.hidden, v = cfg_.vocab;
     kernels::rms_norm_forward(blocks_.back()->output(), params_.value(final_norm_), final_normed_.data(), final_rstd_.data(), t, h, s);
     gemm(blas_, s, {false, false, t, v, h}, final_normed_.data(), params_.value(head_w_), logits_.data());
-    kernels::cross_entropy(logits_.data(), labels_.data(), row_loss_.data(), loss_.data(), valid_count_.data(), d_logits_.data(), t, v, s);
+    // The step's loss is the microbatches' mean: each microbatch's gradient is scaled by 1/microbatches.
+    kernels::cross_entropy(logits_.data(), labels(mb), row_loss_.data(), loss_.data() + mb, valid_count_.data(), d_logits_.data(), t, v,
+                           1.f / float(cfg_.microbatches), s);
 }
-template <class T> void gpt_model<T>::head_backward(cudaStream_t s) {
+template <class T> void gpt_model<T>::head_backward(cudaStream_t s, int) {
     const int t = cfg_.tokens(), h = cfg_.hidden, v = cfg_.vocab;
     const T* x = blocks_.back()->output();
-    gemm(blas_, s, {true, false, h, v, t}, final_normed_.data(), d_logits_.data(), params_.grad(head_w_));
+    gemm(blas_, s, {true, false, h, v, t}, final_normed_.data(), d_logits_.data(), params_.grad(head_w_), 1.f);
     gemm(blas_, s, {false, true, t, h, v}, d_logits_.data(), params_.value(head_w_), d_final_normed_.data());
     kernels::rms_norm_weight_grad(x, final_rstd_.data(), d_final_normed_.data(), params_.grad(final_norm_), t, h, s);
     kernels::rms_norm_backward(x, params_.value(final_norm_), final_rstd_.data(), d_final_normed_.data(), static_cast<const T*>(nullptr),

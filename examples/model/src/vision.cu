@@ -102,8 +102,8 @@ template <class T> void vision_encoder<T>::set_output_grad(std::span<const float
     kernels::cast_from_float(staging_.data(), d_out_.data(), long(want), s);
 }
 
-template <class T> void vision_encoder<T>::forward(cudaStream_t s) { run_forward(stages_, s); }
-template <class T> void vision_encoder<T>::backward(cudaStream_t s) { run_backward(stages_, s); }
+template <class T> void vision_encoder<T>::forward(cudaStream_t s) { capscope::run_forward(stages_, s); }
+template <class T> void vision_encoder<T>::backward(cudaStream_t s) { capscope::run_backward(stages_, s); }
 
 template <class T> void vision_encoder<T>::embed_forward(cudaStream_t s) {
     const int t = cfg_.tokens();
@@ -113,7 +113,7 @@ template <class T> void vision_encoder<T>::embed_forward(cudaStream_t s) {
 template <class T> void vision_encoder<T>::embed_backward(cudaStream_t s) {
     const int t = cfg_.tokens();
     const T* dx = blocks_.front()->input_grad();
-    gemm(blas_, s, {true, false, cfg_.patch_dim, cfg_.hidden, t}, patches_.data(), dx, params_.grad(patch_w_));
+    gemm(blas_, s, {true, false, cfg_.patch_dim, cfg_.hidden, t}, patches_.data(), dx, params_.grad(patch_w_), 1.f);
     kernels::position_grad(dx, params_.grad(pos_emb_), cfg_.max_patches, cfg_.batch, cfg_.padded_len, cfg_.hidden, s);
 }
 template <class T> void vision_encoder<T>::norm_forward(cudaStream_t s) {

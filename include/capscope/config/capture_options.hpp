@@ -83,6 +83,7 @@ constexpr module_request make_module_request() {
         else r.non_module_entry = true; // rule N6 names it
         ++r.entries;
     };
+    (void)add; // an empty list uses it not at all
     (add.template operator()<Ms>(), ...);
     return r;
 }

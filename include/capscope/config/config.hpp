@@ -12,6 +12,7 @@
 //! completion, OB1/OB2's offload downgrade at graph boundaries) are errors: a C++ configuration
 //! must spell out what will run. Migrations of deprecated spellings are applied.
 
+#include <capscope/config/engine_options.hpp>
 #include <capscope/config/option.hpp>
 #include <capscope/rules/evaluate.hpp>
 
@@ -26,8 +27,23 @@ namespace detail {
 template <class... Options>
 constexpr runtime_config collect_options() {
     runtime_config c;
-    (Options::apply(c), ...);
+    auto add = [&]<class O>() {
+        if constexpr (config_option<O>) O::apply(c);
+    };
+    (void)add; // an empty list uses it not at all
+    (add.template operator()<Options>(), ...);
     return c;
+}
+
+template <class... Options>
+constexpr engine_settings collect_engine_options() {
+    engine_settings e;
+    auto add = [&]<class O>() {
+        if constexpr (engine_option<O>) O::apply(e);
+    };
+    (void)add; // an empty list uses it not at all
+    (add.template operator()<Options>(), ...);
+    return e;
 }
 
 //! Whether no two options share a kind (two impls, two modules<> lists, …).
@@ -50,7 +66,8 @@ struct report_rejection<Config, RuleIndex> {
 };
 } // namespace detail
 
-template <config_option... Options>
+template <class... Options>
+    requires((config_option<Options> || engine_option<Options>) && ...)
 struct config {
     static_assert(detail::option_kinds_unique<Options...>(),
                   "capscope::config<...> names the same kind of option twice (two impls, two modules<...> lists, ...): "
@@ -67,6 +84,10 @@ struct config {
     static constexpr graph_impl impl = normalized.impl;
     static constexpr capture_module_set modules = normalized.modules.modules;
     static constexpr inference_scope inference = *normalized.inference;
+    static constexpr int warmup_steps = normalized.warmup_steps;
+
+    //! How capscope's runners capture (not a Megatron setting).
+    static constexpr engine_settings engine = detail::collect_engine_options<Options...>();
 };
 
 //! Whether `config<Options…>` would compile, without instantiating it (no diagnostic).

@@ -4,6 +4,8 @@
 //! which carries the call as written, the library's error string, file:line and the capture
 //! scope that was active (see `scope_label`), so a failure inside a graph capture says where.
 
+#include <capscope/stage/scope_label.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <stdexcept>
@@ -64,33 +66,15 @@ private:
     std::string scope_;
 };
 
-namespace detail {
-inline thread_local std::string_view current_scope{};
-} // namespace detail
-
-//! Names the scope being captured or run on this thread for the errors raised inside it.
-//! Nests: the previous label is restored on exit. The label must outlive the guard.
-class scope_label {
-public:
-    explicit scope_label(std::string_view label) noexcept : previous_(detail::current_scope) {
-        detail::current_scope = label;
-    }
-    ~scope_label() { detail::current_scope = previous_; }
-    scope_label(const scope_label&) = delete;
-    scope_label& operator=(const scope_label&) = delete;
-
-    static std::string_view current() noexcept { return detail::current_scope; }
-
-private:
-    std::string_view previous_;
-};
+//! The scope label of capscope's stage layer, under its older name.
+using capscope::scope_label;
 
 namespace detail {
 
 [[noreturn]] inline void raise(library lib, int code, const char* description, const char* call, const char* file,
                                int line) {
     throw error(lib, code, description ? description : "unknown error", call, file, line,
-                std::string(detail::current_scope));
+                std::string(capscope::detail::current_scope));
 }
 
 inline void check_status(cudaError_t status, const char* call, const char* file, int line) {

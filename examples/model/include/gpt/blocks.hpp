@@ -7,16 +7,22 @@
 
 #include <gpt/config.hpp>
 #include <gpt/parameters.hpp>
-#include <gpt/stage.hpp>
 
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
+#include <capscope/stage/stage.hpp>
 
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace gpt {
+
+// The stage seam is capscope's: the model fills it, the runner reads it.
+using capscope::stage;
+using capscope::stage_kind;
+using capscope::stream_fn;
+using capscope::tensor_ref;
 
 enum class attention_kind {
     causal,              //!< decoder self-attention

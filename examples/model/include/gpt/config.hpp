@@ -23,7 +23,8 @@ struct model_config {
     int heads = 4;
     int ffn_hidden = 256;
     int seq_len = 16;
-    int batch = 4;
+    int batch = 4;      //!< sequences per microbatch
+    int microbatches = 1; //!< per training step; gradients accumulate over them
     std::string layer_pattern = "DEM";
     int experts = 4;
     int top_k = 2;

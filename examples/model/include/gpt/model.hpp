@@ -3,14 +3,19 @@
 //! The GPT-style model: token + position embedding, a pattern of dense / MoE / Mamba-style
 //! layers, final norm, LM head and cross-entropy, with hand-written backward and an AdamW step.
 //! Everything is allocated in the constructor; a step allocates nothing.
+//!
+//! A training step has `microbatches` microbatches. Each has its own input buffers (tokens,
+//! labels) and loss, written by its own embedding and head stages; the layers' stages are shared
+//! (one set of activation buffers), and gradients accumulate over the microbatches.
+//! `training_program()` hands all of it to a capscope runner.
 
 #include <gpt/blocks.hpp>
 #include <gpt/config.hpp>
 #include <gpt/parameters.hpp>
-#include <gpt/stage.hpp>
 
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
+#include <capscope/stage/program.hpp>
 
 #include <memory>
 #include <span>
@@ -29,20 +34,39 @@ public:
     gpt_model(const gpt_model&) = delete;
     gpt_model& operator=(const gpt_model&) = delete;
 
-    //! Copies a batch (tokens and next-token labels, -1 = no loss) into the model's fixed input
-    //! buffers. Sizes must be batch * seq_len.
-    void set_batch(std::span<const int> tokens, std::span<const int> labels, cudaStream_t s);
+    //! Copies a batch (tokens and next-token labels, -1 = no loss) into the fixed input buffers
+    //! of `microbatch`. Sizes must be batch * seq_len. Checks every value first.
+    void set_batch(int microbatch, std::span<const int> tokens, std::span<const int> labels, cudaStream_t s);
+    void set_batch(std::span<const int> tokens, std::span<const int> labels, cudaStream_t s) { set_batch(0, tokens, labels, s); }
+    //! The fixed input buffers of a microbatch ([batch * seq_len] each): a caller may write them
+    //! directly (no copy through the model); token ids must be in [0, vocab), labels -1 or in range.
+    int* tokens(int microbatch) const { return tokens_.data() + std::size_t(checked(microbatch)) * cfg_.tokens(); }
+    int* labels(int microbatch) const { return labels_.data() + std::size_t(checked(microbatch)) * cfg_.tokens(); }
 
-    void forward(cudaStream_t s);  //!< every stage's forward, in order (the head computes the loss)
-    void backward(cudaStream_t s); //!< every stage's backward, in reverse order
-    //! AdamW over every parameter. The step count (for the bias corrections) is kept on the
-    //! device, so a captured step stays correct on replay; the hyperparameters are fixed at the call.
-    void optimizer_step(cudaStream_t s, const adamw_config& opt);
-    //! Reads the loss of the last forward (synchronizes `s`).
+    void zero_grad(cudaStream_t s) { params_.zero_grads(s); }
+    void forward(cudaStream_t s, int microbatch = 0);  //!< its stages' forwards, in order (the head computes its loss)
+    void backward(cudaStream_t s, int microbatch = 0); //!< its stages' backwards, in reverse; gradients accumulate
+    //! Sets AdamW's hyperparameters in device memory (one launch), read by every later optimizer
+    //! step, replayed from a graph or not.
+    void set_optimizer(const adamw_config& opt, cudaStream_t s);
+    //! AdamW over every parameter with the hyperparameters in device memory. The step count (for
+    //! the bias corrections) is kept on the device too, so a captured step stays correct on replay.
+    void optimizer_step(cudaStream_t s);
+    void optimizer_step(cudaStream_t s, const adamw_config& opt) {
+        set_optimizer(opt, s);
+        optimizer_step(s);
+    }
+    //! The mean of the microbatches' losses of the last step (synchronizes `s`).
     float loss(cudaStream_t s) const;
+    float microbatch_loss(cudaStream_t s, int microbatch) const; //!< synchronizes `s`
 
-    //! Embedding, each layer's stages, head: the seam the capture engine works on.
-    const std::vector<stage>& stages() const { return stages_; }
+    //! Microbatch 0's stages: embedding, each layer's stages, head.
+    const std::vector<stage>& stages() const { return stages_.front(); }
+    const std::vector<stage>& stages(int microbatch) const { return stages_[std::size_t(checked(microbatch))]; }
+    //! The whole training step for a capscope runner: zero the gradients, every microbatch's
+    //! stages, the optimizer step.
+    capscope::training_program training_program() const;
+
     const model_config& config() const { return cfg_; }
     parameter_store<T>& parameters() { return params_; }
     const parameter_store<T>& parameters() const { return params_; }
@@ -51,10 +75,21 @@ public:
     const int* expert_counts(int layer) const;
 
 private:
-    void embedding_forward(cudaStream_t s);
-    void embedding_backward(cudaStream_t s);
-    void head_forward(cudaStream_t s);
-    void head_backward(cudaStream_t s);
+    //! What a microbatch's own stages are bound to.
+    struct microbatch_io {
+        gpt_model* model;
+        int microbatch;
+        void embedding_forward(cudaStream_t s) { model->embedding_forward(s, microbatch); }
+        void embedding_backward(cudaStream_t s) { model->embedding_backward(s, microbatch); }
+        void head_forward(cudaStream_t s) { model->head_forward(s, microbatch); }
+        void head_backward(cudaStream_t s) { model->head_backward(s, microbatch); }
+    };
+    int checked(int microbatch) const;
+    void embedding_forward(cudaStream_t s, int mb);
+    void embedding_backward(cudaStream_t s, int mb);
+    void head_forward(cudaStream_t s, int mb);
+    void head_backward(cudaStream_t s, int mb);
+    void zero_grad_stage(cudaStream_t s) { zero_grad(s); }
 
     model_config cfg_;
     capscope::cuda::blas_handle blas_;
@@ -63,9 +98,10 @@ private:
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_, d_logits_, d_final_normed_, d_last_;
-    capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_;
+    capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_, hyperparameters_;
     capscope::cuda::pinned_buffer<float> host_loss_;
-    std::vector<stage> stages_;
+    std::vector<microbatch_io> io_;
+    std::vector<std::vector<stage>> stages_;
 };
 
 } // namespace gpt

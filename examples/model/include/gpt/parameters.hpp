@@ -2,8 +2,8 @@
 //! @file
 //! All parameters of a model in one flat set of arenas, allocated once at set-up: fp32 master
 //! weights, the working copy in the model's precision, fp32 gradients and AdamW's two moments.
-//! One optimizer launch updates everything; gradients are overwritten (never accumulated) by
-//! each backward, so no zeroing pass is needed.
+//! One optimizer launch updates everything. Gradients accumulate: every backward adds to them
+//! (gradient accumulation over microbatches), and a step clears them once (`zero_grads`).
 
 #include <capscope/cuda/buffer.hpp>
 
@@ -41,6 +41,8 @@ public:
     std::size_t total() const { return total_; }
 
     float* grads() const { return grads_.data(); }
+    //! One memset over the whole gradient arena.
+    void zero_grads(cudaStream_t s) { grads_.fill_bytes(0, s); }
     T* values() const { return values_.data(); }
     float* masters() const { return master_.data(); }
     float* first_moment() const { return m_.data(); }

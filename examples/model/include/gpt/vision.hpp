@@ -8,7 +8,6 @@
 #include <gpt/blocks.hpp>
 #include <gpt/config.hpp>
 #include <gpt/parameters.hpp>
-#include <gpt/stage.hpp>
 
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
@@ -32,8 +31,9 @@ public:
     //! d(loss)/d(output), [batch, padded_len, hidden]; read by backward.
     void set_output_grad(std::span<const float> grad, cudaStream_t s);
 
+    void zero_grad(cudaStream_t s) { params_.zero_grads(s); }
     void forward(cudaStream_t s);
-    void backward(cudaStream_t s);
+    void backward(cudaStream_t s); //!< gradients accumulate: zero_grad first
 
     const T* output() const { return out_.data(); } //!< [batch, padded_len, hidden]
     const std::vector<stage>& stages() const { return stages_; }

@@ -25,7 +25,7 @@ template <class T> __global__ void embedding_backward_k(const int* tokens, const
     float acc = 0.f;
     for (int t = 0; t < rows; ++t)
         if (tokens[t] == v) acc += to_f(dout[long(t) * hidden + h]);
-    dtok[i] = acc;
+    dtok[i] += acc; // accumulates over microbatches
 }
 template <class T> __global__ void position_grad_k(const T* dout, float* dpos, int max_pos, int batch, int seq, int hidden) {
     const long n = long(max_pos) * hidden;
@@ -35,7 +35,7 @@ template <class T> __global__ void position_grad_k(const T* dout, float* dpos, i
     float acc = 0.f;
     if (p < seq)
         for (int b = 0; b < batch; ++b) acc += to_f(dout[(long(b) * seq + p) * hidden + h]);
-    dpos[i] = acc;
+    dpos[i] += acc;
 }
 template <class T> __global__ void add_positions_k(T* x, const T* pos, int batch, int seq, int hidden) {
     const long n = long(batch) * seq * hidden;
@@ -54,7 +54,8 @@ __global__ void count_valid_k(const int* labels, int rows, float* count) {
     if (threadIdx.x == 0) *count = c;
 }
 template <class T>
-__global__ void cross_entropy_rows_k(const T* logits, const int* labels, const float* count, float* row_loss, T* dlogits, int vocab) {
+__global__ void cross_entropy_rows_k(const T* logits, const int* labels, const float* count, float* row_loss, T* dlogits, int vocab,
+                                     float grad_scale) {
     const long row = blockIdx.x;
     const T* l = logits + row * vocab;
     T* d = dlogits + row * vocab;
@@ -72,7 +73,7 @@ __global__ void cross_entropy_rows_k(const T* logits, const int* labels, const f
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(to_f(l[j]) - mx);
     sum = block_sum(sum);
     for (int j = threadIdx.x; j < vocab; j += blockDim.x)
-        d[j] = from_f<T>((expf(to_f(l[j]) - mx) / sum - (j == label ? 1.f : 0.f)) * inv);
+        d[j] = from_f<T>((expf(to_f(l[j]) - mx) / sum - (j == label ? 1.f : 0.f)) * inv * grad_scale);
     if (threadIdx.x == 0) row_loss[row] = (logf(sum) + mx - to_f(l[label])) * inv;
 }
 __global__ void sum_k(const float* x, int n, float* out) {
@@ -109,10 +110,10 @@ template <class T> void position_grad(const T* dout, float* dpos, int max_pos, i
 }
 template <class T>
 void cross_entropy(const T* logits, const int* labels, float* row_loss, float* loss, float* valid_count, T* dlogits, int rows,
-                   int vocab, cudaStream_t s) {
+                   int vocab, float grad_scale, cudaStream_t s) {
     count_valid_k<<<1, 256, 0, s>>>(labels, rows, valid_count);
     CHECKED("count_valid");
-    cross_entropy_rows_k<<<rows, row_threads, 0, s>>>(logits, labels, valid_count, row_loss, dlogits, vocab);
+    cross_entropy_rows_k<<<rows, row_threads, 0, s>>>(logits, labels, valid_count, row_loss, dlogits, vocab, grad_scale);
     CHECKED("cross_entropy_rows");
     sum_k<<<1, 256, 0, s>>>(row_loss, rows, loss);
     CHECKED("sum");
@@ -123,7 +124,7 @@ void cross_entropy(const T* logits, const int* labels, float* row_loss, float* l
     template void embedding_backward<T>(const int*, const T*, float*, float*, int, int, int, int, int, cudaStream_t); \
     template void add_positions<T>(T*, const T*, int, int, int, cudaStream_t); \
     template void position_grad<T>(const T*, float*, int, int, int, int, cudaStream_t); \
-    template void cross_entropy<T>(const T*, const int*, float*, float*, float*, T*, int, int, cudaStream_t);
+    template void cross_entropy<T>(const T*, const int*, float*, float*, float*, T*, int, int, float, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
 

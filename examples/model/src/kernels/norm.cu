@@ -38,7 +38,7 @@ template <class T> __global__ void rms_norm_weight_grad_k(const T* x, const floa
     if (c >= cols) return;
     float acc = 0.f;
     for (int r = 0; r < rows; ++r) acc += to_f(dy[long(r) * cols + c]) * to_f(x[long(r) * cols + c]) * rstd[r];
-    dg[c] = acc;
+    dg[c] += acc; // gradients accumulate over microbatches; zero_grad clears them
 }
 
 } // namespace

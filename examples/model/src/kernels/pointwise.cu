@@ -31,18 +31,21 @@ template <class T> __global__ void gelu_backward_k(const T* x, const T* dy, T* d
 
 // ---- AdamW ---------------------------------------------------------------------------------
 __global__ void advance_step_k(int* step) { ++*step; }
+// The hyperparameters are read from device memory, so a captured step follows a schedule.
+__global__ void set_hyperparameters_k(adamw_hyperparameters* dst, adamw_hyperparameters values) { *dst = values; }
 template <class T>
-__global__ void adamw_k(float* master, T* param, const float* grad, float* m, float* v, long n, const int* step, float lr, float b1,
-                        float b2, float eps, float wd) {
+__global__ void adamw_k(float* master, T* param, const float* grad, float* m, float* v, long n, const int* step,
+                        const adamw_hyperparameters* hyper) {
     long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
     if (i >= n) return;
-    const float bc1 = 1.f - powf(b1, float(*step)), bc2 = 1.f - powf(b2, float(*step));
+    const adamw_hyperparameters h = *hyper;
+    const float bc1 = 1.f - powf(h.beta1, float(*step)), bc2 = 1.f - powf(h.beta2, float(*step));
     const float g = grad[i];
-    const float mi = b1 * m[i] + (1.f - b1) * g;
-    const float vi = b2 * v[i] + (1.f - b2) * g * g;
+    const float mi = h.beta1 * m[i] + (1.f - h.beta1) * g;
+    const float vi = h.beta2 * v[i] + (1.f - h.beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    const float w = master[i] - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * master[i]);
+    const float w = master[i] - h.lr * ((mi / bc1) / (sqrtf(vi / bc2) + h.eps) + h.weight_decay * master[i]);
     master[i] = w;
     param[i] = from_f<T>(w);
 }
@@ -62,12 +65,16 @@ template <class T> void gelu_backward(const T* x, const T* dy, T* dx, long n, cu
     gelu_backward_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, dy, dx, n);
     CHECKED("gelu_backward");
 }
+void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperparameters& values, cudaStream_t s) {
+    set_hyperparameters_k<<<1, 1, 0, s>>>(device, values);
+    CHECKED("set_adamw_hyperparameters");
+}
 template <class T>
-void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, float lr, float beta1, float beta2,
-           float eps, float weight_decay, cudaStream_t s) {
+void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
+           cudaStream_t s) {
     advance_step_k<<<1, 1, 0, s>>>(step);
     CHECKED("advance_step");
-    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, lr, beta1, beta2, eps, weight_decay);
+    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, hyper);
     CHECKED("adamw");
 }
 
@@ -75,7 +82,7 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
     template void cast_from_float<T>(const float*, T*, long, cudaStream_t); \
     template void gelu_forward<T>(const T*, T*, long, cudaStream_t); \
     template void gelu_backward<T>(const T*, const T*, T*, long, cudaStream_t); \
-    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, float, float, float, float, float, cudaStream_t);
+    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
 

@@ -1,0 +1,39 @@
+#pragma once
+//! @file
+//! The example model's layer kinds as capscope layer schemas, for `runner<Config, Schemas>`:
+//! the compiler checks each kind's plan under the config, and the runner checks at bind time
+//! that the model's stages are these.
+
+#include <capscope/stage/schema.hpp>
+
+namespace gpt::schemas {
+
+using capscope::regions;
+using capscope::stage_decl;
+using capscope::stage_kind;
+namespace capture = capscope::capture;
+
+using dense = capscope::layer_schema<"dense", stage_decl<stage_kind::attention, regions<capture::attention>>,
+                                     stage_decl<stage_kind::mlp, regions<capture::mlp>>>;
+
+using moe_drop_and_pad =
+    capscope::layer_schema<"moe (drop-and-pad)", stage_decl<stage_kind::attention, regions<capture::attention>>,
+                           stage_decl<stage_kind::moe_router, regions<capture::moe, capture::moe_router>>,
+                           stage_decl<stage_kind::moe_preprocess, regions<capture::moe, capture::moe_preprocess>>,
+                           stage_decl<stage_kind::moe_experts, regions<capture::moe>>>;
+
+//! Dropless: the preprocess reads the per-expert counts back to the host, and the expert GEMMs
+//! are sized by them.
+using moe_dropless =
+    capscope::layer_schema<"moe (dropless)", stage_decl<stage_kind::attention, regions<capture::attention>>,
+                           stage_decl<stage_kind::moe_router, regions<capture::moe, capture::moe_router>>,
+                           stage_decl<stage_kind::moe_preprocess, regions<capture::moe, capture::moe_preprocess>,
+                                      capscope::synchronizes_with_host>,
+                           stage_decl<stage_kind::moe_experts, regions<capture::moe>, capscope::shapes_depend_on_data>>;
+
+using mamba = capscope::layer_schema<"mamba", stage_decl<stage_kind::mamba, regions<capture::mamba>>>;
+
+using drop_and_pad_model = capscope::layer_schemas<dense, moe_drop_and_pad, mamba>;
+using dropless_model = capscope::layer_schemas<dense, moe_dropless, mamba>;
+
+} // namespace gpt::schemas

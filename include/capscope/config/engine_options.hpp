@@ -1,0 +1,62 @@
+#pragma once
+//! @file
+//! How capscope's runners capture: options Megatron has no flag for, so they live beside the
+//! Megatron configuration (`config<…>::engine`) and `select` does not match on them.
+//!
+//! @code
+//! config<impl::lazy_per_layer, modules<capture::attention>, capture_with<capture_mode::global>,
+//!        on_capture_failure<capture_failure::run_eagerly>>
+//! @endcode
+
+#include <capscope/config/option.hpp>
+
+#include <cstdint>
+
+namespace capscope {
+
+//! The stream-capture mode (`cudaStreamCaptureMode`): which other threads' unsafe CUDA calls
+//! (cudaMalloc, synchronizing calls) invalidate a capture in progress.
+enum class capture_mode : std::uint8_t {
+    global,     //!< any thread's (cudaStreamCaptureModeGlobal)
+    per_thread, //!< this thread's only (cudaStreamCaptureModeThreadLocal), the default
+    relaxed,    //!< none are checked (cudaStreamCaptureModeRelaxed)
+};
+
+//! What a runner does when capturing a segment fails (a stage synchronized, allocated or
+//! called an API a capture forbids): the capture is ended and its partial graph destroyed
+//! either way, and the stream stays usable.
+enum class capture_failure : std::uint8_t {
+    raise,       //!< throw `capture_failed`, naming the layer, stage and segment (the default)
+    run_eagerly, //!< run that segment eagerly from then on, and count it
+};
+
+struct engine_settings {
+    capture_mode mode = capture_mode::per_thread;
+    capture_failure on_failure = capture_failure::raise;
+    friend constexpr bool operator==(const engine_settings&, const engine_settings&) = default;
+};
+
+namespace option_kind {
+struct capture_mode; struct capture_failure;
+} // namespace option_kind
+
+//! A type usable as a `config<…>` engine option.
+template <class T>
+concept engine_option = requires(engine_settings& e) {
+    typename T::option_kind;
+    T::apply(e);
+};
+
+template <capture_mode M>
+struct capture_with {
+    using option_kind = option_kind::capture_mode;
+    static constexpr void apply(engine_settings& e) { e.mode = M; }
+};
+
+template <capture_failure F>
+struct on_capture_failure {
+    using option_kind = option_kind::capture_failure;
+    static constexpr void apply(engine_settings& e) { e.on_failure = F; }
+};
+
+} // namespace capscope

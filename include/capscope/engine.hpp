@@ -1,0 +1,9 @@
+#pragma once
+//! @file
+//! capscope's engine: the stage seam, the plan (pure host) and the runner (CUDA). Include
+//! <capscope/plan.hpp> alone for the host-only part.
+
+#include <capscope/plan.hpp>
+#include <capscope/run/capture_failed.hpp>
+#include <capscope/run/counters.hpp>
+#include <capscope/run/runner.hpp>

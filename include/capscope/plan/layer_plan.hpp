@@ -1,0 +1,49 @@
+#pragma once
+//! @file
+//! The plan of one layer kind under a configuration, as a constant: `layer_plan<Config, Layer>`
+//! splits the schema's stages into segments (graphs and eager islands) with the same code the
+//! run-time plan uses. Naming it with a configuration that captures a stage that cannot be
+//! captured fails to compile with rule P1 or P2, naming the stage and the fix.
+//!
+//! @code
+//! using plan = layer_plan<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>, ...>, dense_layer>;
+//! static_assert(plan::graphs == 1);
+//! @endcode
+
+#include <capscope/plan/capture_region.hpp>
+#include <capscope/plan/misplaced_stage.hpp>
+#include <capscope/stage/schema.hpp>
+
+#include <array>
+#include <cstddef>
+
+namespace capscope {
+
+//! A configuration's capture scope, read off a `config<...>`.
+template <class Config>
+inline constexpr capture_scope capture_scope_of = {Config::impl, Config::modules};
+
+template <class Config, class Layer>
+struct layer_plan {
+    static constexpr std::array<stage_facts, Layer::size> stages = Layer::facts();
+    static constexpr misplacement misplaced = find_misplacement(capture_scope_of<Config>, stages);
+    static_assert(detail::report_misplacement<Config, misplaced.found() ? stages[std::size_t(misplaced.found() ? misplaced.stage : 0)].kind : stage_kind::other,
+                                              misplaced.problem>::reported);
+
+    //! The segments in forward order (backward runs them in reverse).
+    static constexpr auto segments = [] {
+        std::array<stage_range, Layer::size> out{};
+        std::size_t n = 0;
+        split_segments(capture_scope_of<Config>, stages, [&](stage_range r) { out[n++] = r; });
+        return out;
+    }();
+    static constexpr int segment_count = split_segments(capture_scope_of<Config>, stages, [](stage_range) {});
+    static constexpr int graphs = [] {
+        int g = 0;
+        for (int i = 0; i < segment_count; ++i) g += segments[std::size_t(i)].graphed ? 1 : 0;
+        return g;
+    }();
+    static constexpr int eager_islands = segment_count - graphs;
+};
+
+} // namespace capscope

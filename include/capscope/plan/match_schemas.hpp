@@ -1,0 +1,102 @@
+#pragma once
+//! @file
+//! The bind-time check: every layer of a training program must match one of the layer schemas
+//! the runner was declared with (same stages in order, same regions, same capture facts), so a
+//! plan checked by the compiler is the plan that runs.
+
+#include <capscope/plan/plan_error.hpp>
+#include <capscope/stage/program.hpp>
+#include <capscope/stage/schema.hpp>
+
+#include <span>
+#include <string>
+#include <vector>
+
+namespace capscope {
+
+class schema_mismatch : public std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};
+
+namespace detail {
+
+struct schema_view {
+    std::string_view name;
+    std::vector<stage_facts> stages;
+};
+
+inline std::string facts_text(const stage_facts& f) {
+    std::string s(megatron_name(f.kind));
+    s += " {" + module_list(f.captured_by) + "}";
+    if (f.synchronizes_with_host) s += " synchronizes_with_host";
+    if (f.shapes_depend_on_data) s += " shapes_depend_on_data";
+    return s;
+}
+
+inline bool same_layer_facts(std::span<const stage_facts> a, std::span<const stage_facts> b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        stage_facts x = a[i], y = b[i];
+        x.layer = y.layer = 0;
+        if (!(x == y)) return false;
+    }
+    return true;
+}
+
+inline void match_layer(const std::vector<schema_view>& schemas, const std::vector<stage>& list, std::size_t first, std::size_t last) {
+    std::vector<stage_facts> facts;
+    for (std::size_t i = first; i < last; ++i) facts.push_back(list[i].facts());
+    for (const schema_view& s : schemas)
+        if (same_layer_facts(s.stages, facts)) return;
+    std::string names, stages;
+    for (const schema_view& s : schemas) names += (names.empty() ? "" : ", ") + std::string(s.name);
+    for (std::size_t i = first; i < last; ++i) stages += "\n    " + list[i].name + ": " + facts_text(list[i].facts());
+    // The nearest schema: the one with the same stage kinds, if any, to say what differs.
+    std::string nearest;
+    for (const schema_view& s : schemas) {
+        if (s.stages.size() != facts.size()) continue;
+        bool kinds = true;
+        for (std::size_t i = 0; i < facts.size(); ++i) kinds = kinds && s.stages[i].kind == facts[i].kind;
+        if (!kinds) continue;
+        for (std::size_t i = 0; i < facts.size(); ++i) {
+            stage_facts want = s.stages[i], got = facts[i];
+            want.layer = got.layer = 0;
+            if (!(want == got)) {
+                nearest = "\n  schema '" + std::string(s.name) + "' has the same stages, but declares " + list[first + i].name + " as " +
+                          facts_text(want);
+                break;
+            }
+        }
+        break;
+    }
+    throw schema_mismatch("capscope: layer " + std::to_string(list[first].layer) + " of the model matches none of the runner's layer schemas (" +
+                          names + "); its stages are:" + stages + nearest +
+                          "\n  fix: declare the runner with a layer_schema that lists these stages, or tag the stages as the schema says");
+}
+
+} // namespace detail
+
+//! Checks every layer of every microbatch list against the schemas; throws `schema_mismatch`.
+template <class... Layers>
+void match_schemas(layer_schemas<Layers...>, const training_program& program) {
+    const std::vector<detail::schema_view> schemas = {
+        detail::schema_view{Layers::name(), [] {
+            const auto f = Layers::facts();
+            return std::vector<stage_facts>(f.begin(), f.end());
+        }()}...};
+    for (const auto& list : program.microbatches) {
+        std::size_t i = 0;
+        while (i < list.size()) {
+            if (list[i].layer < 0) {
+                ++i;
+                continue;
+            }
+            std::size_t j = i + 1;
+            while (j < list.size() && list[j].layer == list[i].layer) ++j;
+            detail::match_layer(schemas, list, i, j);
+            i = j;
+        }
+    }
+}
+
+} // namespace capscope

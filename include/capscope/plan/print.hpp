@@ -1,0 +1,110 @@
+#pragma once
+//! @file
+//! The plan as text (for people and logs) and as Graphviz DOT (graphs as filled boxes, eager
+//! islands as dashed ones, edges in execution order, graphs labelled in capture order).
+
+#include <capscope/plan/training_plan.hpp>
+
+#include <string>
+
+namespace capscope {
+
+namespace detail {
+
+inline std::string impl_description(graph_impl i) {
+    return std::string(megatron_name(i)) + " (" + std::string(enum_names<graph_impl>::cpp[std::size_t(i)]) + ")";
+}
+
+inline std::string section_title(const plan_segment& s) {
+    switch (s.part) {
+    case step_part::step_begin: return "step begin";
+    case step_part::step_end: return "step end";
+    case step_part::microbatch: break;
+    }
+    return "microbatch " + std::to_string(s.microbatch) + " " + std::string(phase_name(s.direction));
+}
+
+inline std::string segment_stages(const training_plan& plan, const training_program& program, const plan_segment& s,
+                                  const char* separator) {
+    std::string out;
+    for (int k = 0; k < s.call_count; ++k) {
+        if (k) out += separator;
+        out += stage_of(program, plan.calls[std::size_t(s.first_call + k)]).name;
+    }
+    return out;
+}
+
+inline std::string capture_policy(const training_plan& plan) {
+    const std::string warmup = std::to_string(plan.warmup_steps) + " eager warmup step" + (plan.warmup_steps == 1 ? "" : "s");
+    switch (plan.scope.impl) {
+    case graph_impl::eager: return "no graphs: every stage runs eagerly";
+    case graph_impl::lazy_per_layer: return "each captured the first time it runs, after " + warmup;
+    case graph_impl::ahead_of_time_per_layer: return "all captured ahead of time in the order g0, g1, ..., after " + warmup;
+    case graph_impl::whole_iteration: return "the whole step, captured after " + warmup;
+    }
+    return "";
+}
+
+} // namespace detail
+
+inline std::string to_text(const training_plan& plan, const training_program& program) {
+    std::string out = "capscope plan: impl " + detail::impl_description(plan.scope.impl);
+    if (is_per_layer(plan.scope.impl))
+        out += ", modules " + (plan.scope.modules.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.modules) + "}");
+    out += ", " + std::to_string(plan.microbatches) + " microbatch" + (plan.microbatches == 1 ? "" : "es") + "\n";
+    out += "  " + std::to_string(plan.graph_count) + " graph" + (plan.graph_count == 1 ? "" : "s") + ": " + detail::capture_policy(plan) + "\n";
+    out += "  per step: " + std::to_string(plan.graph_launches_per_step()) + " graph launches, " +
+           std::to_string(plan.eager_islands_per_step()) + " eager islands (" + std::to_string(plan.eager_calls_per_step()) +
+           " stage calls)\n";
+    std::string section;
+    for (const plan_segment& s : plan.segments) {
+        if (plan.scope.impl == graph_impl::whole_iteration) {
+            out += "whole step\n  graph g0     " + std::to_string(s.call_count) + " stage calls: step begin, " +
+                   std::to_string(plan.microbatches) + " x (forward, backward), step end\n";
+            continue;
+        }
+        const std::string title = detail::section_title(s);
+        if (title != section) out += (section = title) + "\n";
+        std::string tag = s.graphed ? "graph g" + std::to_string(s.graph) : std::string("eager");
+        if (s.shared) tag += " (shared with microbatch 0)";
+        tag.resize(std::max<std::size_t>(tag.size() + 1, 13), ' ');
+        out += "  " + tag + detail::segment_stages(plan, program, s, " ") + "\n";
+    }
+    return out;
+}
+
+inline std::string to_dot(const training_plan& plan, const training_program& program) {
+    std::string out = "digraph capscope_plan {\n  rankdir=LR;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box];\n";
+    out += "  label=\"" + detail::impl_description(plan.scope.impl);
+    if (is_per_layer(plan.scope.impl))
+        out += ", modules " + (plan.scope.modules.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.modules) + "}");
+    out += ": " + std::to_string(plan.graph_count) + " graphs, " + detail::capture_policy(plan) + "\";\n  labelloc=t;\n";
+    std::string section;
+    int cluster = 0;
+    for (std::size_t i = 0; i < plan.segments.size(); ++i) {
+        const plan_segment& s = plan.segments[i];
+        const std::string title = plan.scope.impl == graph_impl::whole_iteration ? std::string("whole step") : detail::section_title(s);
+        if (title != section) {
+            if (!section.empty()) out += "  }\n";
+            out += "  subgraph cluster_" + std::to_string(cluster++) + " {\n    label=\"" + title + "\";\n    style=rounded; color=gray60;\n";
+            section = title;
+        }
+        std::string label;
+        if (plan.scope.impl == graph_impl::whole_iteration) {
+            label = "g0: " + std::to_string(s.call_count) + " stage calls\\n(" + std::to_string(plan.microbatches) +
+                    " microbatches + optimizer)";
+        } else {
+            label = (s.graphed ? "g" + std::to_string(s.graph) + (s.shared ? " (shared)" : "") + "\\n" : std::string()) +
+                    detail::segment_stages(plan, program, s, "\\n");
+        }
+        out += "    s" + std::to_string(i) + " [label=\"" + label + "\"" +
+               (s.graphed ? ", style=\"filled,bold\", fillcolor=\"#9fd3a8\"" : ", style=dashed") + "];\n";
+    }
+    if (!section.empty()) out += "  }\n";
+    for (std::size_t i = 1; i < plan.segments.size(); ++i)
+        out += "  s" + std::to_string(i - 1) + " -> s" + std::to_string(i) + ";\n";
+    out += "}\n";
+    return out;
+}
+
+} // namespace capscope

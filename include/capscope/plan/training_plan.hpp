@@ -1,0 +1,201 @@
+#pragma once
+//! @file
+//! The plan of a training step (pure host): from a capture scope and a `training_program`,
+//! every stage call of one step in execution order, grouped into segments (graphs and eager
+//! islands), with graphs numbered in the order an ahead-of-time runner captures them: forward
+//! in layer order, backward in reverse, microbatch after microbatch. A graphed segment of a
+//! later microbatch whose stages are bound exactly as in microbatch 0 reuses that graph.
+//! Everything that cannot work is found here, before any capture (`plan_error`).
+
+#include <capscope/plan/capture_region.hpp>
+#include <capscope/plan/plan_error.hpp>
+#include <capscope/stage/program.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace capscope {
+
+//! One call of a stage function: which list, which stage, which phase.
+struct stage_call {
+    step_part part = step_part::microbatch;
+    int microbatch = -1; //!< -1 for step_begin / step_end
+    int stage = 0;       //!< index in its list
+    phase direction = phase::forward;
+};
+
+struct plan_segment {
+    step_part part = step_part::microbatch;
+    int microbatch = -1;
+    phase direction = phase::forward;
+    int layer = -1;      //!< the layer of its stages; -1 outside the layers (or the whole step)
+    int first_call = 0;  //!< into training_plan::calls
+    int call_count = 0;
+    bool graphed = false;
+    int graph = -1;      //!< graph number when graphed
+    bool shared = false; //!< reuses the graph of an earlier microbatch
+};
+
+struct training_plan {
+    capture_scope scope;
+    int warmup_steps = 0;
+    int microbatches = 0;
+    std::vector<stage_call> calls;       //!< one step, in execution order
+    std::vector<plan_segment> segments;  //!< one step, in execution order, covering `calls`
+    int graph_count = 0;                 //!< graphs numbered 0.. in capture order
+
+    int graph_launches_per_step() const {
+        int n = 0;
+        for (const auto& s : segments) n += s.graphed ? 1 : 0;
+        return n;
+    }
+    int eager_islands_per_step() const { return static_cast<int>(segments.size()) - graph_launches_per_step(); }
+    int eager_calls_per_step() const {
+        int n = 0;
+        for (const auto& s : segments) n += s.graphed ? 0 : s.call_count;
+        return n;
+    }
+};
+
+//! The stage list a call refers to.
+inline const std::vector<stage>& stage_list(const training_program& p, step_part part, int microbatch) {
+    switch (part) {
+    case step_part::step_begin: return p.step_begin;
+    case step_part::step_end: return p.step_end;
+    case step_part::microbatch: break;
+    }
+    return p.microbatches[static_cast<std::size_t>(microbatch)];
+}
+inline const stage& stage_of(const training_program& p, const stage_call& c) {
+    return stage_list(p, c.part, c.microbatch)[static_cast<std::size_t>(c.stage)];
+}
+
+namespace detail {
+
+inline std::vector<stage_facts> facts_of(const std::vector<stage>& list) {
+    std::vector<stage_facts> out;
+    out.reserve(list.size());
+    for (const stage& s : list) out.push_back(s.facts());
+    return out;
+}
+
+inline void check_program_shape(const training_program& p) {
+    if (p.microbatches.empty())
+        throw plan_error("P3", "", "the training program has no microbatch", "give training_program::microbatches one stage list per microbatch");
+    for (std::size_t mb = 0; mb < p.microbatches.size(); ++mb) {
+        const auto& list = p.microbatches[mb];
+        const auto& first = p.microbatches[0];
+        if (list.empty())
+            throw plan_error("P3", "", "microbatch " + std::to_string(mb) + " has no stages", "give every microbatch its stage list");
+        if (list.size() != first.size())
+            throw plan_error("P3", "", "microbatch " + std::to_string(mb) + " has " + std::to_string(list.size()) + " stages, microbatch 0 has " +
+                                           std::to_string(first.size()),
+                             "every microbatch runs the same stages (only their buffers may differ)");
+        for (std::size_t i = 0; i < list.size(); ++i)
+            if (!(list[i].facts() == first[i].facts()))
+                throw plan_error("P3", list[i].name,
+                                 "stage " + std::to_string(i) + " of microbatch " + std::to_string(mb) + " ('" + list[i].name +
+                                     "') differs from microbatch 0's ('" + first[i].name + "') in kind, layer, regions or capture facts",
+                                 "every microbatch runs the same stages (only their buffers may differ)");
+    }
+    auto check_fns = [](const std::vector<stage>& list, bool need_backward) {
+        for (const stage& s : list) {
+            if (!s.forward) throw plan_error("P3", s.name, "stage '" + s.name + "' has no forward function", "bind stage::forward");
+            if (need_backward && !s.backward)
+                throw plan_error("P3", s.name, "stage '" + s.name + "' of a microbatch has no backward function",
+                                 "bind stage::backward (forward-only work belongs in step_begin or step_end)");
+        }
+    };
+    for (const auto& list : p.microbatches) check_fns(list, true);
+    check_fns(p.step_begin, false);
+    check_fns(p.step_end, false);
+}
+
+inline void check_capturable(const capture_scope& c, const std::vector<stage>& list) {
+    const auto facts = facts_of(list);
+    const misplacement m = find_misplacement(c, facts);
+    if (m.found()) throw_misplacement(c, facts[std::size_t(m.stage)], m.problem, list[std::size_t(m.stage)].name);
+}
+
+} // namespace detail
+
+//! Plans one training step; throws `plan_error` when the program cannot run under `scope`.
+inline training_plan make_training_plan(const capture_scope& scope, int warmup_steps, const training_program& program) {
+    detail::check_program_shape(program);
+    detail::check_capturable(scope, program.step_begin);
+    for (const auto& list : program.microbatches) detail::check_capturable(scope, list);
+    detail::check_capturable(scope, program.step_end);
+
+    training_plan plan;
+    plan.scope = scope;
+    plan.warmup_steps = warmup_steps;
+    plan.microbatches = static_cast<int>(program.microbatches.size());
+
+    // The graphed segments of microbatch 0, in order, to share with later microbatches.
+    std::vector<int> first_microbatch_segments;
+    int graphed_index = 0;
+
+    auto add_list = [&](step_part part, int mb, phase dir) {
+        const auto& list = stage_list(program, part, mb);
+        const auto facts = detail::facts_of(list);
+        std::vector<stage_range> ranges;
+        split_segments(scope, facts, [&](stage_range r) { ranges.push_back(r); });
+        if (dir == phase::backward) std::reverse(ranges.begin(), ranges.end());
+        for (const stage_range& r : ranges) {
+            plan_segment seg;
+            seg.part = part;
+            seg.microbatch = mb;
+            seg.direction = dir;
+            seg.layer = facts[std::size_t(r.first)].layer;
+            seg.first_call = static_cast<int>(plan.calls.size());
+            for (int k = 0; k < r.count; ++k) {
+                const int i = dir == phase::forward ? r.first + k : r.first + r.count - 1 - k;
+                if (dir == phase::backward && !list[std::size_t(i)].backward) continue;
+                plan.calls.push_back({part, mb, i, dir});
+            }
+            seg.call_count = static_cast<int>(plan.calls.size()) - seg.first_call;
+            if (seg.call_count == 0) continue;
+            seg.graphed = r.graphed && scope.impl != graph_impl::whole_iteration;
+            if (seg.graphed) {
+                if (part == step_part::microbatch && mb > 0) {
+                    const plan_segment& twin = plan.segments[std::size_t(first_microbatch_segments[std::size_t(graphed_index)])];
+                    bool same = twin.call_count == seg.call_count;
+                    for (int k = 0; same && k < seg.call_count; ++k)
+                        same = stage_of(program, plan.calls[std::size_t(twin.first_call + k)])
+                                   .same_binding(stage_of(program, plan.calls[std::size_t(seg.first_call + k)]));
+                    seg.graph = same ? twin.graph : plan.graph_count++;
+                    seg.shared = same;
+                } else {
+                    seg.graph = plan.graph_count++;
+                    if (part == step_part::microbatch) first_microbatch_segments.push_back(static_cast<int>(plan.segments.size()));
+                }
+                if (part == step_part::microbatch) ++graphed_index;
+            }
+            plan.segments.push_back(seg);
+        }
+    };
+
+    add_list(step_part::step_begin, -1, phase::forward);
+    for (int mb = 0; mb < plan.microbatches; ++mb) {
+        graphed_index = 0;
+        add_list(step_part::microbatch, mb, phase::forward);
+        add_list(step_part::microbatch, mb, phase::backward);
+    }
+    add_list(step_part::step_end, -1, phase::forward);
+
+    if (scope.impl == graph_impl::whole_iteration) {
+        // The whole step is one graph: every call, in the order above.
+        plan_segment whole;
+        whole.part = step_part::step_begin;
+        whole.first_call = 0;
+        whole.call_count = static_cast<int>(plan.calls.size());
+        whole.graphed = true;
+        whole.graph = 0;
+        plan.segments = {whole};
+        plan.graph_count = 1;
+    }
+    return plan;
+}
+
+} // namespace capscope

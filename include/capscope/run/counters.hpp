@@ -1,0 +1,17 @@
+#pragma once
+//! @file
+//! What a runner did, counted as it goes: the tutorials print these, and the tests check them.
+
+namespace capscope {
+
+struct runner_counters {
+    long steps = 0;              //!< training steps run
+    long captures = 0;           //!< segments captured into graphs
+    long instantiations = 0;     //!< executable graphs instantiated
+    long replays = 0;            //!< graph launches
+    long eager_segment_runs = 0; //!< eager islands run (during warmup every segment is one)
+    long capture_failures = 0;   //!< captures that failed (then raised, or fell back to eager)
+    friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
+};
+
+} // namespace capscope

@@ -1,0 +1,26 @@
+#pragma once
+//! @file
+//! `training_program`: what a trainer hands a runner. One training step runs `step_begin`
+//! (e.g. zeroing the gradients), then for each microbatch its stages' forwards in order and
+//! their backwards in reverse (gradients accumulate), then `step_end` (the optimizer).
+//!
+//! Each microbatch has its own stage list. Stages that are bound identically in every
+//! microbatch (same functions, same buffers: the layers of a model with one activation set)
+//! share one graph; stages bound to per-microbatch buffers (the inputs and the loss) get one
+//! each. Sharing is safe because a microbatch's forward and backward both finish before the
+//! next microbatch starts (no pipeline interleaving), so no graph overwrites activations
+//! another still needs.
+
+#include <capscope/stage/stage.hpp>
+
+#include <vector>
+
+namespace capscope {
+
+struct training_program {
+    std::vector<stage> step_begin;
+    std::vector<std::vector<stage>> microbatches;
+    std::vector<stage> step_end;
+};
+
+} // namespace capscope
