@@ -1,50 +1,69 @@
 #!/usr/bin/env bash
 # One batch for the GPU machine: build (release, sm_90 included), run the `gpu` suite (gradient
-# checks, determinism, padding, MoE modes, CUDA layer, the training demo), then memcheck the
-# GPU test executables once. Logs go to $OUT (the device tool brings them back).
+# checks, determinism, padding, MoE modes, CUDA layer, the runner's parity matrix, the training
+# and capture tutorials), memcheck the GPU test executables, and run the benchmark. Logs go to
+# $OUT (the device tool brings them back).
+#
+#   scripts/gpu-check.sh [all|build|suite|memcheck|bench]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  nvcc --version | tail -2
-  meson --version
-  for h in /usr/include/boost/hana.hpp /usr/include/doctest/doctest.h /usr/include/CLI/CLI.hpp /usr/include/nlohmann/json.hpp /usr/include/fmt/core.h; do
-    [ -e "$h" ] && echo "have $h" || echo "missing $h"
-  done
-} >"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(all)
+want() { for p in "${phases[@]}"; do [ "$p" = all ] || [ "$p" = "$1" ] && return 0; done; return 1; }
+rc=0
 
-# capscope-check's libraries (CLI11, nlohmann-json, fmt) are not needed here.
-rm -rf build-gpu
-meson setup build-gpu --buildtype=release -Dtools=false >"$OUT/build.log" 2>&1 &&
-  meson compile -C build-gpu >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build: ok"
-
-meson test -C build-gpu --suite gpu --verbose --num-processes 4 >"$OUT/gpu-suite.log" 2>&1
-suite_rc=$?
-cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt"
-
-sanitizer_rc=0
-if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
-  : >"$OUT/memcheck.log"
-  for t in test_cuda_layer test_model test_gradients; do
-    # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
-    # The allocation test is left out: the sanitizer's own bookkeeping allocates device memory.
-    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-      "build-gpu/tests/gpu_$t" --test-case-exclude='*allocates no device memory*' >>"$OUT/memcheck.log" 2>&1
-    rc=$?
-    echo "memcheck gpu_$t: exit $rc" | tee -a "$OUT/memcheck.log"
-    [ $rc -eq 0 ] || sanitizer_rc=$rc
-  done
+if want build || [ ! -f build-gpu/build.ninja ]; then
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    nvcc --version | tail -2
+    meson --version
+  } >"$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+  # capscope-check's libraries (CLI11, nlohmann-json, fmt) are not needed here.
+  rm -rf build-gpu
+  meson setup build-gpu --buildtype=release -Dtools=false >"$OUT/build.log" 2>&1 &&
+    meson compile -C build-gpu >>"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+  echo "build: ok"
 fi
 
-grep -E "^ *(determinism|moe modes|vision padding|capture|dropless capture|drop-and-pad|dropless with)" "$OUT/gpu-suite.log" | head -40
-grep -E "FAIL|rel.err" "$OUT/gpu-suite.log" | grep -E "FAIL" | head -40
-grep -E "^step|^loss|^training" "$OUT/gpu-suite.log" | head -40
-grep -E "ERROR SUMMARY|memcheck gpu_" "$OUT/memcheck.log" 2>/dev/null
-tail -15 "$OUT/testlog.txt" | grep -E "Ok:|Fail:|Skipped:|Timeout:"
-echo "suite exit $suite_rc, memcheck exit $sanitizer_rc"
-[ $suite_rc -eq 0 ] && [ $sanitizer_rc -eq 0 ]
+if want suite; then
+  meson test -C build-gpu --suite gpu --verbose --num-processes 4 >"$OUT/gpu-suite.log" 2>&1
+  suite_rc=$?
+  cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt"
+  grep -E "^ *(determinism|moe modes|vision padding|capture|dropless capture|drop-and-pad|dropless with|runner|plan error|fallback|scratch|transformer_engine,|full_iteration:)" "$OUT/gpu-suite.log" | head -80
+  grep -E "ERROR|FAIL|SUCCESS|Status" "$OUT/gpu-suite.log" | grep -v "^ *runner" | head -40
+  grep -E "^step|^loss|^training|^counters|^step time" "$OUT/gpu-suite.log" | head -40
+  tail -15 "$OUT/testlog.txt" | grep -E "Ok:|Fail:|Skipped:|Timeout:"
+  echo "suite exit $suite_rc"
+  [ $suite_rc -eq 0 ] || rc=$suite_rc
+fi
+
+if want memcheck; then
+  : >"$OUT/memcheck.log"
+  for t in test_cuda_layer test_model test_gradients test_runner; do
+    # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
+    # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+      "build-gpu/tests/gpu_$t" --test-case-exclude='*allocates no device memory*,*allocate no device memory*,*allocate nothing*' >>"$OUT/memcheck.log" 2>&1
+    mrc=$?
+    echo "memcheck gpu_$t: exit $mrc" | tee -a "$OUT/memcheck.log"
+    [ $mrc -eq 0 ] || rc=$mrc
+  done
+  grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
+fi
+
+if want bench; then
+  if [ -x build-gpu/bench/runner_overhead ]; then
+    build-gpu/bench/runner_overhead --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
+    brc=$?
+    cat "$OUT/bench.md" 2>/dev/null | grep -E "^###|^\| |^Device|^Per-layer" ; tail -3 "$OUT/bench.log"
+    [ $brc -eq 0 ] || rc=$brc
+  else
+    echo "bench: runner_overhead was not built (CUPTI missing?)"; rc=1
+  fi
+fi
+echo "gpu-check exit $rc"
+exit $rc

@@ -200,7 +200,7 @@ private:
 
     void release_graphs() noexcept {
         const bool had = graphs_alive() > 0;
-        execs_.assign(execs_.size(), cuda::graph_exec{});
+        for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
         run_eagerly_.assign(run_eagerly_.size(), 0);
         // Return the memory CUDA keeps for graph allocations (stream-ordered allocations made
         // inside captured segments) now that no graph of this runner uses it.
