@@ -165,7 +165,7 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
     runner<local_cfg> local(m.training_program());
     runner<te_cfg> te(m.training_program());
     runner<full_cfg> full(m.training_program());
-    hand_written_per_layer hand_layers(m);
+    hand_written_per_layer hand_layers(m), hand_layers_again(m);
     hand_written_whole hand_whole(m);
 
     std::vector<variant> v;
@@ -177,6 +177,8 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
     });
     v.emplace_back("runner none", [&](cudaStream_t st) { none.step(st); });
     v.emplace_back("hand-written per-layer graphs", [&](cudaStream_t st) { hand_layers.step(st); });
+    // A second copy of the reference: the spread between the two is the noise of this run.
+    v.emplace_back("hand-written per-layer graphs, 2nd copy", [&](cudaStream_t st) { hand_layers_again.step(st); });
     v.emplace_back("runner local", [&](cudaStream_t st) { local.step(st); });
     v.emplace_back("runner transformer_engine", [&](cudaStream_t st) { te.step(st); });
     v.emplace_back("hand-written whole-step graph", [&](cudaStream_t st) { hand_whole.step(st); });

@@ -4,7 +4,7 @@
 # and capture tutorials), memcheck the GPU test executables, and run the benchmark. Logs go to
 # $OUT (the device tool brings them back).
 #
-#   scripts/gpu-check.sh [all|build|suite|memcheck|bench]...   (default: all)
+#   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|bench]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -20,11 +20,11 @@ if want build || [ ! -f build-gpu/build.ninja ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     nvcc --version | tail -2
     meson --version
-  } >"$OUT/env.txt" 2>&1
-  cat "$OUT/env.txt"
+  } >"$OUT/build.log" 2>&1
+  cat "$OUT/build.log"
   # capscope-check's libraries (CLI11, nlohmann-json, fmt) are not needed here.
   rm -rf build-gpu
-  meson setup build-gpu --buildtype=release -Dtools=false >"$OUT/build.log" 2>&1 &&
+  meson setup build-gpu --buildtype=release -Dtools=false >>"$OUT/build.log" 2>&1 &&
     meson compile -C build-gpu >>"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
   echo "build: ok"
 fi
@@ -41,12 +41,27 @@ if want suite; then
   [ $suite_rc -eq 0 ] || rc=$suite_rc
 fi
 
+if want tutorials; then
+  # The capture tutorials again, keeping their plans as DOT (docs/ renders them with Graphviz).
+  mkdir -p /tmp/plans && rm -f /tmp/plans/*
+  {
+    build-gpu/examples/03_partial_capture --dot /tmp/plans/03_partial_capture.dot &&
+    build-gpu/examples/04_moe_capture --dot /tmp/plans/04_moe_drop_and_pad.dot --dot /tmp/plans/04_moe_dropless.dot &&
+    build-gpu/examples/05_full_iteration --dot /tmp/plans/05_full_iteration.dot
+  } >"$OUT/tutorials.log" 2>&1
+  trc=$?
+  tar -C /tmp -cf "$OUT/plans.tar" plans
+  grep -E "^capscope plan|^  [0-9]+ graph|^  per step|^counters|^step time|^plan error|^  capscope plan|learnt|FAIL|^==" "$OUT/tutorials.log"
+  echo "tutorials exit $trc"
+  [ $trc -eq 0 ] || rc=$trc
+fi
+
 if want memcheck; then
   : >"$OUT/memcheck.log"
   for t in test_cuda_layer test_model test_gradients test_runner; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
-    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+    timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
       "build-gpu/tests/gpu_$t" --test-case-exclude='*allocates no device memory*,*allocate no device memory*,*allocate nothing*' >>"$OUT/memcheck.log" 2>&1
     mrc=$?
     echo "memcheck gpu_$t: exit $mrc" | tee -a "$OUT/memcheck.log"

@@ -10,6 +10,8 @@
 // Prints the loss every 25 steps, and exits 1 unless the final loss is under half the first
 // (so the build's test suite can run it), 77 when there is no GPU.
 
+#include "../common/tutorial.hpp"
+
 #include <gpt/model.hpp>
 
 #include <capscope/cuda/device.hpp>
@@ -19,32 +21,8 @@
 #include <cstdlib>
 #include <random>
 #include <string>
-#include <vector>
 
 namespace {
-
-constexpr int symbols = 8, separator = 1, first_symbol = 2;
-
-struct batch {
-    std::vector<int> tokens, labels;
-};
-
-batch make_batch(const gpt::model_config& cfg, std::mt19937& rng) {
-    std::uniform_int_distribution<int> sym(first_symbol, cfg.vocab - 1);
-    batch b;
-    for (int n = 0; n < cfg.batch; ++n) {
-        std::vector<int> seq(symbols);
-        for (int& s : seq) s = sym(rng);
-        std::vector<int> full = seq;
-        full.push_back(separator);
-        full.insert(full.end(), seq.rbegin(), seq.rend()); // 17 tokens; the model sees the first 16
-        for (int i = 0; i < cfg.seq_len; ++i) {
-            b.tokens.push_back(full[i]);
-            b.labels.push_back(i >= symbols ? full[i + 1] : -1); // predict the reversed half
-        }
-    }
-    return b;
-}
 
 template <class T> int train(const gpt::model_config& cfg, int steps) {
     capscope::cuda::stream s;
@@ -58,8 +36,7 @@ template <class T> int train(const gpt::model_config& cfg, int steps) {
     opt.lr = 3e-3f;
     float first = 0, last = 0;
     for (int step = 1; step <= steps; ++step) {
-        const batch b = make_batch(cfg, rng);
-        model.set_batch(b.tokens, b.labels, s);
+        tutorial::feed(model, rng, s);
         model.zero_grad(s);
         model.forward(s);
         model.backward(s);
@@ -99,19 +76,9 @@ int main(int argc, char** argv) {
         std::puts("no usable CUDA device: skipped");
         return capscope::cuda::skip_exit_code;
     }
-    gpt::model_config cfg;
-    cfg.vocab = first_symbol + 14;
-    cfg.hidden = 128;
-    cfg.heads = 4;
-    cfg.ffn_hidden = 256;
-    cfg.seq_len = 2 * symbols;
-    cfg.batch = 64;
-    cfg.layer_pattern = "DEMD";
-    cfg.experts = 4;
-    cfg.top_k = 2;
-    cfg.capacity_factor = 1.5;
+    gpt::model_config cfg = tutorial::reverse_task_model("DEMD", 128, 64, 1);
     cfg.moe_mode = mode == "dropless" ? gpt::moe_mode::dropless : gpt::moe_mode::drop_and_pad;
-    std::printf("training to reverse %d symbols: %s, MoE %s, %d steps\n", symbols, precision.c_str(), mode.c_str(), steps);
+    std::printf("training to reverse %d symbols: %s, MoE %s, %d steps\n", tutorial::symbols, precision.c_str(), mode.c_str(), steps);
     try {
         return precision == "bf16" ? train<__nv_bfloat16>(cfg, steps) : train<float>(cfg, steps);
     } catch (const std::exception& e) {

@@ -7,3 +7,4 @@
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
 #include <capscope/run/runner.hpp>
+#include <capscope/run/scratch.hpp>

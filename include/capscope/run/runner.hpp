@@ -25,6 +25,7 @@
 #include <capscope/plan/training_plan.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
+#include <capscope/run/scratch.hpp>
 
 #include <string>
 #include <string_view>
@@ -85,6 +86,7 @@ public:
 
     //! One training step on `s` (a non-default stream: the legacy stream cannot be captured).
     void step(cudaStream_t s) {
+        scratch_scope scratch(scratch_);
         if (Config::impl == graph_impl::eager || warm_steps_ < plan_.warmup_steps) {
             for (const plan_segment& seg : plan_.segments) run_eagerly(seg, s);
         } else {
@@ -124,6 +126,8 @@ public:
         for (const auto& e : execs_) n += e ? 1 : 0;
         return n;
     }
+    //! The runner's scratch memory (capscope/run/scratch.hpp): its pool, and the arena its graphs share.
+    const scratch_pool& scratch() const noexcept { return scratch_; }
     //! Graphs that failed to capture and run eagerly (policy `capture_failure::run_eagerly`).
     int graphs_run_eagerly() const {
         int n = 0;
@@ -138,11 +142,13 @@ private:
     }
 
     void run_eagerly(const plan_segment& seg, cudaStream_t s) {
+        scratch_.begin_segment(false);
         const detail::bound_call* c = calls_.data() + seg.first_call;
         for (const detail::bound_call* end = c + seg.call_count; c != end; ++c) {
             scope_label label(c->name);
             c->fn(s);
         }
+        scratch_.end_segment(calls_[std::size_t(seg.first_call)].name);
         ++counters_.eager_segment_runs;
     }
 
@@ -159,6 +165,8 @@ private:
         try {
             if (s == nullptr || s == cudaStreamLegacy)
                 throw std::invalid_argument("the legacy default stream cannot be captured: give step() a stream of its own (capscope::cuda::stream)");
+            scratch_.reserve_arena();
+            scratch_.begin_segment(true);
             cuda::graph g = cuda::capture(
                 s,
                 [&](cudaStream_t cs) {
@@ -171,11 +179,13 @@ private:
                     running = -1;
                 },
                 detail::cuda_capture_mode(Config::engine.mode));
+            scratch_.end_segment(calls_[std::size_t(seg.first_call)].name);
             ++counters_.captures;
             execs_[std::size_t(seg.graph)] = cuda::graph_exec(g);
             ++counters_.instantiations;
             return true;
         } catch (const std::exception& e) {
+            scratch_.begin_segment(false); // forget the failed segment's scratch
             cudaGetLastError(); // the failure is reported here, not by the next call
             ++counters_.capture_failures;
             const std::string stage_name = running >= 0 ? std::string(calls_[std::size_t(running)].name) : std::string();
@@ -211,6 +221,7 @@ private:
 
     training_program program_;
     training_plan plan_;
+    scratch_pool scratch_;
     std::vector<detail::bound_call> calls_;
     std::vector<cuda::graph_exec> execs_;
     std::vector<unsigned char> run_eagerly_;
