@@ -175,6 +175,12 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
         m.backward(st);
         m.optimizer_step(st);
     });
+    v.emplace_back("eager (direct calls), 2nd copy", [&](cudaStream_t st) { // the noise of eager timing
+        m.zero_grad(st);
+        m.forward(st);
+        m.backward(st);
+        m.optimizer_step(st);
+    });
     v.emplace_back("runner none", [&](cudaStream_t st) { none.step(st); });
     v.emplace_back("hand-written per-layer graphs", [&](cudaStream_t st) { hand_layers.step(st); });
     // A second copy of the reference: the spread between the two is the noise of this run.

@@ -76,6 +76,11 @@ if want bench; then
     brc=$?
     cat "$OUT/bench.md" 2>/dev/null | grep -E "^###|^\| |^Device|^Per-layer" ; tail -3 "$OUT/bench.log"
     [ $brc -eq 0 ] || rc=$brc
+    # PyTorch's paths on a layer stack of the same shape, same machine, same run (reference only).
+    PYTHONUNBUFFERED=1 python3 bench/torch_reference.py >>"$OUT/bench.md" 2>>"$OUT/bench.log"
+    trc=$?
+    echo "torch reference exit $trc"; tail -6 "$OUT/bench.md"
+    [ $trc -eq 0 ] || [ $trc -eq 77 ] || rc=$trc
   else
     echo "bench: runner_overhead was not built (CUPTI missing?)"; rc=1
   fi

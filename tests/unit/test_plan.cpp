@@ -4,6 +4,7 @@
 #include "fake_program.hpp"
 
 #include <capscope/capscope.hpp>
+#include <capscope/flags/from_megatron_flags.hpp>
 
 #include <doctest/doctest.h>
 
@@ -272,4 +273,23 @@ TEST_CASE("engine options live beside the Megatron configuration") {
     static_assert(same_config<a, b>); // select<> matches Megatron settings; these are not
     static_assert(b::warmup_steps == 3);
     CHECK(a::engine.mode == capture_mode::global);
+}
+
+TEST_CASE("the run-time flag path: a Megatron command line selects a compile-time config, whose plan the runner would run") {
+    using te_router = config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::moe_router>,
+                             model<experts<4>, moe_pattern<0, 1, 0>>>;
+    using lo_whole = config<impl::lazy_per_layer, modules<>, model<experts<4>, moe_pattern<0, 1, 0>>>;
+    const std::vector<std::string> args = {"--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn", "moe_router",
+                                           "--num-experts", "4", "--moe-layer-freq", "[0,1,0]"};
+    const auto line = flags::from_megatron_flags(args);
+    fake::model m;
+    const auto p = m.program("DEM", true, 1);
+    const std::string chosen = select<lo_whole, te_router>(line.config, [&](auto cfg) {
+        using C = decltype(cfg);
+        // What runner<C> plans at construction.
+        return to_text(make_training_plan(capture_scope_of<C>, C::warmup_steps, p), p);
+    });
+    CHECK(chosen.find("capscope plan: impl transformer_engine (ahead_of_time_per_layer), modules {attn, moe_router}") == 0);
+    CHECK(chosen.find("graph g1     layer1.attention layer1.moe_router\n  eager        layer1.moe_preprocess layer1.moe_experts") !=
+          std::string::npos);
 }

@@ -11,6 +11,8 @@ namespace capscope {
 
 namespace detail {
 
+inline std::string count(int n, const char* one, const char* many) { return std::to_string(n) + " " + (n == 1 ? one : many); }
+
 inline std::string impl_description(graph_impl i) {
     return std::string(megatron_name(i)) + " (" + std::string(enum_names<graph_impl>::cpp[std::size_t(i)]) + ")";
 }
@@ -53,9 +55,9 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
         out += ", modules " + (plan.scope.modules.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.modules) + "}");
     out += ", " + std::to_string(plan.microbatches) + " microbatch" + (plan.microbatches == 1 ? "" : "es") + "\n";
     out += "  " + std::to_string(plan.graph_count) + " graph" + (plan.graph_count == 1 ? "" : "s") + ": " + detail::capture_policy(plan) + "\n";
-    out += "  per step: " + std::to_string(plan.graph_launches_per_step()) + " graph launches, " +
-           std::to_string(plan.eager_islands_per_step()) + " eager islands (" + std::to_string(plan.eager_calls_per_step()) +
-           " stage calls)\n";
+    out += "  per step: " + detail::count(plan.graph_launches_per_step(), "graph launch", "graph launches") + ", " +
+           detail::count(plan.eager_islands_per_step(), "eager island", "eager islands") + " (" +
+           detail::count(plan.eager_calls_per_step(), "stage call", "stage calls") + ")\n";
     std::string section;
     for (const plan_segment& s : plan.segments) {
         if (plan.scope.impl == graph_impl::whole_iteration) {
@@ -74,21 +76,27 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
 }
 
 inline std::string to_dot(const training_plan& plan, const training_program& program) {
-    std::string out = "digraph capscope_plan {\n  rankdir=LR;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box];\n";
+    std::string out = "digraph capscope_plan {\n  rankdir=TB; newrank=true;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box];\n";
     out += "  label=\"" + detail::impl_description(plan.scope.impl);
     if (is_per_layer(plan.scope.impl))
         out += ", modules " + (plan.scope.modules.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.modules) + "}");
     out += ": " + std::to_string(plan.graph_count) + " graphs, " + detail::capture_policy(plan) + "\";\n  labelloc=t;\n";
-    std::string section;
+    std::string section, column; // a section's segments stand in one column: rank=same
     int cluster = 0;
+    auto close_section = [&] {
+        if (section.empty()) return;
+        out += "    {rank=same;" + column + "}\n  }\n";
+        column.clear();
+    };
     for (std::size_t i = 0; i < plan.segments.size(); ++i) {
         const plan_segment& s = plan.segments[i];
         const std::string title = plan.scope.impl == graph_impl::whole_iteration ? std::string("whole step") : detail::section_title(s);
         if (title != section) {
-            if (!section.empty()) out += "  }\n";
+            close_section();
             out += "  subgraph cluster_" + std::to_string(cluster++) + " {\n    label=\"" + title + "\";\n    style=rounded; color=gray60;\n";
             section = title;
         }
+        column += " s" + std::to_string(i) + ";";
         std::string label;
         if (plan.scope.impl == graph_impl::whole_iteration) {
             label = "g0: " + std::to_string(s.call_count) + " stage calls\\n(" + std::to_string(plan.microbatches) +
@@ -100,9 +108,20 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
         out += "    s" + std::to_string(i) + " [label=\"" + label + "\"" +
                (s.graphed ? ", style=\"filled,bold\", fillcolor=\"#9fd3a8\"" : ", style=dashed") + "];\n";
     }
-    if (!section.empty()) out += "  }\n";
-    for (std::size_t i = 1; i < plan.segments.size(); ++i)
-        out += "  s" + std::to_string(i - 1) + " -> s" + std::to_string(i) + ";\n";
+    close_section();
+    // Execution order; a section's first segment sits under the previous section's first, so
+    // the sections read as left-aligned rows.
+    std::string previous_title, previous_first;
+    for (std::size_t i = 0; i < plan.segments.size(); ++i) {
+        const std::string title = plan.scope.impl == graph_impl::whole_iteration ? std::string("whole step") : detail::section_title(plan.segments[i]);
+        const bool new_row = title != previous_title;
+        if (i > 0) out += "  s" + std::to_string(i - 1) + " -> s" + std::to_string(i) + (new_row ? " [constraint=false];\n" : ";\n");
+        if (new_row) {
+            if (!previous_first.empty()) out += "  " + previous_first + " -> s" + std::to_string(i) + " [style=invis, weight=10];\n";
+            previous_first = "s" + std::to_string(i);
+            previous_title = title;
+        }
+    }
     out += "}\n";
     return out;
 }
