@@ -7,6 +7,7 @@ Variants: eager; torch.cuda.make_graphed_callables per layer (PyTorch's per-laye
 one torch.cuda.graph of the whole forward + backward. Median device ms per step (CUDA events).
 Prints a markdown table. Exits 77 without a GPU.
 """
+import copy
 import statistics
 import sys
 
@@ -68,7 +69,9 @@ def main():
 
     results = {"eager": timed(eager)}
 
-    graphed = [torch.cuda.make_graphed_callables(l, (torch.randn(B, S, H, device=dev, dtype=dt, requires_grad=True),)) for l in layers]
+    # make_graphed_callables replaces a module's forward in place: graph copies, keep `layers` eager.
+    graphed = [torch.cuda.make_graphed_callables(copy.deepcopy(l), (torch.randn(B, S, H, device=dev, dtype=dt, requires_grad=True),))
+               for l in layers]
 
     def per_layer():
         y = x
