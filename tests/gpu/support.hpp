@@ -3,6 +3,7 @@
 
 #include "reference.hpp"
 
+#include <gpt/config.hpp>
 #include <gpt/parameters.hpp>
 
 #include <capscope/cuda/error.hpp>
@@ -84,6 +85,24 @@ inline double relative_error(const std::vector<double>& a, const std::vector<dou
 //! Bitwise equality of two device-read vectors.
 template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+//! The GPU tests' small model: hidden 64, 4 heads, seq 16, batch 4, 4 experts top-2.
+inline gpt::model_config small_model(const char* pattern, gpt::moe_mode mode, double capacity_factor) {
+    gpt::model_config c;
+    c.vocab = 32;
+    c.hidden = 64;
+    c.heads = 4;
+    c.ffn_hidden = 128;
+    c.seq_len = 16;
+    c.batch = 4;
+    c.layer_pattern = pattern;
+    c.experts = 4;
+    c.top_k = 2;
+    c.moe_mode = mode;
+    c.capacity_factor = capacity_factor;
+    c.init_stddev = 0.1f;
+    return c;
 }
 
 struct batch {

@@ -18,20 +18,7 @@
 namespace {
 
 gpt::model_config small(const char* pattern, gpt::moe_mode mode, double capacity_factor) {
-    gpt::model_config c;
-    c.vocab = 32;
-    c.hidden = 64;
-    c.heads = 4;
-    c.ffn_hidden = 128;
-    c.seq_len = 16;
-    c.batch = 4;
-    c.layer_pattern = pattern;
-    c.experts = 4;
-    c.top_k = 2;
-    c.moe_mode = mode;
-    c.capacity_factor = capacity_factor;
-    c.init_stddev = 0.1f;
-    return c;
+    return support::small_model(pattern, mode, capacity_factor);
 }
 
 template <class T> struct step_result {

@@ -26,21 +26,10 @@ namespace {
 constexpr int steps = 6;
 constexpr int microbatches = 2;
 
+//! A small dense / MoE / Mamba / dense model with 2 microbatches.
 gpt::model_config mixed(gpt::moe_mode mode) {
-    gpt::model_config c;
-    c.vocab = 32;
-    c.hidden = 64;
-    c.heads = 4;
-    c.ffn_hidden = 128;
-    c.seq_len = 16;
-    c.batch = 4;
+    gpt::model_config c = support::small_model("DEMD", mode, 1.0);
     c.microbatches = microbatches;
-    c.layer_pattern = "DEMD";
-    c.experts = 4;
-    c.top_k = 2;
-    c.moe_mode = mode;
-    c.capacity_factor = 1.0;
-    c.init_stddev = 0.1f;
     return c;
 }
 
@@ -74,6 +63,15 @@ template <class T> void record_final(const gpt::gpt_model<T>& m, state<T>& st, c
     st.m = support::download(p.first_moment(), p.total(), s);
     st.v = support::download(p.second_moment(), p.total(), s);
     st.values = support::download(p.values(), p.total(), s);
+}
+
+//! Steps [first, last) through a runner, recording each step's microbatch losses.
+template <class T, class Runner> void run_steps(Runner& r, gpt::gpt_model<T>& m, state<T>& st, int first, int last, cudaStream_t s) {
+    for (int step = first; step < last; ++step) {
+        feed(m, step, s);
+        r.step(s);
+        record_losses(m, st, s);
+    }
 }
 
 //! The reference: the model's own calls, in the order a training step makes them.
@@ -151,11 +149,7 @@ template <class Config, class T> state<T> run_with_runner(const gpt::model_confi
     using schemas = std::conditional_t<Config::normalized.drop_and_pad(), gpt::schemas::drop_and_pad_model, gpt::schemas::dropless_model>;
     runner<Config, schemas> r(m.training_program());
     state<T> st;
-    for (int step = 0; step < steps; ++step) {
-        feed(m, step, s);
-        r.step(s);
-        record_losses(m, st, s);
-    }
+    run_steps(r, m, st, 0, steps, s);
     record_final(m, st, s);
     counters = r.counters();
     const auto& plan = r.plan();
@@ -244,11 +238,7 @@ TEST_CASE("a failed capture names the layer, stage and segment; the stream stays
     state<float> st;
     {
         runner<captures_untagged> r(untagged(m));
-        for (int step = 0; step < 2; ++step) { // warmup: eager
-            feed(m, step, s);
-            r.step(s);
-            record_losses(m, st, s);
-        }
+        run_steps(r, m, st, 0, 2, s); // warmup: eager
         feed(m, 2, s);
         try {
             r.step(s); // ahead of time: every graph is captured before the step runs anything
@@ -274,11 +264,7 @@ TEST_CASE("a failed capture names the layer, stage and segment; the stream stays
     }
     // The trainer goes on eagerly, from the step that failed: nothing of it had run.
     runner<config<impl::eager, dropless_facts>> eager(m.training_program());
-    for (int step = 2; step < 5; ++step) {
-        feed(m, step, s);
-        eager.step(s);
-        record_losses(m, st, s);
-    }
+    run_steps(eager, m, st, 2, 5, s);
     record_final(m, st, s);
     check_identical(st, reference);
 }
@@ -292,11 +278,7 @@ TEST_CASE("on_capture_failure<run_eagerly>: the segment that cannot be captured 
                              on_capture_failure<capture_failure::run_eagerly>, capture_with<capture_mode::global>>;
     runner<fall_back> r(untagged(m));
     state<float> st;
-    for (int step = 0; step < steps; ++step) {
-        feed(m, step, s);
-        r.step(s);
-        record_losses(m, st, s);
-    }
+    run_steps(r, m, st, 0, steps, s);
     record_final(m, st, s);
     std::printf("  fallback: %d of %d graphs run eagerly, %ld capture failure(s), %ld replays\n", r.graphs_run_eagerly(),
                 r.plan().graph_count, r.counters().capture_failures, r.counters().replays);

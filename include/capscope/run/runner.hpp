@@ -212,6 +212,7 @@ private:
         const bool had = graphs_alive() > 0;
         for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
         run_eagerly_.assign(run_eagerly_.size(), 0);
+        scratch_.release_retired();
         // Return the memory CUDA keeps for graph allocations (stream-ordered allocations made
         // inside captured segments) now that no graph of this runner uses it.
         int device = 0;

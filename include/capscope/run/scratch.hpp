@@ -92,10 +92,15 @@ public:
             throw std::logic_error("capscope scratch: segment " + std::string(segment) +
                                    " returned with scratch memory it did not free; call scratch_free before the stage returns");
     }
-    //! Makes the arena as large as the most scratch one segment has needed so far.
+    //! Makes the arena as large as the most scratch one segment has needed so far. A smaller
+    //! arena that graphs already point into is kept until `release_retired()`.
     void reserve_arena() {
-        if (arena_.size() < needed_) arena_ = cuda::device_buffer<std::byte>(needed_);
+        if (arena_.size() >= needed_) return;
+        if (!arena_.empty()) retired_.push_back(std::move(arena_));
+        arena_ = cuda::device_buffer<std::byte>(needed_);
     }
+    //! Frees the arenas that only destroyed graphs pointed into.
+    void release_retired() noexcept { retired_.clear(); }
     std::size_t arena_bytes() const noexcept { return arena_.size(); }
     std::size_t most_needed() const noexcept { return needed_; }
     cudaMemPool_t pool() const noexcept { return pool_.get(); }
@@ -112,6 +117,7 @@ private:
     }
     capscope::detail::unique_handle<cudaMemPool_t, &cudaMemPoolDestroy> pool_;
     cuda::device_buffer<std::byte> arena_;
+    std::vector<cuda::device_buffer<std::byte>> retired_;
     std::vector<allocation> live_;
     std::size_t top_ = 0, needed_ = 0;
     bool capturing_ = false;
