@@ -91,7 +91,13 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
     if (c.hidden_dropout != d.hidden_dropout) facts.push_back("hidden_dropout<" + cpp_double(c.hidden_dropout) + ">");
     if (!facts.empty()) o.push_back("model<" + join(facts) + ">");
 
-    if (c.recompute) {
+    if (c.recompute && !c.unknown_recompute_module.empty()) {
+        // A name Megatron does not know can only be spelled by name (rule R0 rejects it).
+        std::string r = "recompute_named<" + cpp_enum("recompute_granularity", *c.recompute);
+        if (c.recompute_modules)
+            c.recompute_modules->for_each([&](recompute_module m) { r += ", " + cpp_string(megatron_name(m)); });
+        o.push_back(r + ", " + cpp_string(c.unknown_recompute_module.view()) + ">");
+    } else if (c.recompute) {
         std::string r = "recompute<" + cpp_enum("recompute_granularity", *c.recompute);
         if (c.recompute_modules)
             c.recompute_modules->for_each([&](recompute_module m) { r += ", " + cpp_enum("recompute_module", m); });

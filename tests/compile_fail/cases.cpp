@@ -103,6 +103,10 @@ CHECK_COMPILES(config<tr, modules<capture::moe_router, capture::moe_preprocess>,
 #endif
 
 // ---- recompute ---------------------------------------------------------------------------
+CHECK_COMPILES(config<recompute_named<recompute_granularity::selective, "core_attn", "mlp">>);
+#ifdef CASE_R0
+CHECK_COMPILES(config<recompute_named<recompute_granularity::selective, "core_attn", "attention">>);
+#endif
 CHECK_COMPILES(config<impl::whole_iteration, recompute<recompute_granularity::full>, no_nan_check>);
 #ifdef CASE_R1
 CHECK_COMPILES(config<tr, recompute<recompute_granularity::full>>);

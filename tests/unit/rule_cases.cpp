@@ -73,6 +73,8 @@ std::vector<rule_case> all_rule_cases() {
                       c.modules = mods({M::moe_router, M::moe_preprocess}); });
 
     // recompute
+    add("R0", [](auto& c) { c.recompute = recompute_granularity::selective; c.recompute_modules = recompute_module_set{recompute_module::mlp}; },
+        [](auto& c) { c.recompute = recompute_granularity::selective; c.unknown_recompute_module = capscope::detail::short_text("attention"); });
     add("R1", [](auto& c) { full_iteration_ok(c); c.recompute = recompute_granularity::full; },
         [](auto& c) { c.impl = te; c.recompute = recompute_granularity::full; });
     add("R2", [](auto& c) { c.impl = te; moe8(c); c.modules = mods({M::moe_router}); c.recompute = recompute_granularity::selective;

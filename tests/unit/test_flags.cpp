@@ -34,7 +34,10 @@ TEST_CASE("usage errors match argparse's") {
     CHECK_THROWS_WITH_AS(parse({"--bf16=1"}), doctest::Contains("ignored explicit argument"), flag_error);
     CHECK_THROWS_WITH_AS(parse({"model.yaml"}), doctest::Contains("unrecognized arguments: model.yaml"), flag_error);
     CHECK_THROWS_WITH_AS(parse({"--inference-use-full-iteration-cuda-graph"}), doctest::Contains("removed from Megatron-LM"), flag_error);
-    CHECK_THROWS_WITH_AS(parse({"--recompute-modules", "everything"}), doctest::Contains("invalid choice"), flag_error);
+    // Megatron's parser takes any recompute module name; its TransformerConfig rejects unknown ones (rule R0).
+    const auto unknown_module = parse({"--recompute-activations", "--recompute-modules", "everything"});
+    CHECK(unknown_module.config.unknown_recompute_module.view() == "everything");
+    CHECK(validate(unknown_module.config).violations.at(0).rule->id == "R0");
     CHECK_THROWS_WITH_AS(parse({"--moe-layer-freq", "[1]*3+2"}), doctest::Contains("cannot add a list and a number"), flag_error);
 }
 
@@ -63,23 +66,52 @@ TEST_CASE("moe layer patterns evaluate like Megatron's Python expressions") {
     CHECK_THROWS(parse_moe_layer_freq("[2]*4"));
 }
 
-TEST_CASE("FSDP version from --use-megatron-fsdp and --use-fully-shard-api") {
+TEST_CASE("FSDP version from --use-megatron-fsdp and --megatron-fsdp-version") {
     CHECK(parse({"--use-megatron-fsdp"}).config.fsdp.mode == fsdp_mode::v1);
-    CHECK(parse({"--use-fully-shard-api", "--use-megatron-fsdp"}).config.fsdp.mode == fsdp_mode::v2);
-    CHECK(parse({"--use-fully-shard-api"}).config.fsdp.mode == fsdp_mode::off);
+    CHECK(parse({"--megatron-fsdp-version", "2", "--use-megatron-fsdp"}).config.fsdp.mode == fsdp_mode::v2);
+    CHECK(parse({"--megatron-fsdp-version", "2"}).config.fsdp.mode == fsdp_mode::off);
+    CHECK_THROWS_WITH_AS(parse({"--megatron-fsdp-version", "3"}), "argument --megatron-fsdp-version: invalid choice: 3 (choose from 1, 2)",
+                         flag_error);
+    // Spellings an earlier capscope accepted, which Megatron's parser never had.
+    CHECK_THROWS_WITH_AS(parse({"--use-fully-shard-api"}),
+                         "unrecognized arguments: --use-fully-shard-api (never a Megatron-LM flag; use "
+                         "--megatron-fsdp-version 2 (Megatron-FSDP v2, with --use-megatron-fsdp))",
+                         flag_error);
+    CHECK(parse({"--use-nccl-ub"}).config.fsdp.nccl_user_buffers);
 }
 
-TEST_CASE("the flag table lists each flag once") {
-    std::multiset<std::string> seen;
-    for (auto list : {megatron_switches, megatron_single_value, megatron_lists}) {
-        std::size_t i = 0;
-        while (i < list.size()) {
-            while (i < list.size() && std::isspace(static_cast<unsigned char>(list[i]))) ++i;
-            std::size_t j = i;
-            while (j < list.size() && !std::isspace(static_cast<unsigned char>(list[j]))) ++j;
-            if (j > i) seen.insert(std::string(list.substr(i, j - i)));
-            i = j;
-        }
-    }
-    for (const auto& f : seen) CHECK_MESSAGE(seen.count(f) == 1, f, " is listed twice");
+TEST_CASE("the generated flag table is sorted, unique, and records Megatron's commit") {
+    CHECK(megatron_commit == "d98e8a64dd");
+    CHECK(megatron_option_strings == 878);
+    for (std::size_t i = 1; i < std::size(megatron_flag_table); ++i)
+        CHECK_MESSAGE(megatron_flag_table[i - 1].flag < megatron_flag_table[i].flag, megatron_flag_table[i].flag);
+    std::size_t extensions = 0;
+    for (const auto& f : megatron_flag_table) extensions += f.extension ? 1 : 0;
+    CHECK(std::size(megatron_flag_table) == megatron_option_strings + extensions);
+}
+
+TEST_CASE("values as argparse reads them: nargs, types, choices, and the last spelling of a dest wins") {
+    // nargs
+    CHECK_THROWS_WITH_AS(parse({"--num-layers"}), "argument --num-layers: expected one argument", flag_error);
+    CHECK_THROWS_WITH_AS(parse({"--cuda-graph-modules"}), "argument --cuda-graph-modules: expected at least one argument", flag_error);
+    CHECK_THROWS_WITH_AS(parse({"--bf16=1"}), "argument --bf16: ignored explicit argument '1'", flag_error);
+    CHECK_NOTHROW(parse({"--train-data-path"}));                                            // nargs '*'
+    CHECK_NOTHROW(parse({"--spec", "a", "b", "c", "--num-layers", "2"}));                   // nargs '*' stops at the next option
+    CHECK_THROWS_WITH_AS(parse({"--rope-scaling-factor", "x"}), "argument --rope-scaling-factor: invalid float value: 'x'", flag_error);
+    // Python's int() and float()
+    CHECK(parse({"--num-layers", "1_000"}).config.num_layers == 1000);
+    CHECK(parse({"--num-layers", " +24 "}).config.num_layers == 24);
+    CHECK_THROWS_WITH_AS(parse({"--num-layers", "2.0"}), "argument --num-layers: invalid int value: '2.0'", flag_error);
+    CHECK_THROWS_WITH_AS(parse({"--num-layers", "1__0"}), "argument --num-layers: invalid int value: '1__0'", flag_error);
+    CHECK(parse({"--attention-dropout", "1e-1"}).config.attention_dropout == 0.1);
+    CHECK(parse({"--attention-dropout", "-.5"}).config.attention_dropout == -0.5);
+    CHECK_THROWS_WITH_AS(parse({"--attention-dropout", "0.1.2"}), "argument --attention-dropout: invalid float value: '0.1.2'", flag_error);
+    // choices, on every flag that has them, not only the ones the rules read
+    CHECK_THROWS_WITH_AS(parse({"--ckpt-format", "zip"}),
+                         "argument --ckpt-format: invalid choice: 'zip' (choose from 'torch', 'torch_dist', 'torch_dcp', 'fsdp_dtensor')",
+                         flag_error);
+    // two spellings, one dest: the last one wins
+    const auto a = parse({"--rl-persist-cuda-graphs", "--no-rl-persist-cuda-graphs"});
+    CHECK(a.ignored == std::vector<std::string>{"--rl-persist-cuda-graphs", "--no-rl-persist-cuda-graphs"});
+    CHECK(parse({"--cuda-graph-impl", "local", "--cuda-graph-impl=full_iteration"}).config.impl == graph_impl::whole_iteration);
 }

@@ -2,6 +2,7 @@
 //
 //   capscope-check [--json | --emit-cpp] [--ignore-unknown-flags] MEGATRON_FLAGS...
 //   capscope-check --list-rules [--markdown]
+//   capscope-check --version
 //
 // Exit status: 0 valid, 1 invalid, 2 usage error (including flags Megatron does not have).
 
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
     CLI::App app{"capscope-check: validate Megatron-LM CUDA-graph flags with capscope's rule table.\n"
                  "Pass the Megatron flags verbatim after the options below.",
                  "capscope-check"};
-    bool json = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false;
+    bool json = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false, version = false;
+    app.add_flag("--version", version, "print capscope's version and the Megatron-LM commit its flag table comes from");
     app.add_flag("--json", json, "print the verdict as JSON");
     app.add_flag("--emit-cpp", emit_cpp, "print a C++ translation unit that compiles iff the configuration is valid");
     app.add_flag("--list-rules", list_rules, "list every rule");
@@ -45,6 +47,11 @@ int main(int argc, char** argv) {
     if (json && emit_cpp) {
         std::cerr << "capscope-check: choose one of --json and --emit-cpp\n";
         return 2;
+    }
+    if (version) {
+        std::cout << "capscope-check " << CAPSCOPE_VERSION << "\nMegatron-LM flags: commit " << capscope::flags::megatron_commit << " ("
+                  << capscope::flags::megatron_option_strings << " option strings)\n";
+        return 0;
     }
     if (list_rules) {
         std::cout << (markdown ? capscope::check::rules_markdown() : capscope::check::rules_text());

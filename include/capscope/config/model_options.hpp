@@ -87,6 +87,26 @@ struct recompute {
     }
 };
 
+//! `--recompute-granularity G --recompute-modules Names…` by Megatron spelling, e.g.
+//! `recompute_named<recompute_granularity::selective, "core_attn", "mlp">`; a name Megatron does
+//! not know is reported by rule R0.
+template <recompute_granularity G, detail::fixed_string... Names>
+struct recompute_named {
+    using option_kind = option_kind::recompute;
+    static constexpr void apply(runtime_config& c) {
+        c.recompute = G;
+        if constexpr (sizeof...(Names) > 0) {
+            recompute_module_set s;
+            auto add = [&](std::string_view name) {
+                if (auto m = parse_megatron_name<recompute_module>(name)) s.insert(*m);
+                else if (c.unknown_recompute_module.empty()) c.unknown_recompute_module = detail::short_text(name);
+            };
+            (add(Names.view()), ...);
+            c.recompute_modules = s;
+        }
+    }
+};
+
 //! `--recompute-method M [--recompute-num-layers N]` (read by no graph rule; kept so the C++
 //! config equals the run-time one). N = -1 leaves the layer count unset.
 template <recompute_method M, int N = -1>

@@ -60,7 +60,7 @@ struct fsdp_max_pool_double_buffer : detail::fsdp_flag_base {
     static constexpr void apply(fsdp_settings& s) { s.max_pool_double_buffer = true; }
 };
 
-//! `--use-megatron-fsdp` (v1; v2 adds `--use-fully-shard-api`) with its buffer flags.
+//! `--use-megatron-fsdp` (v1; v2 adds `--megatron-fsdp-version 2`) with its buffer flags.
 template <fsdp_mode Mode, class... Flags>
 struct megatron_fsdp {
     static_assert((detail::fsdp_flag<Flags> && ...),

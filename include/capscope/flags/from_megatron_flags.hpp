@@ -1,19 +1,27 @@
 #pragma once
 //! @file
 //! Megatron-LM command line -> `runtime_config`, following argparse's rules for Megatron's
-//! parser: exact flag names (allow_abbrev=False), `--flag value` and `--flag=value`, lists that
-//! run to the next option, negative numbers as values, last occurrence wins. The command line
+//! parser, whose every option string is in the generated `megatron_flag_table`: exact flag
+//! names (allow_abbrev=False), `--flag value` and `--flag=value`, each flag's nargs (none, one,
+//! `?`, `+`, `*`, N), values converted by the flag's type (int, float; Megatron's own
+//! converters for the values the rules read) and checked against its choices, negative numbers
+//! as values, and, when two spellings write one dest, the last one wins. The command line
 //! is read as Megatron reads it; *validation* is then `validate()`'s job, so a command line that
 //! Megatron's parser accepts but its config rejects gives violations (exit 1), and one that its
 //! parser rejects gives a `flag_error` (exit 2).
 
 #include <capscope/flags/megatron_flag_table.hpp>
 #include <capscope/flags/moe_layer_freq.hpp>
+#include <capscope/flags/removed_flags.hpp>
 #include <capscope/vocabulary/runtime_config.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -39,25 +47,12 @@ struct megatron_command_line {
 
 namespace detail {
 
-inline const std::map<std::string, arity, std::less<>>& known_flags() {
-    static const auto table = [] {
-        std::map<std::string, arity, std::less<>> m;
-        auto add = [&](std::string_view list, arity a) {
-            std::size_t i = 0;
-            while (i < list.size()) {
-                while (i < list.size() && std::isspace(static_cast<unsigned char>(list[i]))) ++i;
-                std::size_t j = i;
-                while (j < list.size() && !std::isspace(static_cast<unsigned char>(list[j]))) ++j;
-                if (j > i) m.emplace(std::string(list.substr(i, j - i)), a);
-                i = j;
-            }
-        };
-        add(megatron_switches, arity::none);
-        add(megatron_single_value, arity::one);
-        add(megatron_lists, arity::list);
-        return m;
-    }();
-    return table;
+//! The flag's entry in the generated table (binary search), or nullptr.
+inline const flag_spec* find_flag(std::string_view name) {
+    const auto* first = std::begin(megatron_flag_table);
+    const auto* last = std::end(megatron_flag_table);
+    const auto* it = std::lower_bound(first, last, name, [](const flag_spec& f, std::string_view n) { return f.flag < n; });
+    return it != last && it->flag == name ? it : nullptr;
 }
 
 //! argparse's test: "-5" and "-.5" are values, not options (Megatron has no flag like them).
@@ -73,6 +68,56 @@ inline bool is_negative_number(std::string_view t) {
 }
 inline bool looks_like_option(std::string_view t) { return t.size() > 1 && t[0] == '-' && !is_negative_number(t); }
 
+//! Python's int(text): surrounding whitespace, a sign, digits with single underscores between them.
+inline std::optional<long long> python_int(std::string_view v) {
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+    bool negative = false;
+    if (!v.empty() && (v[0] == '+' || v[0] == '-')) {
+        negative = v[0] == '-';
+        v.remove_prefix(1);
+    }
+    std::string digits;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (v[i] == '_' && i > 0 && i + 1 < v.size() && std::isdigit(static_cast<unsigned char>(v[i - 1])) &&
+            std::isdigit(static_cast<unsigned char>(v[i + 1])))
+            continue;
+        if (!std::isdigit(static_cast<unsigned char>(v[i]))) return std::nullopt;
+        digits += v[i];
+    }
+    if (digits.empty()) return std::nullopt;
+    long long out = 0;
+    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+    if (ec != std::errc{} || p != digits.data() + digits.size()) return std::nullopt;
+    return negative ? -out : out;
+}
+
+//! Python's float(text): whitespace, a sign, decimal or exponent forms, inf/infinity/nan.
+inline std::optional<double> python_float(std::string_view v) {
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+    std::string t;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (v[i] == '_' && i > 0 && i + 1 < v.size() && std::isdigit(static_cast<unsigned char>(v[i - 1])) &&
+            std::isdigit(static_cast<unsigned char>(v[i + 1])))
+            continue;
+        t += static_cast<char>(std::tolower(static_cast<unsigned char>(v[i])));
+    }
+    std::string_view body = t;
+    bool negative = false;
+    if (!body.empty() && (body[0] == '+' || body[0] == '-')) {
+        negative = body[0] == '-';
+        body.remove_prefix(1);
+    }
+    if (body == "inf" || body == "infinity") return negative ? -HUGE_VAL : HUGE_VAL;
+    if (body == "nan") return std::nan("");
+    if (body.empty() || !(std::isdigit(static_cast<unsigned char>(body[0])) || body[0] == '.')) return std::nullopt;
+    double out = 0;
+    auto [p, ec] = std::from_chars(body.data(), body.data() + body.size(), out);
+    if (ec != std::errc{} || p != body.data() + body.size()) return std::nullopt;
+    return negative ? -out : out;
+}
+
 struct value_reader {
     std::string_view flag;
 
@@ -81,12 +126,9 @@ struct value_reader {
                          std::string(value) + "'");
     }
     long long integer(std::string_view v) const {
-        std::string_view s = v;
-        if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-        long long out = 0;
-        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-        if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) fail("int", v);
-        return out;
+        auto x = python_int(v);
+        if (!x) fail("int", v);
+        return *x;
     }
     int small_integer(std::string_view v) const {
         long long x = integer(v);
@@ -94,12 +136,9 @@ struct value_reader {
         return static_cast<int>(x);
     }
     double real(std::string_view v) const {
-        std::string_view s = v;
-        if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-        double out = 0;
-        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-        if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) fail("float", v);
-        return out;
+        auto x = python_float(v);
+        if (!x) fail("float", v);
+        return *x;
     }
     template <class Enum>
     Enum choice(std::string_view v) const {
@@ -110,6 +149,39 @@ struct value_reader {
                          options + ")");
     }
 };
+
+//! argparse's conversion and choices check of one value; throws `flag_error` in argparse's words.
+inline void check_value(const flag_spec& spec, std::string_view value) {
+    auto invalid = [&](std::string_view what) {
+        throw flag_error("argument " + std::string(spec.flag) + ": invalid " + std::string(what) + " value: '" + std::string(value) + "'");
+    };
+    std::string shown = "'" + std::string(value) + "'"; // repr() of the converted value
+    if (spec.type == value_type::integer) {
+        auto x = python_int(value);
+        if (!x) invalid("int");
+        shown = std::to_string(*x);
+    } else if (spec.type == value_type::real) {
+        if (!python_float(value)) invalid("float");
+    }
+    if (spec.choices.empty()) return;
+    std::string_view rest = spec.choices;
+    std::string options;
+    bool found = false;
+    while (true) {
+        const std::size_t bar = rest.find('|');
+        const std::string_view choice = rest.substr(0, bar);
+        if (spec.type == value_type::integer) {
+            found = found || python_int(choice) == python_int(value);
+            options += (options.empty() ? "" : ", ") + std::string(choice);
+        } else {
+            found = found || choice == value;
+            options += (options.empty() ? "'" : ", '") + std::string(choice) + "'";
+        }
+        if (bar == std::string_view::npos) break;
+        rest.remove_prefix(bar + 1);
+    }
+    if (!found) throw flag_error("argument " + std::string(spec.flag) + ": invalid choice: " + shown + " (choose from " + options + ")");
+}
 
 inline module_request read_modules(const std::vector<std::string>& values) {
     module_request r;
@@ -123,7 +195,7 @@ inline module_request read_modules(const std::vector<std::string>& values) {
 struct pending {
     bool recompute_activations = false;
     bool megatron_fsdp = false;
-    bool fully_shard_api = false;
+    int megatron_fsdp_version = 1;
 };
 
 using handler = void (*)(runtime_config&, pending&, const value_reader&, const std::vector<std::string>&);
@@ -157,9 +229,14 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
         {"--hidden-dropout", [](runtime_config& c, pending&, R r, V v) { c.hidden_dropout = r.real(v[0]); }},
         {"--recompute-granularity", [](runtime_config& c, pending&, R r, V v) { c.recompute = r.choice<recompute_granularity>(v[0]); }},
         {"--recompute-activations", [](runtime_config&, pending& p, R, V) { p.recompute_activations = true; }},
-        {"--recompute-modules", [](runtime_config& c, pending&, R r, V v) {
+        {"--recompute-modules", [](runtime_config& c, pending&, R, V v) {
+             // Megatron's parser takes any names; its TransformerConfig rejects unknown ones (rule R0).
              recompute_module_set s;
-             for (const std::string& name : v) s.insert(r.choice<recompute_module>(name));
+             c.unknown_recompute_module = {};
+             for (const std::string& name : v) {
+                 if (auto m = parse_megatron_name<recompute_module>(name)) s.insert(*m);
+                 else if (c.unknown_recompute_module.empty()) c.unknown_recompute_module = capscope::detail::short_text(name);
+             }
              c.recompute_modules = s;
          }},
         {"--recompute-method", [](runtime_config& c, pending&, R r, V v) { c.recompute_method_ = r.choice<recompute_method>(v[0]); }},
@@ -170,10 +247,10 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
         {"--inference-dynamic-batching-num-cuda-graphs", [](runtime_config& c, pending&, R r, V v) { c.inference_dynamic_batching_num_cuda_graphs = r.small_integer(v[0]); }},
         {"--transformer-impl", [](runtime_config& c, pending&, R r, V v) { c.transformer = r.choice<transformer_impl>(v[0]); }},
         {"--use-megatron-fsdp", [](runtime_config&, pending& p, R, V) { p.megatron_fsdp = true; }},
-        {"--use-fully-shard-api", [](runtime_config&, pending& p, R, V) { p.fully_shard_api = true; }},
+        {"--megatron-fsdp-version", [](runtime_config&, pending& p, R r, V v) { p.megatron_fsdp_version = r.small_integer(v[0]); }},
         {"--fsdp-double-buffer", [](runtime_config& c, pending&, R, V) { c.fsdp.double_buffer = true; }},
         {"--fsdp-db-use-persist-buf-on-alloc-fail", [](runtime_config& c, pending&, R, V) { c.fsdp.persistent_buffer_on_alloc_fail = true; }},
-        {"--nccl-ub", [](runtime_config& c, pending&, R, V) { c.fsdp.nccl_user_buffers = true; }},
+        {"--use-nccl-ub", [](runtime_config& c, pending&, R, V) { c.fsdp.nccl_user_buffers = true; }},
         {"--megatron-fsdp-max-pool-double-buffer", [](runtime_config& c, pending&, R, V) { c.fsdp.max_pool_double_buffer = true; }},
         {"--fine-grained-activation-offloading", [](runtime_config& c, pending&, R, V) { c.offload.enabled = true; }},
         {"--offload-modules", [](runtime_config& c, pending&, R, V v) {
@@ -218,12 +295,18 @@ inline const removed_flag* find_removed(std::string_view name) {
 inline megatron_command_line from_megatron_flags(std::span<const std::string> args, parse_options options = {}) {
     megatron_command_line out;
     detail::pending pending;
-    const auto& known = detail::known_flags();
     const auto& handlers = detail::rule_flags();
     auto remember = [](std::vector<std::string>& list, const std::string& name) {
         for (const auto& s : list) if (s == name) return;
         list.push_back(name);
     };
+    // The last occurrence of each dest, in the order dests first appeared: argparse's "last wins",
+    // also across two spellings of one dest (--flag / --no-flag).
+    struct occurrence {
+        const flag_spec* spec;
+        std::vector<std::string> values;
+    };
+    std::vector<std::pair<std::string_view, occurrence>> last;
 
     for (std::size_t i = 0; i < args.size();) {
         const std::string& token = args[i++];
@@ -236,42 +319,62 @@ inline megatron_command_line from_megatron_flags(std::span<const std::string> ar
             inline_value = token.substr(eq + 1);
         }
         if (const auto* removed = detail::find_removed(name))
-            throw flag_error("unrecognized arguments: " + name + " (removed from Megatron-LM; use " +
+            throw flag_error("unrecognized arguments: " + name + " (" + std::string(removed->why) + "; use " +
                              std::string(removed->replacement) + ")");
-        auto it = known.find(name);
-        if (it == known.end()) {
+        const flag_spec* spec = detail::find_flag(name);
+        if (!spec) {
             if (!options.ignore_unknown)
-                throw flag_error("unrecognized arguments: " + name +
-                                 " (not a Megatron-LM flag; flags must be spelled in full)");
+                throw flag_error("unrecognized arguments: " + name + " (not a flag of Megatron-LM " + std::string(megatron_commit) +
+                                 "; flags must be spelled in full)");
             remember(out.unknown, name);
             while (!inline_value && i < args.size() && !detail::looks_like_option(args[i])) ++i;
             continue;
         }
+        if (spec->action == flag_action::help)
+            throw flag_error(name + ": Megatron-LM would print its help and exit; capscope-check --help describes capscope-check");
         std::vector<std::string> values;
-        switch (it->second) {
-        case arity::none:
+        auto take_following = [&](std::size_t at_most) {
+            while (values.size() < at_most && i < args.size() && !detail::looks_like_option(args[i])) values.push_back(args[i++]);
+        };
+        switch (spec->arity) {
+        case flag_arity::none:
             if (inline_value) throw flag_error("argument " + name + ": ignored explicit argument '" + *inline_value + "'");
             break;
-        case arity::one:
+        case flag_arity::one:
             if (inline_value) values.push_back(*inline_value);
-            else if (i < args.size() && !detail::looks_like_option(args[i])) values.push_back(args[i++]);
-            else throw flag_error("argument " + name + ": expected one argument");
+            else take_following(1);
+            if (values.empty()) throw flag_error("argument " + name + ": expected one argument");
             break;
-        case arity::list:
+        case flag_arity::optional:
             if (inline_value) values.push_back(*inline_value);
-            else while (i < args.size() && !detail::looks_like_option(args[i])) values.push_back(args[i++]);
+            else take_following(1);
+            break;
+        case flag_arity::one_or_more:
+        case flag_arity::any:
+            if (inline_value) values.push_back(*inline_value);
+            else take_following(args.size());
+            if (spec->arity == flag_arity::one_or_more && values.empty())
+                throw flag_error("argument " + name + ": expected at least one argument");
+            break;
+        case flag_arity::exactly:
+            if (inline_value) values.push_back(*inline_value);
+            else take_following(std::size_t(spec->count));
+            if (values.size() != std::size_t(spec->count))
+                throw flag_error("argument " + name + ": expected " + std::to_string(spec->count) + " arguments");
             break;
         }
-        if (auto h = handlers.find(name); h != handlers.end()) {
-            h->second(out.config, pending, detail::value_reader{name}, values);
-            remember(out.read, name);
-        } else {
-            remember(out.ignored, name);
-        }
+        for (const std::string& v : values) detail::check_value(*spec, v);
+        auto at = std::find_if(last.begin(), last.end(), [&](const auto& e) { return e.first == spec->dest; });
+        if (at == last.end()) last.push_back({spec->dest, {spec, std::move(values)}});
+        else at->second = {spec, std::move(values)};
+        remember(handlers.count(name) ? out.read : out.ignored, name);
     }
+    for (const auto& [dest, o] : last)
+        if (auto h = handlers.find(o.spec->flag); h != handlers.end())
+            h->second(out.config, pending, detail::value_reader{o.spec->flag}, o.values);
     // Megatron's validate_args: --recompute-activations means selective recompute.
     if (pending.recompute_activations) out.config.recompute = recompute_granularity::selective;
-    if (pending.megatron_fsdp) out.config.fsdp.mode = pending.fully_shard_api ? fsdp_mode::v2 : fsdp_mode::v1;
+    if (pending.megatron_fsdp) out.config.fsdp.mode = pending.megatron_fsdp_version == 2 ? fsdp_mode::v2 : fsdp_mode::v1;
     return out;
 }
 

@@ -1,11 +1,19 @@
 #pragma once
 //! @file
-//! Recompute rules (spec §2.2, R1–R5): a recompute region lies wholly inside or wholly outside
+//! Recompute rules (spec §2.2, R1–R5; R0 from TransformerConfig's own check of the names): a recompute region lies wholly inside or wholly outside
 //! a graph, and graphed recompute cannot draw fresh random numbers.
 
 #include <capscope/rules/rule.hpp>
 
 namespace capscope::rules {
+
+CAPSCOPE_RULE(R0, error, recompute,
+    "Selective recompute names Megatron's recompute modules",
+    "Invalid choices for recompute_modules (TransformerConfig allows core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)",
+    "pass --recompute-modules with valid names (recompute<granularity, recompute_module::...>)",
+    nullptr,
+    [](const runtime_config& c) { return c.selective_recompute() && !c.unknown_recompute_module.empty(); },
+    [](const runtime_config& c) { return c.unknown_recompute_module.view(); });
 
 CAPSCOPE_RULE(R1, error, recompute,
     "Full recompute only with cuda_graph_impl=full_iteration",

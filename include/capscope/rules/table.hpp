@@ -32,7 +32,7 @@ using all_rules = rule_list<
     // capture scope (§2.2)
     r::S0, r::S1, r::S2, r::S3, r::S4, r::S5, r::S6, r::S7,
     // recompute (§2.2)
-    r::R1, r::R2, r::R3, r::R4, r::R5,
+    r::R0, r::R1, r::R2, r::R3, r::R4, r::R5,
     // offloading (§4.2-§4.4)
     r::O1, r::O2, r::O3, r::O5, r::O6, r::O7, r::OC1, r::OC2, r::OC3, r::OC4, r::OC5, r::OC6, r::OB1, r::OB2,
     // training loop (§2.3, §2.4) and FSDP (§5)

@@ -52,8 +52,8 @@ CAPSCOPE_RULE(A6, error, training,
     [](const runtime_config& c) { return c.inference_batch_times_seqlen_threshold > -1 && c.impl != graph_impl::eager; });
 
 CAPSCOPE_RULE(F4, migration, fsdp,
-    "With Megatron-FSDP, --nccl-ub or --megatron-fsdp-max-pool-double-buffer turn the double buffer on",
-    "Megatron-FSDP double buffer enabled by --nccl-ub / --megatron-fsdp-max-pool-double-buffer",
+    "With Megatron-FSDP, --use-nccl-ub or --megatron-fsdp-max-pool-double-buffer turn the double buffer on",
+    "Megatron-FSDP double buffer enabled by --use-nccl-ub / --megatron-fsdp-max-pool-double-buffer",
     "write --fsdp-double-buffer explicitly",
     [](runtime_config& c) { c.fsdp.double_buffer = true; },
     detail::fsdp_double_buffer_implied);
@@ -71,7 +71,7 @@ CAPSCOPE_RULE(X10, error, fsdp,
 CAPSCOPE_RULE(X11, error, fsdp,
     "Megatron-FSDP v2 runs without CUDA graphs and without the persistent-buffer fallback",
     "MFSDP v2 does not currently support CUDA graphs, nor fsdp_db_use_persist_buf_on_alloc_fail",
-    "use Megatron-FSDP v1 (drop --use-fully-shard-api), or --cuda-graph-impl none without --fsdp-db-use-persist-buf-on-alloc-fail",
+    "use Megatron-FSDP v1 (--megatron-fsdp-version 1), or --cuda-graph-impl none without --fsdp-db-use-persist-buf-on-alloc-fail",
     nullptr,
     [](const runtime_config& c) {
         return c.fsdp.mode == fsdp_mode::v2 && (c.impl != graph_impl::eager || c.fsdp.persistent_buffer_on_alloc_fail);

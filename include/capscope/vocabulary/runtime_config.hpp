@@ -99,6 +99,7 @@ struct runtime_config {
     // --- recompute -----------------------------------------------------------------
     std::optional<recompute_granularity> recompute;
     std::optional<recompute_module_set> recompute_modules;  //!< unset = {core_attn}
+    detail::short_text unknown_recompute_module;   //!< first --recompute-modules name Megatron does not know (rule R0)
     std::optional<recompute_method> recompute_method_;
     std::optional<int> recompute_num_layers;
 

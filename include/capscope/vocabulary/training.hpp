@@ -19,7 +19,7 @@ struct enum_names<transformer_impl> {
     static constexpr std::string_view cpp[] = {"local", "transformer_engine", "inference_optimized"};
 };
 
-//! Megatron-FSDP (`--use-megatron-fsdp`; v2 is the fully-shard API, `--use-fully-shard-api`).
+//! Megatron-FSDP (`--use-megatron-fsdp`; v2 with `--megatron-fsdp-version 2`).
 enum class fsdp_mode : std::uint8_t { off, v1, v2 };
 
 template <>
@@ -32,7 +32,7 @@ struct fsdp_settings {
     fsdp_mode mode = fsdp_mode::off;
     bool double_buffer = false;                        // --fsdp-double-buffer
     bool persistent_buffer_on_alloc_fail = false;      // --fsdp-db-use-persist-buf-on-alloc-fail
-    bool nccl_user_buffers = false;                    // --nccl-ub (implies double buffer with FSDP)
+    bool nccl_user_buffers = false;                    // --use-nccl-ub (implies double buffer with FSDP)
     bool max_pool_double_buffer = false;               // --megatron-fsdp-max-pool-double-buffer (implies it too)
 
     friend constexpr bool operator==(const fsdp_settings&, const fsdp_settings&) = default;
