@@ -1,5 +1,6 @@
 // Megatron command lines -> runtime_config, with argparse's behaviour.
 #include <capscope/capscope.hpp>
+#include <capscope/flags/argument_file.hpp>
 #include <capscope/flags/from_megatron_flags.hpp>
 
 #include <doctest/doctest.h>
@@ -114,4 +115,17 @@ TEST_CASE("values as argparse reads them: nargs, types, choices, and the last sp
     const auto a = parse({"--rl-persist-cuda-graphs", "--no-rl-persist-cuda-graphs"});
     CHECK(a.ignored == std::vector<std::string>{"--rl-persist-cuda-graphs", "--no-rl-persist-cuda-graphs"});
     CHECK(parse({"--cuda-graph-impl", "local", "--cuda-graph-impl=full_iteration"}).config.impl == graph_impl::whole_iteration);
+}
+
+TEST_CASE("argument files are split like a POSIX shell, and nest") {
+    auto where = [](int line) { return "args.txt:" + std::to_string(line); };
+    using capscope::flags::detail::shell_words;
+    CHECK(shell_words("--a 1 --b   2\n--c\t'x y' \"p \\\"q\\\"\" r\\ s # comment\n--d", where) ==
+          std::vector<std::string>{"--a", "1", "--b", "2", "--c", "x y", "p \"q\"", "r s", "--d"});
+    CHECK(shell_words("--a \\\n  1 ''", where) == std::vector<std::string>{"--a", "1", ""});
+    CHECK(shell_words("x#not-a-comment", where) == std::vector<std::string>{"x#not-a-comment"});
+    CHECK_THROWS_WITH_AS(shell_words("--a\n'b\n\n", where), "args.txt:2: unterminated single quote", flag_error);
+    CHECK_THROWS_WITH_AS(expand_argument_files({"@/nonexistent/capscope/args.txt"}), "cannot read argument file /nonexistent/capscope/args.txt",
+                         flag_error);
+    CHECK(expand_argument_files({"--num-layers", "2"}) == std::vector<std::string>{"--num-layers", "2"});
 }

@@ -1,14 +1,16 @@
 // capscope-check: check a Megatron-LM CUDA-graph configuration before spending GPU hours.
 //
-//   capscope-check [--json | --emit-cpp] [--ignore-unknown-flags] MEGATRON_FLAGS...
+//   capscope-check [--json | --emit-cpp] [--ignore-unknown-flags] [--from-yaml FILE] MEGATRON_FLAGS... [@ARGFILE]...
 //   capscope-check --list-rules [--markdown]
 //   capscope-check --version
 //
 // Exit status: 0 valid, 1 invalid, 2 usage error (including flags Megatron does not have).
 
+#include "from_yaml.hpp"
 #include "report.hpp"
 
 #include <capscope/emit_cpp.hpp>
+#include <capscope/flags/argument_file.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -30,6 +32,9 @@ int main(int argc, char** argv) {
                  "Pass the Megatron flags verbatim after the options below.",
                  "capscope-check"};
     bool json = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false, version = false;
+    std::string yaml_file;
+    app.add_option("--from-yaml", yaml_file, "read the MODEL_ARGS mapping of a Megatron-LM functional-test YAML config "
+                                             "(before any flags given on the command line)");
     app.add_flag("--version", version, "print capscope's version and the Megatron-LM commit its flag table comes from");
     app.add_flag("--json", json, "print the verdict as JSON");
     app.add_flag("--emit-cpp", emit_cpp, "print a C++ translation unit that compiles iff the configuration is valid");
@@ -58,9 +63,12 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    std::vector<std::string> megatron_args = app.remaining();
+    std::vector<std::string> megatron_args;
     capscope::flags::megatron_command_line line;
     try {
+        // The YAML's arguments come first, so flags on the command line win (argparse: last wins).
+        if (!yaml_file.empty()) megatron_args = capscope::check::model_args_from_yaml(yaml_file);
+        for (auto& a : capscope::flags::expand_argument_files(app.remaining())) megatron_args.push_back(std::move(a));
         line = capscope::flags::from_megatron_flags(megatron_args, {.ignore_unknown = ignore_unknown});
     } catch (const capscope::flags::flag_error& e) {
         std::cerr << "capscope-check: error: " << e.what() << "\n";

@@ -1,0 +1,110 @@
+#pragma once
+//! @file
+//! Argument files: `capscope-check @train_args.txt`. Each `@FILE` argument is replaced by the
+//! arguments in FILE, split as a POSIX shell splits words (any number per line; 'single' and
+//! "double" quotes, backslash escapes, `#` comments), and files may name further `@FILE`s. A
+//! relative path is relative to the working directory. Errors name the file and the line.
+
+#include <capscope/flags/from_megatron_flags.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace capscope::flags {
+
+namespace detail {
+
+//! Splits `text` into words like `shlex.split(text, comments=True)`; `where(line)` names a line
+//! in errors.
+template <class Where>
+std::vector<std::string> shell_words(const std::string& text, Where&& where) {
+    std::vector<std::string> words;
+    std::string word;
+    bool in_word = false;
+    int line = 1, quote_line = 0;
+    std::size_t i = 0;
+    auto finish = [&] {
+        if (in_word) words.push_back(word);
+        word.clear();
+        in_word = false;
+    };
+    while (i < text.size()) {
+        const char c = text[i];
+        if (c == '\n') ++line;
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            finish();
+            ++i;
+        } else if (c == '#' && !in_word) {
+            while (i < text.size() && text[i] != '\n') ++i;
+        } else if (c == '\\') {
+            if (i + 1 < text.size() && text[i + 1] == '\n') { // a line continuation
+                ++line;
+                i += 2;
+                continue;
+            }
+            if (i + 1 >= text.size()) throw flag_error(where(line) + ": a backslash ends the file");
+            word += text[i + 1];
+            in_word = true;
+            i += 2;
+        } else if (c == '\'') {
+            quote_line = line;
+            const std::size_t end = text.find('\'', i + 1);
+            if (end == std::string::npos) throw flag_error(where(quote_line) + ": unterminated single quote");
+            for (std::size_t k = i + 1; k < end; ++k) line += text[k] == '\n';
+            word += text.substr(i + 1, end - i - 1);
+            in_word = true;
+            i = end + 1;
+        } else if (c == '"') {
+            quote_line = line;
+            std::size_t k = i + 1;
+            for (;; ++k) {
+                if (k >= text.size()) throw flag_error(where(quote_line) + ": unterminated double quote");
+                if (text[k] == '"') break;
+                if (text[k] == '\n') ++line;
+                if (text[k] == '\\' && k + 1 < text.size() &&
+                    (text[k + 1] == '"' || text[k + 1] == '\\' || text[k + 1] == '$' || text[k + 1] == '`')) {
+                    word += text[++k];
+                    continue;
+                }
+                word += text[k];
+            }
+            in_word = true;
+            i = k + 1;
+        } else {
+            word += c;
+            in_word = true;
+            ++i;
+        }
+    }
+    finish();
+    return words;
+}
+
+inline void expand_into(const std::vector<std::string>& args, std::vector<std::string>& out, int depth) {
+    for (const std::string& a : args) {
+        if (a.size() < 2 || a[0] != '@') {
+            out.push_back(a);
+            continue;
+        }
+        const std::string path = a.substr(1);
+        if (depth >= 16) throw flag_error(path + ": argument files nest more than 16 deep (does one name itself?)");
+        std::ifstream in(path, std::ios::binary);
+        if (!in) throw flag_error("cannot read argument file " + path);
+        std::ostringstream text;
+        text << in.rdbuf();
+        expand_into(shell_words(text.str(), [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1);
+    }
+}
+
+} // namespace detail
+
+//! The arguments with every `@FILE` replaced by the arguments it holds (recursively).
+inline std::vector<std::string> expand_argument_files(const std::vector<std::string>& args) {
+    std::vector<std::string> out;
+    detail::expand_into(args, out, 0);
+    return out;
+}
+
+} // namespace capscope::flags

@@ -1,0 +1,53 @@
+#include "from_yaml.hpp"
+
+#include <capscope/flags/from_megatron_flags.hpp>
+
+#include <yaml-cpp/yaml.h>
+
+namespace capscope::check {
+
+namespace {
+std::string where(const std::string& path, const YAML::Mark& mark) { return path + ":" + std::to_string(mark.line + 1); }
+} // namespace
+
+std::vector<std::string> model_args_from_yaml(const std::string& path) {
+    YAML::Node root;
+    try {
+        root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+        throw flags::flag_error("cannot read " + path);
+    } catch (const YAML::ParserException& e) {
+        throw flags::flag_error(where(path, e.mark) + ": not YAML: " + e.msg);
+    }
+    const YAML::Node args = root.IsMap() ? root["MODEL_ARGS"] : YAML::Node();
+    if (!args) throw flags::flag_error(path + ": no MODEL_ARGS mapping at the top level");
+    if (!args.IsMap()) throw flags::flag_error(where(path, args.Mark()) + ": MODEL_ARGS is not a mapping of flags to values");
+    std::vector<std::string> out;
+    for (const auto& entry : args) {
+        const std::string flag = entry.first.as<std::string>();
+        const YAML::Node& value = entry.second;
+        if (flag.rfind("--", 0) != 0)
+            throw flags::flag_error(where(path, entry.first.Mark()) + ": MODEL_ARGS key '" + flag + "' is not a --flag");
+        if (value.IsNull()) continue;
+        if (value.IsSequence()) {
+            out.push_back(flag);
+            for (const auto& item : value) {
+                if (!item.IsScalar()) throw flags::flag_error(where(path, item.Mark()) + ": " + flag + ": a list holds plain values only");
+                out.push_back(item.Scalar());
+            }
+            continue;
+        }
+        if (!value.IsScalar()) throw flags::flag_error(where(path, value.Mark()) + ": " + flag + ": a value must be a scalar or a list");
+        const std::string& text = value.Scalar();
+        const bool plain = value.Tag() != "!"; // quoted scalars are strings, never booleans
+        if (plain && (text == "true" || text == "True")) out.push_back(flag);
+        else if (plain && (text == "false" || text == "False")) continue;
+        else {
+            out.push_back(flag);
+            out.push_back(text);
+        }
+    }
+    return out;
+}
+
+} // namespace capscope::check
