@@ -4,11 +4,13 @@
 usage: check.py RULE_ID -- COMPILER ARGS...
        check.py SUCCESS -- COMPILER ARGS...   (the positive twins: must compile, no warnings)
 The first line containing "error" must contain "capscope rule RULE_ID:" (for a plan rule P<n>,
-"capscope plan rule P<n>:"), so a typo, a missing
+"capscope plan rule P<n>:") and the fix, and the whole diagnostic must be at most 15 lines, so a typo, a missing
 include or a different rule firing first all fail the test.
 """
 import subprocess
 import sys
+
+MAX_LINES = 15  # the whole diagnostic, include chain and instantiation context included
 
 def main():
     sep = sys.argv.index("--")
@@ -32,7 +34,14 @@ def main():
     if needle not in first_error:
         print(f"FAIL: first error does not name '{needle}'\nfirst error: {first_error}\n--- full output ---\n{out}")
         return 1
-    print(f"ok: rule {rule} rejected; first error: {first_error.strip()}")
+    if "-- fix:" not in first_error:
+        print(f"FAIL: the first error does not say the fix\nfirst error: {first_error}")
+        return 1
+    lines = len(out.splitlines())
+    if lines > MAX_LINES:
+        print(f"FAIL: the diagnostic is {lines} lines, more than {MAX_LINES}\n--- full output ---\n{out}")
+        return 1
+    print(f"ok: rule {rule} rejected in {lines} lines; first error: {first_error.strip()}")
     return 0
 
 if __name__ == "__main__":

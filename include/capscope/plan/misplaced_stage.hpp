@@ -9,8 +9,8 @@
 
 namespace capscope::plan_rules {
 
-#define CAPSCOPE_PLAN_STAGE_KINDS(X) \
-    X(embedding) X(attention) X(mlp) X(moe_router) X(moe_preprocess) X(moe_experts) X(mamba) X(head) X(optimizer) X(other)
+// One class per stage kind and problem, written out (not a macro expansion, so the first error
+// carries no macro-expansion notes).
 
 //! P1: a stage that reads device data back to the host is inside a captured segment.
 template <stage_kind Kind, class Config>
@@ -19,29 +19,86 @@ struct P1;
 template <stage_kind Kind, class Config>
 struct P2;
 
-#define CAPSCOPE_PLAN_P1(KIND)                                                                                          \
-    template <class Config>                                                                                             \
-    struct P1<stage_kind::KIND, Config> {                                                                               \
-        static_assert(::capscope::detail::always_false<Config>,                                                         \
-                      "capscope plan rule P1: stage " #KIND " synchronizes with the host, yet the config captures it "  \
-                      "-- fix: leave its regions out of modules<...> (modules<> captures whole layers, "               \
-                      "impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make "      \
-                      "the MoE drop-and-pad");                                                                          \
-    };
-#define CAPSCOPE_PLAN_P2(KIND)                                                                                          \
-    template <class Config>                                                                                             \
-    struct P2<stage_kind::KIND, Config> {                                                                               \
-        static_assert(::capscope::detail::always_false<Config>,                                                         \
-                      "capscope plan rule P2: stage " #KIND " has launch shapes that depend on data, yet the config "   \
-                      "captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, "    \
-                      "impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make "  \
-                      "the MoE drop-and-pad");                                                                          \
-    };
-CAPSCOPE_PLAN_STAGE_KINDS(CAPSCOPE_PLAN_P1)
-CAPSCOPE_PLAN_STAGE_KINDS(CAPSCOPE_PLAN_P2)
-#undef CAPSCOPE_PLAN_P1
-#undef CAPSCOPE_PLAN_P2
-#undef CAPSCOPE_PLAN_STAGE_KINDS
+template <class Config>
+struct P1<stage_kind::embedding, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage embedding synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::attention, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage attention synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::mlp, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage mlp synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::moe_router, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage moe_router synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::moe_preprocess, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage moe_preprocess synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::moe_experts, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage moe_experts synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::mamba, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage mamba synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::head, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage head synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::optimizer, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage optimizer synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P1<stage_kind::other, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P1: stage other synchronizes with the host, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for an MoE preprocess, capture moe_router only or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::embedding, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage embedding has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::attention, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage attention has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::mlp, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage mlp has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::moe_router, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage moe_router has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::moe_preprocess, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage moe_preprocess has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::moe_experts, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage moe_experts has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::mamba, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage mamba has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::head, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage head has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::optimizer, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage optimizer has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
+template <class Config>
+struct P2<stage_kind::other, Config> {
+    static_assert(detail::always_false<Config>, "capscope plan rule P2: stage other has launch shapes that depend on data, yet the config captures it -- fix: leave its regions out of modules<...> (modules<> captures whole layers, impl::whole_iteration everything); for MoE experts, capture moe_router instead of moe or make the MoE drop-and-pad");
+};
 
 } // namespace capscope::plan_rules
 

@@ -3,12 +3,13 @@
 //! What a rule is, and the one macro that defines it.
 //!
 //! `CAPSCOPE_RULE(ID, kind, stage, statement, message, fix, apply, fires…)` defines
-//! `capscope::rules::ID` holding
-//!  - `info`: id, one-line statement, message, fix, kind, stage, predicate and adjustment, read
-//!    by the run-time enforcer (`validate`), the CLI and the generated docs/rules.md;
-//!  - `rejected_by<Config>`: a class whose instantiation fails a `static_assert` whose text
-//!    is `capscope rule ID: message -- fix: fix`, used by the compile-time enforcer.
-//! Both come from the one macro invocation, so the two enforcers cannot disagree on wording.
+//! `capscope::rules::ID` holding `info`: id, one-line statement, message, fix, kind, stage,
+//! predicate and adjustment, read by the run-time enforcer (`validate`), the CLI and the
+//! generated docs/rules.md. The compile-time enforcer's diagnostics
+//! (`capscope/rules/diagnostics.hpp`, `static_assert` text `capscope rule ID: message -- fix:
+//! fix`) are generated from this same `info`, and a test fails when they drift, so the two
+//! enforcers cannot disagree on wording. (They are generated rather than written inside this
+//! macro so that the compiler's first error carries no macro-expansion notes.)
 
 #include <capscope/vocabulary/runtime_config.hpp>
 
@@ -77,9 +78,4 @@ inline constexpr bool always_false = false;
         static constexpr ::capscope::rule_info info{#ID,       STATEMENT, MESSAGE, FIX,                  \
                                                     ::capscope::rule_kind::KIND,                        \
                                                     ::capscope::rule_stage::STAGE, APPLY, __VA_ARGS__}; \
-        template <class Config>                                                                          \
-        struct rejected_by {                                                                             \
-            static_assert(::capscope::detail::always_false<Config>,                                      \
-                          "capscope rule " #ID ": " MESSAGE " -- fix: " FIX);                           \
-        };                                                                                               \
     }
