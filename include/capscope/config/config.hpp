@@ -26,27 +26,20 @@
 namespace capscope {
 
 namespace detail {
-template <class... Options>
-constexpr runtime_config collect_options() {
-    runtime_config c;
+//! Folds the options that write a `Target` (a `runtime_config`, or the `engine_settings`) into one.
+template <class Target, class... Options>
+constexpr Target fold_options() {
+    Target t;
     auto add = [&]<class O>() {
-        if constexpr (config_option<O>) O::apply(c);
+        if constexpr (requires(Target& x) { O::apply(x); }) O::apply(t);
     };
     (void)add; // an empty list uses it not at all
     (add.template operator()<Options>(), ...);
-    return c;
+    return t;
 }
 
 template <class... Options>
-constexpr engine_settings collect_engine_options() {
-    engine_settings e;
-    auto add = [&]<class O>() {
-        if constexpr (engine_option<O>) O::apply(e);
-    };
-    (void)add; // an empty list uses it not at all
-    (add.template operator()<Options>(), ...);
-    return e;
-}
+constexpr runtime_config collect_options() { return fold_options<runtime_config, Options...>(); }
 
 //! Whether no two options share a kind (two impls, two modules<> lists, …).
 template <class... Options>
@@ -88,7 +81,7 @@ struct config {
     static constexpr int warmup_steps = normalized.warmup_steps;
 
     //! How capscope's runners capture (not a Megatron setting).
-    static constexpr engine_settings engine = detail::collect_engine_options<Options...>();
+    static constexpr engine_settings engine = detail::fold_options<engine_settings, Options...>();
 };
 
 //! Whether `config<Options…>` would compile, without instantiating it (no diagnostic).
