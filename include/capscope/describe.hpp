@@ -95,6 +95,9 @@ inline std::vector<described_field> describe(const runtime_config& c) {
     number("inference_batch_times_seqlen_threshold", c.inference_batch_times_seqlen_threshold);
     number("inference_dynamic_batching_num_cuda_graphs", c.inference_dynamic_batching_num_cuda_graphs);
     text("transformer_impl", std::string(megatron_name(c.transformer)));
+    if (c.fp8) text("fp8", std::string(megatron_name(*c.fp8)));
+    else f.push_back({"fp8", {}});
+    text("fp8_recipe", std::string(megatron_name(c.fp8_scaling)));
     text("megatron_fsdp", std::string(megatron_name(c.fsdp.mode)));
     flag("fsdp_double_buffer", c.fsdp.double_buffer);
     flag("fsdp_db_use_persist_buf_on_alloc_fail", c.fsdp.persistent_buffer_on_alloc_fail);

@@ -116,6 +116,8 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
     if (c.inference_dynamic_batching_num_cuda_graphs != d.inference_dynamic_batching_num_cuda_graphs)
         o.push_back("dynamic_batching_graphs<" + std::to_string(c.inference_dynamic_batching_num_cuda_graphs) + ">");
     if (c.transformer != d.transformer) o.push_back("transformer<" + cpp_enum("transformer_impl", c.transformer) + ">");
+    if (c.fp8) o.push_back("fp8<" + cpp_enum("fp8_format", *c.fp8) + ">");
+    if (c.fp8_scaling != d.fp8_scaling) o.push_back("fp8_scaling<" + cpp_enum("fp8_recipe", c.fp8_scaling) + ">");
     if (c.fsdp != d.fsdp) {
         std::string f = "megatron_fsdp<" + cpp_enum("fsdp_mode", c.fsdp.mode);
         if (c.fsdp.double_buffer) f += ", fsdp_double_buffer";

@@ -132,6 +132,10 @@ CHECK_COMPILES(config<lo, model<experts<8>, hidden_dropout<0.0>, input_jitter<0.
 // ---- offloading -------------------------------------------------------------------------
 using off_core = offload<offload_modules<offload_module::core_attn>>;
 CHECK_COMPILES(config<off_core>);
+CHECK_COMPILES(config<off_core, transformer<transformer_impl::transformer_engine>>);
+#ifdef CASE_O10
+CHECK_COMPILES(config<off_core, transformer<transformer_impl::local>>);
+#endif
 #ifdef CASE_O1
 CHECK_COMPILES(config<off_core, layer_cpu_offloading<1>>);
 #endif
@@ -193,6 +197,11 @@ CHECK_COMPILES(config<tr, modules<capture::attention>, offload<offload_modules<o
 CHECK_COMPILES(config<tr, modules<capture::attention>, model<expert_parallel_comm_overlap>>);
 #ifdef CASE_E1
 CHECK_COMPILES(config<tr, modules<capture::mlp>, model<expert_parallel_comm_overlap>>);
+#endif
+CHECK_COMPILES(config<lo, inference::per_block, fp8<fp8_format::hybrid>, fp8_scaling<fp8_recipe::mxfp8>,
+                      transformer<transformer_impl::inference_optimized>>);
+#ifdef CASE_A2
+CHECK_COMPILES(config<lo, inference::per_block, fp8<fp8_format::hybrid>>);
 #endif
 #ifdef CASE_A1
 CHECK_COMPILES(config<impl::whole_iteration>);

@@ -93,6 +93,8 @@ std::vector<rule_case> all_rule_cases() {
                       c.recompute_modules = recompute_module_set{recompute_module::moe}; });
 
     // offloading
+    add("O10", [](auto& c) { offload(c, {O::core_attn}); },
+        [](auto& c) { offload(c, {O::core_attn}); c.transformer = transformer_impl::local; });
     add("O1", [](auto& c) { offload(c, {O::core_attn}); }, [](auto& c) { offload(c, {O::core_attn}); c.cpu_offloading_num_layers = 1; });
     add("O2", [](auto& c) { offload(c, {O::core_attn}); }, [](auto& c) { offload(c, {}); });
     add("O3", [](auto& c) { offload(c, {O::core_attn, O::attn_proj}); }, [](auto& c) { offload(c, {O::attn_proj}); });
@@ -124,6 +126,9 @@ std::vector<rule_case> all_rule_cases() {
     add("E1", [](auto& c) { c.impl = te; c.modules = mods({M::attention}); c.overlap_moe_expert_parallel_comm = true; },
         [](auto& c) { c.impl = te; c.modules = mods({M::mlp}); c.overlap_moe_expert_parallel_comm = true; });
     add("A1", [](auto& c) { full_iteration_ok(c); }, [](auto& c) { c.impl = whole; });
+    add("A2", [](auto& c) { c.impl = local; c.inference = inference_scope::per_block; c.fp8 = fp8_format::hybrid;
+                            c.fp8_scaling = fp8_recipe::mxfp8; c.transformer = transformer_impl::inference_optimized; },
+        [](auto& c) { c.impl = local; c.inference = inference_scope::per_block; c.fp8 = fp8_format::e4m3; });
     add("A3", [](auto& c) { c.impl = local; c.inference_dynamic_batching_num_cuda_graphs = -1; },
         [](auto& c) { c.impl = local; c.inference_dynamic_batching_num_cuda_graphs = -2; });
     add("A6", [](auto& c) { c.inference_batch_times_seqlen_threshold = 64; },

@@ -41,6 +41,20 @@ struct transformer {
     static constexpr void apply(runtime_config& c) { c.transformer = T; }
 };
 
+//! `--fp8-format F`: fp8 training.
+template <fp8_format F>
+struct fp8 {
+    using option_kind = option_kind::fp8;
+    static constexpr void apply(runtime_config& c) { c.fp8 = F; }
+};
+
+//! `--fp8-recipe R`.
+template <fp8_recipe R>
+struct fp8_scaling {
+    using option_kind = option_kind::fp8_recipe;
+    static constexpr void apply(runtime_config& c) { c.fp8_scaling = R; }
+};
+
 // --- Megatron-FSDP -----------------------------------------------------------------------
 namespace detail {
 template <class T>

@@ -194,6 +194,7 @@ inline module_request read_modules(const std::vector<std::string>& values) {
 
 struct pending {
     bool recompute_activations = false;
+    bool moe_layer_recompute = false;
     bool megatron_fsdp = false;
     int megatron_fsdp_version = 1;
 };
@@ -229,6 +230,7 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
         {"--hidden-dropout", [](runtime_config& c, pending&, R r, V v) { c.hidden_dropout = r.real(v[0]); }},
         {"--recompute-granularity", [](runtime_config& c, pending&, R r, V v) { c.recompute = r.choice<recompute_granularity>(v[0]); }},
         {"--recompute-activations", [](runtime_config&, pending& p, R, V) { p.recompute_activations = true; }},
+        {"--moe-layer-recompute", [](runtime_config&, pending& p, R, V) { p.moe_layer_recompute = true; }},
         {"--recompute-modules", [](runtime_config& c, pending&, R, V v) {
              // Megatron's parser takes any names; its TransformerConfig rejects unknown ones (rule R0).
              recompute_module_set s;
@@ -246,6 +248,8 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
         {"--inference-batch-times-seqlen-threshold", [](runtime_config& c, pending&, R r, V v) { c.inference_batch_times_seqlen_threshold = r.small_integer(v[0]); }},
         {"--inference-dynamic-batching-num-cuda-graphs", [](runtime_config& c, pending&, R r, V v) { c.inference_dynamic_batching_num_cuda_graphs = r.small_integer(v[0]); }},
         {"--transformer-impl", [](runtime_config& c, pending&, R r, V v) { c.transformer = r.choice<transformer_impl>(v[0]); }},
+        {"--fp8-format", [](runtime_config& c, pending&, R r, V v) { c.fp8 = r.choice<fp8_format>(v[0]); }},
+        {"--fp8-recipe", [](runtime_config& c, pending&, R r, V v) { c.fp8_scaling = r.choice<fp8_recipe>(v[0]); }},
         {"--use-megatron-fsdp", [](runtime_config&, pending& p, R, V) { p.megatron_fsdp = true; }},
         {"--megatron-fsdp-version", [](runtime_config&, pending& p, R r, V v) { p.megatron_fsdp_version = r.small_integer(v[0]); }},
         {"--fsdp-double-buffer", [](runtime_config& c, pending&, R, V) { c.fsdp.double_buffer = true; }},
@@ -374,6 +378,18 @@ inline megatron_command_line from_megatron_flags(std::span<const std::string> ar
             h->second(out.config, pending, detail::value_reader{o.spec->flag}, o.values);
     // Megatron's validate_args: --recompute-activations means selective recompute.
     if (pending.recompute_activations) out.config.recompute = recompute_granularity::selective;
+    // TransformerConfig: the deprecated --moe-layer-recompute is selective recompute of the
+    // listed modules (default core_attn) plus moe.
+    if (pending.moe_layer_recompute) {
+        if (out.config.recompute == recompute_granularity::full)
+            throw flag_error("--moe-layer-recompute cannot be combined with --recompute-granularity full "
+                             "(Megatron: Do not set --moe-layer-recompute with full recompute granularity); "
+                             "use --recompute-granularity selective --recompute-modules moe");
+        out.config.recompute = recompute_granularity::selective;
+        recompute_module_set modules = out.config.effective_recompute_modules();
+        modules.insert(recompute_module::moe);
+        out.config.recompute_modules = modules;
+    }
     if (pending.megatron_fsdp) out.config.fsdp.mode = pending.megatron_fsdp_version == 2 ? fsdp_mode::v2 : fsdp_mode::v1;
     return out;
 }

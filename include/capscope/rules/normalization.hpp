@@ -201,7 +201,9 @@ CAPSCOPE_RULE(N11, error, normalization,
     nullptr,
     [](const runtime_config& c) { return c.inference.has_value() && !detail::inference_allowed(c.impl, *c.inference); });
 
-CAPSCOPE_RULE(N12, error, normalization,
+// N12 only checks two values that are already final, so it is a capture-scope error: the
+// rules after it still run (Megatron's validate_args checks A1, A3, A6 and O10 before it).
+CAPSCOPE_RULE(N12, error, capture_scope,
     "cuda_graph_modules is empty when cuda_graph_impl=full_iteration",
     "cuda_graph_modules must be empty when cuda_graph_impl=\"full_iteration\"",
     "drop --cuda-graph-modules (modules<...>): the whole iteration is one graph",

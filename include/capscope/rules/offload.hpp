@@ -1,6 +1,6 @@
 #pragma once
 //! @file
-//! Fine-grained activation offloading: general rules (spec §4.2, O1–O7), offloading x CUDA
+//! Fine-grained activation offloading: general rules (spec §4.2, O1–O7, O10), offloading x CUDA
 //! graphs (§4.3, OC1–OC6) and the norms that sit on a graph boundary (§4.4, OB1–OB2).
 
 #include <capscope/rules/rule.hpp>
@@ -22,6 +22,13 @@ constexpr bool mlp_norm_on_boundary(const runtime_config& c) {
     return on_moe || on_dense;
 }
 } // namespace detail
+
+CAPSCOPE_RULE(O10, error, offload,
+    "Fine-grained activation offloading runs on the transformer_engine implementation",
+    "fine-grained activation offloading is only supported with --transformer-impl transformer_engine",
+    "use --transformer-impl transformer_engine (transformer<transformer_impl::transformer_engine>), or drop --fine-grained-activation-offloading",
+    nullptr,
+    [](const runtime_config& c) { return detail::offloading(c) && c.transformer != transformer_impl::transformer_engine; });
 
 CAPSCOPE_RULE(O1, error, offload,
     "Fine-grained activation offloading is not combined with layer-level CPU offloading",

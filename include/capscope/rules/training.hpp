@@ -1,6 +1,6 @@
 #pragma once
 //! @file
-//! Training-loop rules that involve CUDA graphs (spec §2.3 E1, §2.4 A1/A3/A6) and
+//! Training-loop rules that involve CUDA graphs (spec §2.3 E1, §2.4 A1/A2/A3/A6) and
 //! Megatron-FSDP (spec §5.2: F1, F2, F4 and the v1/v2 cases X10, X11).
 
 #include <capscope/rules/rule.hpp>
@@ -33,6 +33,16 @@ CAPSCOPE_RULE(A1, error, training,
     "add --no-check-for-nan-in-loss-and-grad (no_nan_check)",
     nullptr,
     [](const runtime_config& c) { return c.impl == graph_impl::whole_iteration && c.check_for_nan_in_loss_and_grad; });
+
+CAPSCOPE_RULE(A2, error, training,
+    "A block inference graph with fp8 runs inference_optimized layers with the mxfp8 recipe",
+    "fp8 with inference_cuda_graph_scope=block is only supported with --transformer-impl inference_optimized and --fp8-recipe mxfp8",
+    "use --transformer-impl inference_optimized --fp8-recipe mxfp8 (transformer<transformer_impl::inference_optimized>, fp8_scaling<fp8_recipe::mxfp8>), or inference scope layer, or no fp8",
+    nullptr,
+    [](const runtime_config& c) {
+        return c.inference == inference_scope::per_block && c.fp8.has_value() &&
+               (c.transformer != transformer_impl::inference_optimized || c.fp8_scaling != fp8_recipe::mxfp8);
+    });
 
 CAPSCOPE_RULE(A3, error, training,
     "Local graphs for dynamic batching need a positive graph count (or -1)",

@@ -109,6 +109,8 @@ struct runtime_config {
     int inference_batch_times_seqlen_threshold = -1;
     int inference_dynamic_batching_num_cuda_graphs = 16;
     transformer_impl transformer = transformer_impl::transformer_engine;
+    std::optional<fp8_format> fp8;                 //!< --fp8-format (fp8 training when set)
+    fp8_recipe fp8_scaling = fp8_recipe::delayed;  //!< --fp8-recipe
     fsdp_settings fsdp;
 
     offload_settings offload;

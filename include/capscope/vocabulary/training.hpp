@@ -1,6 +1,6 @@
 #pragma once
 //! @file
-//! Training-loop facts some capture rules read: the transformer implementation and
+//! Training-loop facts some capture rules read: the transformer implementation, fp8 and
 //! Megatron-FSDP.
 
 #include <capscope/detail/enum_names.hpp>
@@ -17,6 +17,24 @@ template <>
 struct enum_names<transformer_impl> {
     static constexpr std::string_view megatron[] = {"local", "transformer_engine", "inference_optimized"};
     static constexpr std::string_view cpp[] = {"local", "transformer_engine", "inference_optimized"};
+};
+
+//! `--fp8-format`: fp8 training is on when set.
+enum class fp8_format : std::uint8_t { e4m3, hybrid };
+
+template <>
+struct enum_names<fp8_format> {
+    static constexpr std::string_view megatron[] = {"e4m3", "hybrid"};
+    static constexpr std::string_view cpp[] = {"e4m3", "hybrid"};
+};
+
+//! `--fp8-recipe` (Megatron's default is `delayed`).
+enum class fp8_recipe : std::uint8_t { tensorwise, delayed, mxfp8, blockwise, custom };
+
+template <>
+struct enum_names<fp8_recipe> {
+    static constexpr std::string_view megatron[] = {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"};
+    static constexpr std::string_view cpp[] = {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"};
 };
 
 //! Megatron-FSDP (`--use-megatron-fsdp`; v2 with `--megatron-fsdp-version 2`).
