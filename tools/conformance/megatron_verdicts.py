@@ -5,8 +5,8 @@ Each case runs as Megatron's unit tests set one up: sys.argv is the command line
 parse_args() -> validate_args(args) -> core_transformer_config_from_args(args). Megatron is
 imported once; every case then runs in its own forked child, so no case sees another's
 global state (Megatron keeps args and warnings in module globals) and a case that calls
-exit() or crashes ends only its child. Needs torch and a Megatron-LM checkout on
-PYTHONPATH; needs no GPU.
+exit() or crashes ends only its child. Needs torch and a Megatron-LM checkout; the GPU is
+only asked for its compute capability, which Megatron's checks read.
 
 usage: megatron_verdicts.py --megatron DIR --cases cases.jsonl --out verdicts.jsonl [--jobs N]
 """
