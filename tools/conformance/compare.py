@@ -120,10 +120,6 @@ def megatron_rule(verdict):
     return None
 
 
-def same_modules(a, b):
-    return sorted(a or []) == sorted(b or [])
-
-
 def classify(megatron, capscope):
     """(outcome, detail) where outcome is 'agree' or a disagreement kind."""
     if megatron["accepted"] and capscope["accepted"]:
