@@ -57,12 +57,15 @@ inline std::vector<described_field> describe(const runtime_config& c) {
         if (v) number(std::move(key), *v);
         else f.push_back({std::move(key), {}, false, true});
     };
+    auto optional_name = [&](std::string key, const auto& v) {
+        if (v) text(std::move(key), std::string(megatron_name(*v)));
+        else f.push_back({std::move(key), {}});
+    };
     auto flag = [&](std::string key, bool v) { f.push_back({std::move(key), {v ? "true" : "false"}, false, false, true}); };
 
     text("impl", std::string(c.unknown_impl.empty() ? megatron_name(c.impl) : c.unknown_impl.view()));
     list("modules", detail::set_names(c.modules.modules));
-    if (c.inference) text("inference_scope", std::string(megatron_name(*c.inference)));
-    else f.push_back({"inference_scope", {}});
+    optional_name("inference_scope", c.inference);
     number("warmup_steps", c.warmup_steps);
     optional_number("num_layers", c.num_layers);
     optional_number("num_experts", c.num_experts);
@@ -83,20 +86,17 @@ inline std::vector<described_field> describe(const runtime_config& c) {
     flag("use_transformer_engine_op_fuser", c.te_op_fuser);
     number("attention_dropout", c.attention_dropout);
     number("hidden_dropout", c.hidden_dropout);
-    if (c.recompute) text("recompute_granularity", std::string(megatron_name(*c.recompute)));
-    else f.push_back({"recompute_granularity", {}});
+    optional_name("recompute_granularity", c.recompute);
     if (c.recompute) list("recompute_modules", detail::set_names(c.effective_recompute_modules()));
     else f.push_back({"recompute_modules", {}});
-    if (c.recompute_method_) text("recompute_method", std::string(megatron_name(*c.recompute_method_)));
-    else f.push_back({"recompute_method", {}});
+    optional_name("recompute_method", c.recompute_method_);
     optional_number("recompute_num_layers", c.recompute_num_layers);
     number("cpu_offloading_num_layers", c.cpu_offloading_num_layers);
     flag("check_for_nan_in_loss_and_grad", c.check_for_nan_in_loss_and_grad);
     number("inference_batch_times_seqlen_threshold", c.inference_batch_times_seqlen_threshold);
     number("inference_dynamic_batching_num_cuda_graphs", c.inference_dynamic_batching_num_cuda_graphs);
     text("transformer_impl", std::string(megatron_name(c.transformer)));
-    if (c.fp8) text("fp8", std::string(megatron_name(*c.fp8)));
-    else f.push_back({"fp8", {}});
+    optional_name("fp8", c.fp8);
     text("fp8_recipe", std::string(megatron_name(c.fp8_scaling)));
     text("megatron_fsdp", std::string(megatron_name(c.fsdp.mode)));
     flag("fsdp_double_buffer", c.fsdp.double_buffer);
