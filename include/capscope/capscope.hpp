@@ -6,6 +6,7 @@
 //! Layers: vocabulary -> rules -> config (compile time) / validate (run time) -> flags, and the
 //! engine's host-only part: stages -> plan. The CUDA runner is <capscope/engine.hpp>.
 
+#include <capscope/vocabulary/buckets.hpp>
 #include <capscope/vocabulary/capture_module.hpp>
 #include <capscope/vocabulary/graph_impl.hpp>
 #include <capscope/vocabulary/inference_scope.hpp>
@@ -15,12 +16,14 @@
 #include <capscope/vocabulary/runtime_config.hpp>
 #include <capscope/vocabulary/training.hpp>
 
+#include <capscope/rules/batch_sizes.hpp>
 #include <capscope/rules/evaluate.hpp>
 #include <capscope/rules/table.hpp>
 
 #include <capscope/config/capture_options.hpp>
 #include <capscope/config/config.hpp>
 #include <capscope/config/engine_options.hpp>
+#include <capscope/config/inference_options.hpp>
 #include <capscope/config/model_options.hpp>
 #include <capscope/config/offload_options.hpp>
 #include <capscope/config/select.hpp>

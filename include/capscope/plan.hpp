@@ -1,10 +1,12 @@
 #pragma once
 //! @file
 //! The host-only part of the engine: the stage seam (`stage`, `training_program`, layer
-//! schemas) and the plan computed from it (segments, capture order, text and DOT). Builds and
-//! tests without CUDA.
+//! schemas) and the plans computed from it (segments, capture order, text and DOT; inference
+//! buckets and padding). Builds and tests without CUDA.
 
+#include <capscope/plan/buckets.hpp>
 #include <capscope/plan/capture_region.hpp>
+#include <capscope/plan/inference_plan.hpp>
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
 #include <capscope/plan/plan_error.hpp>

@@ -9,6 +9,7 @@
 //! @endcode
 
 #include <capscope/config/option.hpp>
+#include <capscope/vocabulary/buckets.hpp>
 
 #include <cstdint>
 
@@ -33,11 +34,16 @@ enum class capture_failure : std::uint8_t {
 struct engine_settings {
     capture_mode mode = capture_mode::per_thread;
     capture_failure on_failure = capture_failure::raise;
+    // Inference runners (capscope/config/inference_options.hpp):
+    bucket_list batch_buckets;  //!< empty: the runner is built without buckets<...>
+    bucket_list length_buckets; //!< a variable-length encoder's padded lengths; empty: vision max_seq_length
+    oversize on_oversize = oversize::raise;
+    bucket_exec execs = bucket_exec::per_bucket;
     friend constexpr bool operator==(const engine_settings&, const engine_settings&) = default;
 };
 
 namespace option_kind {
-struct capture_mode; struct capture_failure;
+struct capture_mode; struct capture_failure; struct batch_buckets; struct length_buckets; struct oversize; struct bucket_exec;
 } // namespace option_kind
 
 //! A type usable as a `config<…>` engine option.
