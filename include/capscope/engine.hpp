@@ -4,7 +4,9 @@
 //! <capscope/plan.hpp> alone for the host-only part.
 
 #include <capscope/plan.hpp>
+#include <capscope/run/bucket_runner.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
+#include <capscope/run/inference_runner.hpp>
 #include <capscope/run/runner.hpp>
 #include <capscope/run/scratch.hpp>

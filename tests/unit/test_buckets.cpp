@@ -14,7 +14,11 @@ using namespace capscope;
 
 namespace {
 
-inference_program as_inference(const training_program& p) { return {p.microbatches}; }
+inference_program as_inference(const training_program& p) {
+    inference_program out;
+    out.buckets = p.microbatches;
+    return out;
+}
 
 //! Bucket `b`'s segments: "g0:layer0.attention+layer0.mlp e:head".
 std::string summary(const inference_plan& plan, const inference_program& program, int b) {

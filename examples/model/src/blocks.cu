@@ -36,9 +36,10 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
       rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), qkv_(n_elems(sh.tokens(), 3 * sh.hidden)),
       q_(n_elems(sh.tokens(), sh.hidden)), k_(n_elems(sh.tokens(), sh.hidden)), v_(n_elems(sh.tokens(), sh.hidden)),
       probs_(n_elems(sh.batch * sh.heads, sh.seq, sh.seq)), ctx_(n_elems(sh.tokens(), sh.hidden)), merged_(n_elems(sh.tokens(), sh.hidden)),
-      d_merged_(n_elems(sh.tokens(), sh.hidden)), d_ctx_(n_elems(sh.tokens(), sh.hidden)),
-      d_probs_(n_elems(sh.batch * sh.heads, sh.seq, sh.seq)), dq_(n_elems(sh.tokens(), sh.hidden)), dk_(n_elems(sh.tokens(), sh.hidden)),
-      dv_(n_elems(sh.tokens(), sh.hidden)), d_qkv_(n_elems(sh.tokens(), 3 * sh.hidden)), d_normed_(n_elems(sh.tokens(), sh.hidden)) {
+      d_merged_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))), d_ctx_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
+      d_probs_(sh.grad_elems(n_elems(sh.batch * sh.heads, sh.seq, sh.seq))), dq_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
+      dk_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))), dv_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
+      d_qkv_(sh.grad_elems(n_elems(sh.tokens(), 3 * sh.hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {
     if (kind == attention_kind::bidirectional_padded && !lengths)
         throw std::invalid_argument(this->name_ + ": bidirectional_padded attention needs the device array of lengths");
 }
@@ -53,19 +54,26 @@ template <class T> void attention_block<T>::bind(const T* x, const T* dy) {
     this->stages_ = {std::move(st)};
 }
 
-template <class T> void attention_block<T>::forward(cudaStream_t s) {
+template <class T> std::vector<stage> attention_block<T>::forward_stages(token_grid g) {
+    stage st = this->grid_stage("attention", stage_kind::attention, {capture_module::attention},
+                                this->template on_grid<attention_block, &attention_block::forward_grid>(g), g);
+    if (lengths_) st.inputs.push_back(this->ref("lengths", lengths_, sizeof(int) * std::size_t(g.batch)));
+    return {std::move(st)};
+}
+
+template <class T> void attention_block<T>::forward_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const int t = sh.tokens(), h = sh.hidden, dh = h / sh.heads, bh = sh.batch * sh.heads, S = sh.seq;
+    const int t = g.tokens(), h = sh.hidden, dh = h / sh.heads, bh = g.batch * sh.heads, S = g.seq;
     auto& P = this->params_;
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, 3 * h, h}, normed_.data(), P.value(qkv_w_), qkv_.data());
-    kernels::split_heads(qkv_.data(), q_.data(), k_.data(), v_.data(), sh.batch, S, sh.heads, dh, s);
+    kernels::split_heads(qkv_.data(), q_.data(), k_.data(), v_.data(), g.batch, S, sh.heads, dh, s);
     gemm(this->blas_, s, {false, true, S, S, dh}, q_.data(), k_.data(), probs_.data(), 0.f, bh, S * dh, S * dh, S * S);
     kernels::masked_softmax(probs_.data(), 1.f / std::sqrt(float(dh)),
                             kind_ == attention_kind::causal ? kernels::attention_mask::causal : kernels::attention_mask::key_padding,
-                            lengths_, sh.batch, sh.heads, S, s);
+                            lengths_, g.batch, sh.heads, S, s);
     gemm(this->blas_, s, {false, false, S, dh, S}, probs_.data(), v_.data(), ctx_.data(), 0.f, bh, S * S, S * dh, S * dh);
-    kernels::merge_heads(ctx_.data(), merged_.data(), sh.batch, S, sh.heads, dh, s);
+    kernels::merge_heads(ctx_.data(), merged_.data(), g.batch, S, sh.heads, dh, s);
     copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
     gemm(this->blas_, s, {false, false, t, h, h}, merged_.data(), P.value(out_w_), this->y_.data(), 1.f);
 }
@@ -99,8 +107,8 @@ mlp_block<T>::mlp_block(const block_shape& sh, parameter_store<T>& params, const
       fc1_(params.declare(this->name_ + ".fc1", n_elems(sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
       fc2_(params.declare(this->name_ + ".fc2", n_elems(sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
       rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), pre_(n_elems(sh.tokens(), sh.ffn_hidden)),
-      act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_pre_(n_elems(sh.tokens(), sh.ffn_hidden)),
-      d_normed_(n_elems(sh.tokens(), sh.hidden)) {}
+      act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_act_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))),
+      d_pre_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
 
 template <class T> void mlp_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
@@ -111,9 +119,13 @@ template <class T> void mlp_block<T>::bind(const T* x, const T* dy) {
     this->stages_ = {std::move(st)};
 }
 
-template <class T> void mlp_block<T>::forward(cudaStream_t s) {
+template <class T> std::vector<stage> mlp_block<T>::forward_stages(token_grid g) {
+    return {this->grid_stage("mlp", stage_kind::mlp, {capture_module::mlp}, this->template on_grid<mlp_block, &mlp_block::forward_grid>(g), g)};
+}
+
+template <class T> void mlp_block<T>::forward_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const int t = sh.tokens(), h = sh.hidden, f = sh.ffn_hidden;
+    const int t = g.tokens(), h = sh.hidden, f = sh.ffn_hidden;
     auto& P = this->params_;
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, f, h}, normed_.data(), P.value(fc1_), pre_.data());
@@ -141,18 +153,46 @@ template <class T>
 moe_block<T>::moe_block(const block_shape& sh, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name,
                         int layer)
     : block<T>(sh, params, blas, std::move(name), layer),
-      rows_(sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity : sh.tokens() * sh.top_k),
+      rows_(sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity(sh.tokens()) : sh.tokens() * sh.top_k),
       norm_(params.declare(this->name_ + ".pre_mlp_norm", sh.hidden, init_kind::ones)),
       router_(params.declare(this->name_ + ".router", n_elems(sh.hidden, sh.experts), init_kind::normal, sh.init_stddev)),
       fc1_(params.declare(this->name_ + ".experts.fc1", n_elems(sh.experts, sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
       fc2_(params.declare(this->name_ + ".experts.fc2", n_elems(sh.experts, sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
-      rstd_(sh.tokens()), gate_(n_elems(sh.tokens(), sh.top_k)), d_gate_(n_elems(sh.tokens(), sh.top_k)),
+      rstd_(sh.tokens()), gate_(n_elems(sh.tokens(), sh.top_k)), d_gate_(sh.grad_elems(n_elems(sh.tokens(), sh.top_k))),
       expert_(n_elems(sh.tokens(), sh.top_k)), counts_(sh.experts), slot_(n_elems(sh.tokens(), sh.top_k)), row_owner_(rows_),
       host_counts_(sh.experts), normed_(n_elems(sh.tokens(), sh.hidden)), logits_(n_elems(sh.tokens(), sh.experts)),
       permuted_(n_elems(rows_, sh.hidden)), pre_(n_elems(rows_, sh.ffn_hidden)), act_(n_elems(rows_, sh.ffn_hidden)),
-      expert_out_(n_elems(rows_, sh.hidden)), d_expert_out_(n_elems(rows_, sh.hidden)), d_act_(n_elems(rows_, sh.ffn_hidden)),
-      d_pre_(n_elems(rows_, sh.ffn_hidden)), d_permuted_(n_elems(rows_, sh.hidden)), d_logits_(n_elems(sh.tokens(), sh.experts)),
-      d_normed_(n_elems(sh.tokens(), sh.hidden)) {}
+      expert_out_(n_elems(rows_, sh.hidden)), d_expert_out_(sh.grad_elems(n_elems(rows_, sh.hidden))),
+      d_act_(sh.grad_elems(n_elems(rows_, sh.ffn_hidden))), d_pre_(sh.grad_elems(n_elems(rows_, sh.ffn_hidden))),
+      d_permuted_(sh.grad_elems(n_elems(rows_, sh.hidden))), d_logits_(sh.grad_elems(n_elems(sh.tokens(), sh.experts))),
+      d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
+
+template <class T> int moe_block<T>::permuted_rows(token_grid g) const {
+    const auto& sh = this->shape_;
+    return sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity(g.tokens()) : g.tokens() * sh.top_k;
+}
+
+template <class T> std::vector<stage> moe_block<T>::forward_stages(token_grid g) {
+    const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
+    const std::size_t t = std::size_t(g.tokens()), h = std::size_t(this->shape_.hidden), k = std::size_t(this->shape_.top_k);
+    stage router = this->grid_stage("moe_router", stage_kind::moe_router, {capture_module::moe, capture_module::moe_router},
+                                    this->template on_grid<moe_block, &moe_block::router_grid>(g), g);
+    router.outputs = {this->ref("probs", gate_.data(), t * k * sizeof(float)), this->ref("routing_map", expert_.data(), t * k * sizeof(int))};
+    stage pre = this->grid_stage("moe_preprocess", stage_kind::moe_preprocess, {capture_module::moe, capture_module::moe_preprocess},
+                                 this->template on_grid<moe_block, &moe_block::preprocess_grid>(g), g);
+    pre.synchronizes_with_host = dropless;
+    pre.inputs = {this->ref("pre_mlp_norm_output", normed_.data(), t * h * sizeof(T)), router.outputs[1]};
+    pre.outputs = {this->ref("permuted_tokens", permuted_.data(), std::size_t(permuted_rows(g)) * h * sizeof(T))};
+    stage experts = this->grid_stage("moe_experts", stage_kind::moe_experts, {capture_module::moe},
+                                     this->template on_grid<moe_block, &moe_block::experts_grid>(g), g);
+    experts.shapes_depend_on_data = dropless;
+    experts.inputs = {pre.outputs[0], router.outputs[0], experts.inputs[0]};
+    std::vector<stage> out;
+    out.push_back(std::move(router));
+    out.push_back(std::move(pre));
+    out.push_back(std::move(experts));
+    return out;
+}
 
 template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
@@ -178,37 +218,37 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     this->stages_ = {std::move(router), std::move(pre), std::move(experts)};
 }
 
-template <class T> void moe_block<T>::router_forward(cudaStream_t s) {
+template <class T> void moe_block<T>::router_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const int t = sh.tokens(), h = sh.hidden;
+    const int t = g.tokens(), h = sh.hidden;
     auto& P = this->params_;
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, sh.experts, h}, normed_.data(), P.value(router_), logits_.data());
     kernels::router_topk(logits_.data(), expert_.data(), gate_.data(), t, sh.experts, sh.top_k, s);
 }
 
-template <class T> void moe_block<T>::preprocess_forward(cudaStream_t s) {
+template <class T> void moe_block<T>::preprocess_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
     const bool dropless = sh.moe_mode == moe_mode::dropless;
-    kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), sh.tokens(), sh.top_k, sh.experts,
-                          dropless ? 0 : sh.capacity, s);
+    kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), g.tokens(), sh.top_k, sh.experts,
+                          dropless ? 0 : sh.capacity(g.tokens()), s);
     if (dropless) {
         // The device-to-host sync that makes dropless MoE uncapturable: GEMM sizes come from data.
         CAPSCOPE_CHECK(cudaMemcpyAsync(host_counts_.data(), counts_.data(), counts_.bytes(), cudaMemcpyDeviceToHost, s));
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     }
-    kernels::permute_rows(normed_.data(), row_owner_.data(), permuted_.data(), rows_, sh.hidden, sh.top_k, s);
+    kernels::permute_rows(normed_.data(), row_owner_.data(), permuted_.data(), permuted_rows(g), sh.hidden, sh.top_k, s);
 }
 
-template <class T> void moe_block<T>::experts_forward(cudaStream_t s) {
+template <class T> void moe_block<T>::experts_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const int h = sh.hidden, f = sh.ffn_hidden;
+    const int h = sh.hidden, f = sh.ffn_hidden, rows = permuted_rows(g);
     auto& P = this->params_;
     if (sh.moe_mode == moe_mode::drop_and_pad) {
-        const int c = sh.capacity;
+        const int c = sh.capacity(g.tokens());
         gemm(this->blas_, s, {false, false, c, f, h}, permuted_.data(), P.value(fc1_), pre_.data(), 0.f, sh.experts, long(c) * h,
              long(h) * f, long(c) * f);
-        kernels::gelu_forward(pre_.data(), act_.data(), long(rows_) * f, s);
+        kernels::gelu_forward(pre_.data(), act_.data(), long(rows) * f, s);
         gemm(this->blas_, s, {false, false, c, h, f}, act_.data(), P.value(fc2_), expert_out_.data(), 0.f, sh.experts, long(c) * f,
              long(f) * h, long(c) * h);
     } else {
@@ -220,7 +260,7 @@ template <class T> void moe_block<T>::experts_forward(cudaStream_t s) {
                      pre_.data() + row * f);
             row += m;
         }
-        kernels::gelu_forward(pre_.data(), act_.data(), long(rows_) * f, s);
+        kernels::gelu_forward(pre_.data(), act_.data(), long(rows) * f, s);
         row = 0;
         for (int e = 0; e < sh.experts; ++e) {
             const int m = host_counts_[e];
@@ -230,7 +270,7 @@ template <class T> void moe_block<T>::experts_forward(cudaStream_t s) {
             row += m;
         }
     }
-    kernels::combine(expert_out_.data(), slot_.data(), gate_.data(), this->x_, this->y_.data(), sh.tokens(), h, sh.top_k, s);
+    kernels::combine(expert_out_.data(), slot_.data(), gate_.data(), this->x_, this->y_.data(), g.tokens(), h, sh.top_k, s);
 }
 
 template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
@@ -240,7 +280,7 @@ template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
     kernels::combine_backward(this->dy_, expert_out_.data(), slot_.data(), row_owner_.data(), gate_.data(), d_expert_out_.data(),
                               d_gate_.data(), sh.tokens(), rows_, h, sh.top_k, s);
     if (sh.moe_mode == moe_mode::drop_and_pad) {
-        const int c = sh.capacity, e = sh.experts;
+        const int c = sh.capacity(sh.tokens()), e = sh.experts;
         gemm(this->blas_, s, {true, false, f, h, c}, act_.data(), d_expert_out_.data(), P.grad(fc2_), 1.f, e, long(c) * f,
              long(c) * h, long(f) * h);
         gemm(this->blas_, s, {false, true, c, f, h}, d_expert_out_.data(), P.value(fc2_), d_act_.data(), 0.f, e, long(c) * h,
@@ -301,8 +341,9 @@ mamba_block<T>::mamba_block(const block_shape& sh, parameter_store<T>& params, c
       in_proj_(params.declare(this->name_ + ".in_proj", n_elems(sh.hidden, 3 * sh.inner), init_kind::normal, sh.init_stddev)),
       out_proj_(params.declare(this->name_ + ".out_proj", n_elems(sh.inner, sh.hidden), init_kind::normal, sh.init_stddev)),
       rstd_(sh.tokens()), state_(n_elems(sh.tokens(), sh.inner)), normed_(n_elems(sh.tokens(), sh.hidden)),
-      proj_(n_elems(sh.tokens(), 3 * sh.inner)), mixed_(n_elems(sh.tokens(), sh.inner)), d_mixed_(n_elems(sh.tokens(), sh.inner)),
-      d_proj_(n_elems(sh.tokens(), 3 * sh.inner)), d_normed_(n_elems(sh.tokens(), sh.hidden)) {}
+      proj_(n_elems(sh.tokens(), 3 * sh.inner)), mixed_(n_elems(sh.tokens(), sh.inner)),
+      d_mixed_(sh.grad_elems(n_elems(sh.tokens(), sh.inner))), d_proj_(sh.grad_elems(n_elems(sh.tokens(), 3 * sh.inner))),
+      d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
 
 template <class T> void mamba_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
@@ -313,13 +354,18 @@ template <class T> void mamba_block<T>::bind(const T* x, const T* dy) {
     this->stages_ = {std::move(st)};
 }
 
-template <class T> void mamba_block<T>::forward(cudaStream_t s) {
+template <class T> std::vector<stage> mamba_block<T>::forward_stages(token_grid g) {
+    return {this->grid_stage("mamba", stage_kind::mamba, {capture_module::mamba},
+                             this->template on_grid<mamba_block, &mamba_block::forward_grid>(g), g)};
+}
+
+template <class T> void mamba_block<T>::forward_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const int t = sh.tokens(), h = sh.hidden, d = sh.inner;
+    const int t = g.tokens(), h = sh.hidden, d = sh.inner;
     auto& P = this->params_;
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, 3 * d, h}, normed_.data(), P.value(in_proj_), proj_.data());
-    kernels::gated_scan_forward(proj_.data(), state_.data(), mixed_.data(), sh.batch, sh.seq, d, s);
+    kernels::gated_scan_forward(proj_.data(), state_.data(), mixed_.data(), g.batch, g.seq, d, s);
     copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
     gemm(this->blas_, s, {false, false, t, h, d}, mixed_.data(), P.value(out_proj_), this->y_.data(), 1.f);
 }

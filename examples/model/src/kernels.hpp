@@ -11,6 +11,10 @@ namespace gpt::kernels {
 enum class attention_mask { causal, key_padding };
 
 template <class T> void cast_from_float(const float* in, T* out, long n, cudaStream_t s);
+template <class T> void cast_to_float(const T* in, float* out, long n, cudaStream_t s);
+//! Zeroes rows [*valid_samples * rows_per_sample, rows) of x [rows, cols]: the padded samples of
+//! an inference bucket (the count is read on the device, so a graph replays it for any request).
+template <class T> void zero_padded_rows(T* x, const int* valid_samples, int rows_per_sample, int rows, int cols, cudaStream_t s);
 
 // Parameter gradients (dg, dtok, dpos here; the GEMMs with beta 1) accumulate: a step clears them
 // once (zero_grad) and every microbatch's backward adds to them.

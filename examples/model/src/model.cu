@@ -23,7 +23,7 @@ block_shape shape_of(const model_config& c) {
     s.ffn_hidden = c.ffn_hidden;
     s.experts = c.experts;
     s.top_k = c.top_k;
-    s.capacity = c.expert_capacity();
+    s.capacity_factor = c.capacity_factor;
     s.inner = c.inner();
     s.moe_mode = c.moe_mode;
     s.init_stddev = c.init_stddev;

@@ -31,6 +31,7 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     sh.heads = cfg.heads;
     sh.ffn_hidden = cfg.ffn_hidden;
     sh.init_stddev = cfg.init_stddev;
+    sh.training = cfg.training;
     for (int i = 0; i < cfg.layers; ++i) {
         const std::string name = "vision.layer" + std::to_string(i);
         blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, i, attention_kind::bidirectional_padded,
@@ -44,9 +45,9 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     patches_ = device_buffer<T>(t * cfg.patch_dim);
     embedded_ = device_buffer<T>(t * h);
     out_ = device_buffer<T>(t * h);
-    d_out_ = device_buffer<T>(t * h);
-    d_last_ = device_buffer<T>(t * h);
-    params_.allocate(cfg.seed, s);
+    d_out_ = device_buffer<T>(cfg.training ? t * h : 0);
+    d_last_ = device_buffer<T>(cfg.training ? t * h : 0);
+    params_.allocate(cfg.seed, s, cfg.training);
 
     const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
     stage embed;
@@ -105,10 +106,10 @@ template <class T> void vision_encoder<T>::set_output_grad(std::span<const float
 template <class T> void vision_encoder<T>::forward(cudaStream_t s) { capscope::run_forward(stages_, s); }
 template <class T> void vision_encoder<T>::backward(cudaStream_t s) { capscope::run_backward(stages_, s); }
 
-template <class T> void vision_encoder<T>::embed_forward(cudaStream_t s) {
-    const int t = cfg_.tokens();
+template <class T> void vision_encoder<T>::embed_grid(cudaStream_t s, int len) {
+    const int t = cfg_.batch * len;
     gemm(blas_, s, {false, false, t, cfg_.hidden, cfg_.patch_dim}, patches_.data(), params_.value(patch_w_), embedded_.data());
-    kernels::add_positions(embedded_.data(), params_.value(pos_emb_), cfg_.batch, cfg_.padded_len, cfg_.hidden, s);
+    kernels::add_positions(embedded_.data(), params_.value(pos_emb_), cfg_.batch, len, cfg_.hidden, s);
 }
 template <class T> void vision_encoder<T>::embed_backward(cudaStream_t s) {
     const int t = cfg_.tokens();
@@ -116,9 +117,95 @@ template <class T> void vision_encoder<T>::embed_backward(cudaStream_t s) {
     gemm(blas_, s, {true, false, cfg_.patch_dim, cfg_.hidden, t}, patches_.data(), dx, params_.grad(patch_w_), 1.f);
     kernels::position_grad(dx, params_.grad(pos_emb_), cfg_.max_patches, cfg_.batch, cfg_.padded_len, cfg_.hidden, s);
 }
-template <class T> void vision_encoder<T>::norm_forward(cudaStream_t s) {
-    kernels::rms_norm_forward(blocks_.back()->output(), params_.value(final_norm_), out_.data(), rstd_.data(), cfg_.tokens(),
+template <class T> void vision_encoder<T>::norm_grid(cudaStream_t s, int len) {
+    kernels::rms_norm_forward(blocks_.back()->output(), params_.value(final_norm_), out_.data(), rstd_.data(), cfg_.batch * len,
                               cfg_.hidden, s);
+}
+
+template <class T> typename vision_encoder<T>::length_call* vision_encoder<T>::call_for(int len) {
+    if (len < 1 || len > cfg_.padded_len)
+        throw std::out_of_range("vision_encoder: padded length " + std::to_string(len) + " is outside [1, " +
+                                std::to_string(cfg_.padded_len) + "] (vision_config::padded_len, the largest length bucket)");
+    for (length_call& c : calls_)
+        if (c.len == len) return &c;
+    return &calls_.emplace_back(length_call{this, len});
+}
+
+template <class T> std::vector<stage> vision_encoder<T>::forward_stages(int len) {
+    length_call* io = call_for(len);
+    const std::size_t t = std::size_t(cfg_.batch) * len, h = cfg_.hidden;
+    const std::string at = "[" + std::to_string(len) + "]";
+    std::vector<stage> list;
+    stage embed;
+    embed.name = "vision.patch_embed" + at;
+    embed.kind = stage_kind::embedding;
+    embed.forward = stream_fn::of<&length_call::embed>(io);
+    embed.inputs = {{"vision.patches", patches_.data(), t * cfg_.patch_dim * sizeof(T)}, {"vision.lengths", lengths_.data(), lengths_.bytes()}};
+    embed.outputs = {{"vision.embedded", embedded_.data(), t * h * sizeof(T)}};
+    list.push_back(std::move(embed));
+    for (const auto& b : blocks_)
+        for (stage& st : b->forward_stages({cfg_.batch, len})) list.push_back(std::move(st));
+    stage norm;
+    norm.name = "vision.final_norm" + at;
+    norm.kind = stage_kind::head;
+    norm.forward = stream_fn::of<&length_call::norm>(io);
+    norm.inputs = {{"vision.final_norm.input", const_cast<T*>(blocks_.back()->output()), t * h * sizeof(T)}};
+    norm.outputs = {{"vision.output", out_.data(), t * h * sizeof(T)}};
+    list.push_back(std::move(norm));
+    return list;
+}
+
+template <class T> capscope::inference_program vision_encoder<T>::inference_program(std::span<const int> length_buckets) {
+    capscope::inference_program p;
+    for (int len : length_buckets) p.buckets.push_back(forward_stages(len));
+    return p;
+}
+
+template <class T>
+void vision_encoder<T>::set_samples(std::span<const float> patches, std::span<const int> lengths, int len, cudaStream_t s) {
+    call_for(len);
+    if (lengths.empty() || lengths.size() > std::size_t(cfg_.batch))
+        throw std::invalid_argument("vision_encoder::set_samples: " + std::to_string(lengths.size()) + " samples; give 1 to " +
+                                    std::to_string(cfg_.batch) + " (vision_config::batch)");
+    std::size_t total = 0;
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        if (lengths[b] < 1 || lengths[b] > len)
+            throw std::out_of_range("vision_encoder::set_samples: sample " + std::to_string(b) + " has " + std::to_string(lengths[b]) +
+                                    " patches; it must have 1 to " + std::to_string(len) + " (the padded length)");
+        total += std::size_t(lengths[b]);
+    }
+    const std::size_t pd = std::size_t(cfg_.patch_dim);
+    if (patches.size() != total * pd)
+        throw std::invalid_argument("vision_encoder::set_samples: expected " + std::to_string(total) + " patches x patch_dim " +
+                                    std::to_string(cfg_.patch_dim) + " values, got " + std::to_string(patches.size()));
+    std::vector<float> padded(std::size_t(cfg_.batch) * std::size_t(len) * pd, 0.f);
+    std::vector<int> all_lengths(std::size_t(cfg_.batch), 1); // absent samples: one zero patch, never read back
+    const float* src = patches.data();
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        std::copy(src, src + std::size_t(lengths[b]) * pd, padded.begin() + std::ptrdiff_t(b * std::size_t(len) * pd));
+        src += std::size_t(lengths[b]) * pd;
+        all_lengths[b] = lengths[b];
+    }
+    staging_.copy_from_host(padded, s);
+    kernels::cast_from_float(staging_.data(), patches_.data(), long(padded.size()), s);
+    lengths_.copy_from_host(all_lengths, s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s)); // the host vectors die here
+}
+
+template <class T> std::vector<float> vision_encoder<T>::copy_outputs(std::span<const int> lengths, int len, cudaStream_t s) {
+    call_for(len);
+    const std::size_t h = cfg_.hidden, n = std::size_t(cfg_.batch) * len * h;
+    kernels::cast_to_float(out_.data(), staging_.data(), long(n), s);
+    std::vector<float> padded(n);
+    staging_.copy_to_host(padded, s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    std::vector<float> out;
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        if (lengths[b] < 1 || lengths[b] > len) throw std::out_of_range("vision_encoder::copy_outputs: a sample length outside [1, padded length]");
+        const auto first = padded.begin() + std::ptrdiff_t(b * std::size_t(len) * h);
+        out.insert(out.end(), first, first + std::ptrdiff_t(std::size_t(lengths[b]) * h));
+    }
+    return out;
 }
 template <class T> void vision_encoder<T>::norm_backward(cudaStream_t s) {
     const T* x = blocks_.back()->output();

@@ -1,20 +1,53 @@
 #pragma once
 //! @file
 //! Move-only owners of a captured CUDA graph and of its executable instance, and `capture()`,
-//! which records the work a callable issues on a stream into a graph.
+//! which records the work a callable issues on a stream into a graph. Every `cudaGraph_t` and
+//! `cudaGraphExec_t` capscope creates is owned here, and `live_graphs()` counts the ones alive
+//! (set-up and clean-up only: nothing on the launch path).
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/detail/unique_handle.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <utility>
 
 namespace capscope::cuda {
 
+//! CUDA graphs and executable graphs alive in this process, created through capscope.
+struct graph_census {
+    long graphs = 0;
+    long execs = 0;
+    friend constexpr bool operator==(const graph_census&, const graph_census&) = default;
+};
+
+namespace detail {
+inline std::atomic<long> live_graph_count{0};
+inline std::atomic<long> live_exec_count{0};
+inline cudaError_t destroy_graph(cudaGraph_t g) {
+    --live_graph_count;
+    return cudaGraphDestroy(g);
+}
+inline cudaError_t destroy_exec(cudaGraphExec_t e) {
+    --live_exec_count;
+    return cudaGraphExecDestroy(e);
+}
+} // namespace detail
+
+inline graph_census live_graphs() noexcept { return {detail::live_graph_count.load(), detail::live_exec_count.load()}; }
+
+//! Whether `cudaGraphExecUpdate` applied a graph to an executable graph, or why it could not.
+enum class update_result {
+    updated, //!< applied in place
+    refused, //!< not the same topology (nodes, edges, node types, kernel changes CUDA cannot apply)
+};
+
 class graph {
 public:
     graph() = default;
-    explicit graph(cudaGraph_t adopted) noexcept : handle_(adopted) {}
+    explicit graph(cudaGraph_t adopted) noexcept : handle_(adopted) {
+        if (adopted) ++detail::live_graph_count;
+    }
 
     cudaGraph_t get() const noexcept { return handle_.get(); }
     explicit operator bool() const noexcept { return bool(handle_); }
@@ -25,20 +58,39 @@ public:
     }
 
 private:
-    capscope::detail::unique_handle<cudaGraph_t, &cudaGraphDestroy> handle_;
+    capscope::detail::unique_handle<cudaGraph_t, &detail::destroy_graph> handle_;
 };
 
 class graph_exec {
 public:
     graph_exec() = default;
-    explicit graph_exec(const graph& g) { CAPSCOPE_CHECK(cudaGraphInstantiate(handle_.out(), g.get(), 0)); }
+    explicit graph_exec(const graph& g) {
+        CAPSCOPE_CHECK(cudaGraphInstantiate(handle_.out(), g.get(), 0));
+        ++detail::live_exec_count;
+    }
 
     cudaGraphExec_t get() const noexcept { return handle_.get(); }
     explicit operator bool() const noexcept { return bool(handle_); }
     void launch(cudaStream_t s) const { CAPSCOPE_CHECK(cudaGraphLaunch(get(), s)); }
 
+    //! Applies `g`'s node parameters (kernel arguments, launch sizes, memcpy addresses) to this
+    //! executable graph in place, when `g` has its topology (`cudaGraphExecUpdate`). Returns
+    //! `refused` when CUDA cannot apply it (then instantiate `g` anew; this graph is unchanged
+    //! and still usable); any other failure throws.
+    update_result update(const graph& g) {
+        cudaGraphExecUpdateResultInfo info{};
+        const cudaError_t e = cudaGraphExecUpdate(get(), g.get(), &info);
+        if (e == cudaSuccess) return update_result::updated;
+        if (e == cudaErrorGraphExecUpdateFailure) {
+            cudaGetLastError(); // reported by the result, not by the next call
+            return update_result::refused;
+        }
+        CAPSCOPE_CHECK(e);
+        return update_result::refused;
+    }
+
 private:
-    capscope::detail::unique_handle<cudaGraphExec_t, &cudaGraphExecDestroy> handle_;
+    capscope::detail::unique_handle<cudaGraphExec_t, &detail::destroy_exec> handle_;
 };
 
 //! Captures what `work(stream)` issues on `s` into a graph. If `work` throws, or the capture is

@@ -26,6 +26,9 @@ namespace capscope {
 //! bucket of the runner's list. Stages need no backward.
 struct inference_program {
     std::vector<std::vector<stage>> buckets;
+    //! Optional: the forward at any size up to the model's capacity, run eagerly, for requests
+    //! past the largest bucket under `oversize_requests<oversize::run_eagerly>`.
+    sized_stream_fn eager_forward;
 };
 
 struct inference_plan {

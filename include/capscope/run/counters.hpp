@@ -5,12 +5,15 @@
 namespace capscope {
 
 struct runner_counters {
-    long steps = 0;              //!< training steps run
+    long steps = 0;              //!< training steps run (inference: forwards run)
     long captures = 0;           //!< segments captured into graphs
     long instantiations = 0;     //!< executable graphs instantiated
     long replays = 0;            //!< graph launches
     long eager_segment_runs = 0; //!< eager islands run (during warmup every segment is one)
     long capture_failures = 0;   //!< captures that failed (then raised, or fell back to eager)
+    long exec_updates = 0;       //!< executable graphs updated in place (cudaGraphExecUpdate) instead of instantiated
+    long update_refusals = 0;    //!< updates CUDA refused (other topology): instantiated anew, counted in instantiations too
+    long oversize_runs = 0;      //!< inference: requests past the largest bucket run eagerly
     friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
 };
 

@@ -46,4 +46,27 @@ private:
     void (*call_)(void*, stream_handle) = nullptr;
 };
 
+//! A non-owning callable `void(stream_handle, int rows)`: work sized at run time (an inference
+//! forward at any batch size up to the model's capacity, run eagerly).
+class sized_stream_fn {
+public:
+    sized_stream_fn() = default;
+
+    //! Binds a member function `void C::f(stream_handle, int)`.
+    template <auto Method, class C>
+    static sized_stream_fn of(C* object) noexcept {
+        sized_stream_fn f;
+        f.object_ = object;
+        f.call_ = [](void* o, stream_handle s, int rows) { (static_cast<C*>(o)->*Method)(s, rows); };
+        return f;
+    }
+
+    void operator()(stream_handle s, int rows) const { call_(object_, s, rows); }
+    explicit operator bool() const noexcept { return call_ != nullptr; }
+
+private:
+    void* object_ = nullptr;
+    void (*call_)(void*, stream_handle, int) = nullptr;
+};
+
 } // namespace capscope

@@ -12,7 +12,10 @@
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/stage/stage.hpp>
 
+#include <cmath>
+#include <deque>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,14 +32,33 @@ enum class attention_kind {
     bidirectional_padded //!< encoder attention over the first lengths[b] keys of each sample
 };
 
-//! The token grid and widths a block works on.
+//! The rows a forward runs on: `batch` samples of `seq` positions. A block built for a shape
+//! runs forwards on any grid no larger (an inference bucket, a padded length).
+struct token_grid {
+    int batch = 0, seq = 0;
+    int tokens() const { return batch * seq; }
+    friend bool operator==(const token_grid&, const token_grid&) = default;
+};
+
+//! The largest token grid and the widths a block is built for.
 struct block_shape {
     int batch = 0, seq = 0, hidden = 0, heads = 0, ffn_hidden = 0;
-    int experts = 0, top_k = 0, capacity = 0, inner = 0;
+    int experts = 0, top_k = 0, inner = 0;
+    double capacity_factor = 1.0;
     gpt::moe_mode moe_mode = gpt::moe_mode::drop_and_pad;
     float init_stddev = 0.02f;
+    bool training = true; //!< false: forward only, no gradient buffers
     int tokens() const { return batch * seq; }
+    token_grid grid() const { return {batch, seq}; }
+    //! Drop-and-pad slots per expert for `tokens` tokens: ceil(capacity_factor * tokens * top_k / experts).
+    int capacity(int tokens) const;
+    //! Elements of a gradient buffer: none in a forward-only block.
+    std::size_t grad_elems(std::size_t n) const { return training ? n : 0; }
 };
+
+inline int block_shape::capacity(int tokens) const {
+    return experts ? static_cast<int>(std::ceil(capacity_factor * tokens * top_k / experts)) : 0;
+}
 
 template <class T>
 class block {
@@ -48,6 +70,13 @@ public:
     //! x: this block's input [tokens, hidden]; dy: gradient of its output, written by the next
     //! block's backward (or the head's) before this block's backward runs.
     virtual void bind(const T* x, const T* dy) = 0;
+    //! Forward-only stages on `grid` (no larger than the block's shape), reading the bound input.
+    //! Asking twice for one grid gives identically bound stages.
+    virtual std::vector<stage> forward_stages(token_grid grid) = 0;
+    //! The forward on `grid`, eagerly.
+    void forward_on(token_grid grid, cudaStream_t s) {
+        for (const stage& st : forward_stages(grid)) st.forward(s);
+    }
     const T* output() const { return y_.data(); }
     //! Gradient of the loss with respect to the input, written by backward.
     const T* input_grad() const { return dx_.data(); }
@@ -56,7 +85,39 @@ public:
 protected:
     block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer)
         : shape_(shape), params_(params), blas_(blas), name_(std::move(name)), layer_(layer),
-          y_(std::size_t(shape.tokens()) * shape.hidden), dx_(std::size_t(shape.tokens()) * shape.hidden) {}
+          y_(std::size_t(shape.tokens()) * shape.hidden), dx_(shape.grad_elems(std::size_t(shape.tokens()) * shape.hidden)) {}
+
+    //! What a stage bound to one grid calls: the block and the grid (kept at a stable address).
+    struct grid_call {
+        block* self;
+        token_grid grid;
+    };
+    //! The call object of `grid`, made once per grid, so stages asked for twice bind identically.
+    grid_call* call_on(token_grid grid) {
+        if (grid.batch < 1 || grid.seq < 1 || grid.batch > shape_.batch || grid.seq > shape_.seq)
+            throw std::out_of_range(name_ + ": grid " + std::to_string(grid.batch) + "x" + std::to_string(grid.seq) +
+                                    " does not fit the block's " + std::to_string(shape_.batch) + "x" + std::to_string(shape_.seq));
+        for (grid_call& c : grid_calls_)
+            if (c.grid == grid) return &c;
+        return &grid_calls_.emplace_back(grid_call{this, grid});
+    }
+    //! `Derived::Method(cudaStream_t, token_grid)` bound to `grid` as a stream function.
+    template <class Derived, void (Derived::*Method)(cudaStream_t, token_grid)>
+    stream_fn on_grid(token_grid grid) {
+        return stream_fn::of_function<&call_grid<Derived, Method>>(call_on(grid));
+    }
+    template <class Derived, void (Derived::*Method)(cudaStream_t, token_grid)>
+    static void call_grid(grid_call* c, capscope::stream_handle s) {
+        (static_cast<Derived*>(c->self)->*Method)(s, c->grid);
+    }
+    //! A forward-only stage on `grid`, with the bytes its input and output use there.
+    stage grid_stage(std::string suffix, stage_kind kind, capscope::capture_module_set captured_by, stream_fn forward, token_grid grid) const {
+        stage st = make_stage(std::move(suffix), kind, captured_by, forward, {});
+        const std::size_t bytes = std::size_t(grid.tokens()) * shape_.hidden * sizeof(T);
+        st.inputs = {ref("input", x_, bytes)};
+        st.outputs = {ref("output", y_.data(), bytes)};
+        return st;
+    }
     tensor_ref ref(std::string what, const void* p, std::size_t bytes) const {
         return {name_ + "." + what, const_cast<void*>(p), bytes};
     }
@@ -85,6 +146,7 @@ protected:
     const T* dy_ = nullptr;
     capscope::cuda::device_buffer<T> y_, dx_;
     std::vector<stage> stages_;
+    std::deque<grid_call> grid_calls_;
 };
 
 template <class T>
@@ -93,7 +155,9 @@ public:
     attention_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name,
                     int layer, attention_kind kind, const int* lengths = nullptr);
     void bind(const T* x, const T* dy) override;
-    void forward(cudaStream_t s);
+    std::vector<stage> forward_stages(token_grid grid) override;
+    void forward(cudaStream_t s) { forward_grid(s, this->shape_.grid()); }
+    void forward_grid(cudaStream_t s, token_grid grid);
     void backward(cudaStream_t s);
 
 private:
@@ -110,7 +174,9 @@ class mlp_block final : public block<T> {
 public:
     mlp_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer);
     void bind(const T* x, const T* dy) override;
-    void forward(cudaStream_t s);
+    std::vector<stage> forward_stages(token_grid grid) override;
+    void forward(cudaStream_t s) { forward_grid(s, this->shape_.grid()); }
+    void forward_grid(cudaStream_t s, token_grid grid);
     void backward(cudaStream_t s);
 
 private:
@@ -125,14 +191,19 @@ class moe_block final : public block<T> {
 public:
     moe_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer);
     void bind(const T* x, const T* dy) override;
-    void router_forward(cudaStream_t s);
+    std::vector<stage> forward_stages(token_grid grid) override;
+    void router_forward(cudaStream_t s) { router_grid(s, this->shape_.grid()); }
+    void router_grid(cudaStream_t s, token_grid grid);
     void router_backward(cudaStream_t s);
-    void preprocess_forward(cudaStream_t s);
+    void preprocess_forward(cudaStream_t s) { preprocess_grid(s, this->shape_.grid()); }
+    void preprocess_grid(cudaStream_t s, token_grid grid);
     void preprocess_backward(cudaStream_t s);
-    void experts_forward(cudaStream_t s);
+    void experts_forward(cudaStream_t s) { experts_grid(s, this->shape_.grid()); }
+    void experts_grid(cudaStream_t s, token_grid grid);
     void experts_backward(cudaStream_t s);
 
-    //! Rows of the permuted buffer: experts * capacity (drop-and-pad) or tokens * top_k (dropless).
+    //! Rows of the permuted buffer on `grid`: experts * capacity (drop-and-pad) or tokens * top_k (dropless).
+    int permuted_rows(token_grid grid) const;
     int permuted_rows() const { return rows_; }
     //! Per-expert assignment counts of the last forward (device memory): kept ones under drop-and-pad.
     const int* expert_counts() const { return counts_.data(); }
@@ -152,7 +223,9 @@ class mamba_block final : public block<T> {
 public:
     mamba_block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer);
     void bind(const T* x, const T* dy) override;
-    void forward(cudaStream_t s);
+    std::vector<stage> forward_stages(token_grid grid) override;
+    void forward(cudaStream_t s) { forward_grid(s, this->shape_.grid()); }
+    void forward_grid(cudaStream_t s, token_grid grid);
     void backward(cudaStream_t s);
 
 private:

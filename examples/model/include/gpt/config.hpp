@@ -52,9 +52,10 @@ struct vision_config {
     int layers = 2;
     int max_patches = 32; //!< size of the position table: the largest padded length
     int batch = 4;
-    int padded_len = 32; //!< the length every sample is padded to in this encoder's buffers
+    int padded_len = 32; //!< the longest padded length this encoder's buffers hold (the largest length bucket)
     std::uint64_t seed = 99;
     float init_stddev = 0.02f;
+    bool training = true; //!< false: forward only, no gradient buffers
 
     int tokens() const { return batch * padded_len; }
     void validate() const;

@@ -32,7 +32,12 @@ public:
     //! Declares a parameter; valid until `allocate`.
     id declare(std::string name, std::size_t count, init_kind init, float stddev = 0.f);
     //! Allocates the arenas and draws the initial values from `seed` (host RNG, set-up only).
-    void allocate(std::uint64_t seed, cudaStream_t s);
+    //! Without training state only the working copy is kept: no masters, gradients or moments.
+    void allocate(std::uint64_t seed, cudaStream_t s, bool training_state = true);
+    //! Copies another store's working values (same parameters, same order), e.g. a trained model's.
+    void copy_values_from(const parameter_store& other, cudaStream_t s);
+    //! Device bytes of the arenas.
+    std::size_t device_bytes() const { return master_.bytes() + grads_.bytes() + m_.bytes() + v_.bytes() + values_.bytes(); }
 
     T* value(id i) const { return values_.data() + params_.at(i).offset; }
     float* grad(id i) const { return grads_.data() + params_.at(i).offset; }

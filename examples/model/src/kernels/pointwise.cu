@@ -12,6 +12,15 @@ template <class T> __global__ void cast_from_float_k(const float* in, T* out, lo
     if (i < n) out[i] = from_f<T>(in[i]);
 }
 
+template <class T> __global__ void cast_to_float_k(const T* in, float* out, long n) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i < n) out[i] = to_f(in[i]);
+}
+template <class T> __global__ void zero_padded_rows_k(T* x, const int* valid_samples, int rows_per_sample, long n, int cols) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i < n && i / cols >= long(*valid_samples) * rows_per_sample) x[i] = from_f<T>(0.f);
+}
+
 // ---- GELU (tanh form) ----------------------------------------------------------------------
 constexpr float gelu_k0 = 0.7978845608028654f, gelu_k1 = 0.044715f;
 template <class T> __global__ void gelu_forward_k(const T* x, T* y, long n) {
@@ -57,6 +66,16 @@ template <class T> void cast_from_float(const float* in, T* out, long n, cudaStr
     cast_from_float_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(in, out, n);
     CHECKED("cast_from_float");
 }
+template <class T> void cast_to_float(const T* in, float* out, long n, cudaStream_t s) {
+    if (n == 0) return;
+    cast_to_float_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(in, out, n);
+    CHECKED("cast_to_float");
+}
+template <class T> void zero_padded_rows(T* x, const int* valid_samples, int rows_per_sample, int rows, int cols, cudaStream_t s) {
+    const long n = long(rows) * cols;
+    zero_padded_rows_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, valid_samples, rows_per_sample, n, cols);
+    CHECKED("zero_padded_rows");
+}
 template <class T> void gelu_forward(const T* x, T* y, long n, cudaStream_t s) {
     gelu_forward_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, y, n);
     CHECKED("gelu_forward");
@@ -80,6 +99,8 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
 
 #define INSTANTIATE(T) \
     template void cast_from_float<T>(const float*, T*, long, cudaStream_t); \
+    template void cast_to_float<T>(const T*, float*, long, cudaStream_t); \
+    template void zero_padded_rows<T>(T*, const int*, int, int, int, cudaStream_t); \
     template void gelu_forward<T>(const T*, T*, long, cudaStream_t); \
     template void gelu_backward<T>(const T*, const T*, T*, long, cudaStream_t); \
     template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t);

@@ -1,0 +1,305 @@
+#pragma once
+//! @file
+//! `bucket_runner<Source>`: runs an `inference_program`, one forward per request, in the
+//! bucket the request fits (capscope/plan/buckets.hpp). The language model's runner
+//! (`inference_runner<Config>`) and the vision encoder's (`vision_runner<Config>`) are this class
+//! with settings read off a configuration (capscope/run/inference_runner.hpp).
+//!
+//! Each bucket runs its first `warmup_runs` forwards eagerly, then replays graphs: captured the
+//! first time they run (lazy) or all at once before the first replay (ahead of time). Replay is
+//! one `cudaGraphLaunch` per graphed segment and the eager islands' own stage calls, as in the
+//! training runner: no allocation, no virtual call, no lookup by name.
+//!
+//! A graph is instantiated once. When it has to be captured again with the same topology (its
+//! stages rebound to other buffers by `rebind`, or, with `bucket_exec::shared`, the graph of a
+//! sibling bucket loaded into the one executable graph of that segment), the new graph is applied
+//! to the executable one with `cudaGraphExecUpdate`; it is instantiated anew only when CUDA
+//! refuses the update. `counters()` counts both.
+
+#include <capscope/cuda/error.hpp>
+#include <capscope/cuda/graph.hpp>
+#include <capscope/plan/inference_plan.hpp>
+#include <capscope/run/capture_failed.hpp>
+#include <capscope/run/counters.hpp>
+#include <capscope/run/runner.hpp>
+
+#include <span>
+#include <string>
+#include <vector>
+
+namespace capscope {
+
+//! What a bucket runner reads off a configuration.
+struct bucket_runner_settings {
+    inference_scope scope = inference_scope::eager;
+    capture_module_set modules;
+    bucket_list sizes;
+    int warmup_runs = 0;     //!< eager forwards per bucket before its graphs are captured
+    bool ahead_of_time = false;
+    oversize on_oversize = oversize::raise;
+    bucket_exec execs = bucket_exec::per_bucket;
+    capture_mode mode = capture_mode::per_thread;
+    capture_failure on_failure = capture_failure::raise;
+};
+
+//! `Source::value` is the runner's `bucket_runner_settings` (a constant).
+template <class Source>
+class bucket_runner {
+    static constexpr bucket_runner_settings Settings = Source::value;
+
+public:
+    //! Plans every bucket (throws `plan_error`). Nothing is captured yet.
+    explicit bucket_runner(inference_program program)
+        : program_(std::move(program)), plan_(make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program_)) {
+        bind_calls();
+        const std::size_t per_bucket = std::size_t(plan_.sizes.size()) * std::size_t(plan_.graphs_per_bucket);
+        execs_.resize(Settings.execs == bucket_exec::shared ? std::size_t(plan_.graphs_per_bucket) : per_bucket);
+        if (Settings.execs == bucket_exec::shared) templates_.resize(per_bucket);
+        loaded_.assign(execs_.size(), -1);
+        stale_.assign(per_bucket, 0);
+        run_eagerly_.assign(per_bucket, 0);
+        runs_.assign(std::size_t(plan_.sizes.size()), 0);
+    }
+    bucket_runner(const bucket_runner&) = delete;
+    bucket_runner& operator=(const bucket_runner&) = delete;
+    ~bucket_runner() { release_graphs(); }
+
+    //! The bucket a request of `rows` rows runs in (P6 past the largest, or an eager choice).
+    bucket_choice choose(int rows) const { return choose_bucket(plan_.sizes, rows, Settings.on_oversize); }
+    //! The length bucket of a batch of variable-length samples (P7 names a sample past the largest).
+    bucket_choice choose_lengths(std::span<const int> lengths) const { return choose_length_bucket(plan_.sizes, lengths).bucket; }
+
+    //! Runs one forward in `c`'s bucket on `s` (a stream of its own). The inputs must already be
+    //! padded to `c.size` rows; an eager choice runs `inference_program::eager_forward`.
+    void run(const bucket_choice& c, cudaStream_t s) {
+        if (c.eager()) {
+            run_oversize(c, s);
+            return;
+        }
+        const int b = checked_bucket(c);
+        ++counters_.steps;
+        if (Settings.scope == inference_scope::eager || runs_[std::size_t(b)] < Settings.warmup_runs) {
+            for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) run_eagerly(*seg, s);
+            ++runs_[std::size_t(b)];
+            return;
+        }
+        if (Settings.ahead_of_time && !captured_ahead_) capture_all(s);
+        for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) {
+            if (seg->graphed && !run_eagerly_[index(b, seg->graph)] && ready(b, *seg, s)) {
+                execs_[slot(b, seg->graph)].launch(s);
+                ++counters_.replays;
+                continue;
+            }
+            run_eagerly(*seg, s);
+        }
+        ++runs_[std::size_t(b)];
+    }
+    //! `run(choose(rows), s)`; returns the choice.
+    bucket_choice run(int rows, cudaStream_t s) {
+        const bucket_choice c = choose(rows);
+        run(c, s);
+        return c;
+    }
+
+    //! Warms up and captures every bucket now, largest first (as serving engines do before
+    //! taking requests). Runs forwards on whatever the input buffers hold.
+    void capture_all(cudaStream_t s) {
+        captured_ahead_ = true;
+        if (Settings.scope == inference_scope::eager) return;
+        for (int b = plan_.sizes.size() - 1; b >= 0; --b) {
+            while (runs_[std::size_t(b)] < Settings.warmup_runs) run(bucket_choice{b, plan_.sizes[b], plan_.sizes[b]}, s);
+            for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg)
+                if (seg->graphed && !run_eagerly_[index(b, seg->graph)]) ready(b, *seg, s);
+        }
+    }
+
+    //! Binds the runner to a program with the same stages on other buffers (double-buffered
+    //! inputs, say). Graphs whose stages changed are captured again at their next use and
+    //! applied to their executable graphs with `cudaGraphExecUpdate`. Throws `plan_error` (P3)
+    //! when the stages differ in more than their bindings.
+    void rebind(inference_program program) {
+        inference_plan plan = make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program);
+        for (std::size_t b = 0; b < program.buckets.size(); ++b)
+            for (std::size_t i = 0; i < program.buckets[b].size(); ++i)
+                if (!(program.buckets[b][i].facts() == program_.buckets[b][i].facts()))
+                    throw plan_error("P3", program.buckets[b][i].name,
+                                     "rebind: stage '" + program.buckets[b][i].name + "' differs from the bound program's '" +
+                                         program_.buckets[b][i].name + "' in kind, layer, regions or capture facts",
+                                     "rebind only moves stages to other buffers; build a new runner for other stages");
+        for (int b = 0; b < plan.sizes.size(); ++b)
+            for (const plan_segment* seg = plan.bucket_begin(b); seg != plan.bucket_end(b); ++seg) {
+                if (!seg->graphed) continue;
+                for (int k = 0; k < seg->call_count; ++k) {
+                    const stage_call& c = plan.calls[std::size_t(seg->first_call + k)];
+                    if (!stage_of(program, c).same_binding(stage_of(program_, c))) stale_[index(b, seg->graph)] = 1;
+                }
+            }
+        program_ = std::move(program);
+        plan_ = std::move(plan);
+        bind_calls();
+    }
+
+    //! Frees every graph and returns to the state after construction (eager warmup again).
+    //! Counters are kept.
+    void reset() {
+        release_graphs();
+        runs_.assign(runs_.size(), 0);
+        captured_ahead_ = false;
+    }
+
+    const inference_plan& plan() const noexcept { return plan_; }
+    const inference_program& program() const noexcept { return program_; }
+    const runner_counters& counters() const noexcept { return counters_; }
+    std::string plan_text() const { return to_text(plan_, program_); }
+    static constexpr const bucket_runner_settings& settings() noexcept { return Settings; }
+    //! Executable graphs alive, and captured graphs kept (`bucket_exec::shared` keeps each
+    //! bucket's captured graph to update from).
+    int executable_graphs() const { return count_alive(execs_); }
+    int captured_graphs() const { return count_alive(templates_); }
+    int graphs_alive() const { return executable_graphs() + captured_graphs(); }
+
+private:
+    std::size_t index(int b, int g) const { return std::size_t(b) * std::size_t(plan_.graphs_per_bucket) + std::size_t(g); }
+    std::size_t slot(int b, int g) const { return Settings.execs == bucket_exec::shared ? std::size_t(g) : index(b, g); }
+    template <class V>
+    static int count_alive(const V& v) {
+        int n = 0;
+        for (const auto& x : v) n += x ? 1 : 0;
+        return n;
+    }
+
+    int checked_bucket(const bucket_choice& c) const {
+        if (c.index < 0 || c.index >= plan_.sizes.size() || plan_.sizes[c.index] != c.size || c.requested > c.size || c.requested < 1)
+            throw std::invalid_argument("capscope: bucket_choice {" + std::to_string(c.index) + ", " + std::to_string(c.size) + ", " +
+                                        std::to_string(c.requested) + "} is not one of this runner's buckets " +
+                                        detail::bucket_text(plan_.sizes) + "; take it from choose()");
+        return c.index;
+    }
+
+    void run_oversize(const bucket_choice& c, cudaStream_t s) {
+        if (!program_.eager_forward)
+            throw std::logic_error("capscope: a request of " + std::to_string(c.requested) +
+                                   " rows is past the largest bucket and the config runs it eagerly, but the inference program has no "
+                                   "eager_forward; bind inference_program::eager_forward");
+        scope_label label("eager forward (past the largest bucket)");
+        program_.eager_forward(s, c.requested);
+        ++counters_.steps;
+        ++counters_.oversize_runs;
+    }
+
+    void bind_calls() {
+        calls_.clear();
+        calls_.reserve(plan_.calls.size());
+        for (const stage_call& c : plan_.calls) {
+            const stage& st = stage_of(program_, c);
+            calls_.push_back({st.forward, st.name});
+        }
+    }
+
+    void run_eagerly(const plan_segment& seg, cudaStream_t s) {
+        const detail::bound_call* c = calls_.data() + seg.first_call;
+        for (const detail::bound_call* end = c + seg.call_count; c != end; ++c) {
+            scope_label label(c->name);
+            c->fn(s);
+        }
+        ++counters_.eager_segment_runs;
+    }
+
+    //! Makes bucket b's graph of `seg` launchable in its slot; false when capturing failed and
+    //! the policy is to run it eagerly.
+    bool ready(int b, const plan_segment& seg, cudaStream_t s) {
+        const std::size_t i = index(b, seg.graph), e = slot(b, seg.graph);
+        if constexpr (Settings.execs == bucket_exec::shared) {
+            if (loaded_[e] == b && !stale_[i]) return true;
+            if (!templates_[i] || stale_[i]) {
+                if (!capture(b, seg, s, templates_[i])) return false;
+                stale_[i] = 0;
+            }
+            apply(execs_[e], templates_[i]);
+            loaded_[e] = b;
+            return true;
+        } else {
+            if (execs_[e] && !stale_[i]) return true;
+            cuda::graph g;
+            if (!capture(b, seg, s, g)) return false;
+            apply(execs_[e], g);
+            stale_[i] = 0;
+            return true;
+        }
+    }
+
+    //! Updates `exec` from `g` in place, or instantiates `g` when there is none or CUDA refuses.
+    void apply(cuda::graph_exec& exec, const cuda::graph& g) {
+        if (exec) {
+            if (exec.update(g) == cuda::update_result::updated) {
+                ++counters_.exec_updates;
+                return;
+            }
+            ++counters_.update_refusals;
+        }
+        exec = cuda::graph_exec(g);
+        ++counters_.instantiations;
+    }
+
+    bool capture(int b, const plan_segment& seg, cudaStream_t s, cuda::graph& out) {
+        int running = -1;
+        try {
+            if (s == nullptr || s == cudaStreamLegacy)
+                throw std::invalid_argument("the legacy default stream cannot be captured: give run() a stream of its own (capscope::cuda::stream)");
+            out = cuda::capture(
+                s,
+                [&](cudaStream_t cs) {
+                    for (int k = 0; k < seg.call_count; ++k) {
+                        running = seg.first_call + k;
+                        const detail::bound_call& c = calls_[std::size_t(running)];
+                        scope_label label(c.name);
+                        c.fn(cs);
+                    }
+                    running = -1;
+                },
+                detail::cuda_capture_mode(Settings.mode));
+            ++counters_.captures;
+            return true;
+        } catch (const std::exception& e) {
+            cudaGetLastError();
+            ++counters_.capture_failures;
+            const std::string stage_name = running >= 0 ? std::string(calls_[std::size_t(running)].name) : std::string();
+            if (Settings.on_failure == capture_failure::raise)
+                throw capture_failed("capscope: capturing graph g" + std::to_string(seg.graph) + " of bucket " + std::to_string(plan_.sizes[b]) +
+                                         " failed" + (stage_name.empty() ? std::string(" when the capture ended") : " in stage '" + stage_name + "'") +
+                                         ": " + e.what() +
+                                         "\n  the capture was ended and its partial graph destroyed; the stream is usable"
+                                         "\n  fix: tag the stage (synchronizes_with_host / shapes_depend_on_data) so the plan keeps it out of "
+                                         "graphs, or build the runner with on_capture_failure<capture_failure::run_eagerly>",
+                                     stage_name, seg.layer, seg.graph, b);
+            run_eagerly_[index(b, seg.graph)] = 1;
+            return false;
+        }
+    }
+
+    void release_graphs() noexcept {
+        const bool had = graphs_alive() > 0;
+        for (auto& e : execs_) e = cuda::graph_exec{};
+        for (auto& t : templates_) t = cuda::graph{};
+        loaded_.assign(loaded_.size(), -1);
+        stale_.assign(stale_.size(), 0);
+        run_eagerly_.assign(run_eagerly_.size(), 0);
+        int device = 0;
+        if (had && cudaGetDevice(&device) == cudaSuccess) cudaDeviceGraphMemTrim(device);
+        cudaGetLastError();
+    }
+
+    inference_program program_;
+    inference_plan plan_;
+    std::vector<detail::bound_call> calls_;
+    std::vector<cuda::graph_exec> execs_;   //!< per (bucket, graph), or per graph when shared
+    std::vector<cuda::graph> templates_;    //!< shared: each bucket's captured graph, per (bucket, graph)
+    std::vector<int> loaded_;               //!< shared: the bucket whose graph an executable graph holds
+    std::vector<unsigned char> stale_;      //!< per (bucket, graph): rebound, capture again
+    std::vector<unsigned char> run_eagerly_; //!< per (bucket, graph): capture failed, policy run_eagerly
+    std::vector<int> runs_;                 //!< forwards per bucket since construction or reset()
+    runner_counters counters_;
+    bool captured_ahead_ = false;
+};
+
+} // namespace capscope
