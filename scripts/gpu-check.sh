@@ -58,11 +58,11 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_cuda_layer test_model test_gradients test_runner; do
+  for t in test_cuda_layer test_model test_gradients test_runner test_inference; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-      "build-gpu/tests/gpu_$t" --test-case-exclude='*allocates no device memory*,*allocate no device memory*,*allocate nothing*' >>"$OUT/memcheck.log" 2>&1
+      "build-gpu/tests/gpu_$t" --test-case-exclude='*allocates no device memory*,*allocate no device memory*,*allocate nothing*,*no gradient or optimizer state*' >>"$OUT/memcheck.log" 2>&1
     mrc=$?
     echo "memcheck gpu_$t: exit $mrc" | tee -a "$OUT/memcheck.log"
     [ $mrc -eq 0 ] || rc=$mrc
@@ -71,6 +71,11 @@ if want memcheck; then
 fi
 
 if want bench; then
+  build-gpu/bench/inference --markdown "$OUT/bench-inference.md" >"$OUT/bench-inference.log" 2>&1
+  irc=$?
+  cat "$OUT/bench-inference.md" 2>/dev/null | grep -E "^\| |^Through|^Device"; tail -3 "$OUT/bench-inference.log"
+  echo "inference bench exit $irc"
+  [ $irc -eq 0 ] || rc=$irc
   if [ -x build-gpu/bench/runner_overhead ]; then
     build-gpu/bench/runner_overhead --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
     brc=$?

@@ -7,6 +7,7 @@
 #include <capscope/plan/buckets.hpp>
 #include <capscope/plan/capture_region.hpp>
 #include <capscope/plan/inference_plan.hpp>
+#include <capscope/plan/inference_settings.hpp>
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
 #include <capscope/plan/plan_error.hpp>

@@ -1,5 +1,5 @@
-// Compile-fail cases of the plan rules (P1, P2): a configuration that captures a stage its
-// layer schema says cannot be captured. As is, every valid twin must compile; with
+// Compile-fail cases of the plan rules: P1, P2 (a configuration that captures a stage its
+// layer schema says cannot be captured), P4 (bucket lists), P5 (an inference runner's buckets). As is, every valid twin must compile; with
 // -DCASE_<ID>[__variant] the first error must read "capscope plan rule <ID>:" (check.py).
 #include <capscope/capscope.hpp>
 
@@ -33,6 +33,33 @@ CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, moe_dropl
 CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::attention>, drop_and_pad>, experts_only>);
 #ifdef CASE_P2
 CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::moe>, drop_and_pad>, experts_only>);
+#endif
+
+// P4: bucket lists are positive and strictly increasing.
+CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, buckets<1, 2, 4, 8>>);
+#ifdef CASE_P4
+CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, buckets<4, 2, 8>>);
+#endif
+CHECK_COMPILES(config<vision<impl::ahead_of_time_per_layer, max_seq_length<64>>, length_buckets<16, 32, 64>>);
+#ifdef CASE_P4__length_repeated
+CHECK_COMPILES(config<vision<impl::ahead_of_time_per_layer, max_seq_length<64>>, length_buckets<16, 16, 64>>);
+#endif
+CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, megatron_buckets<16, 512>>);
+#ifdef CASE_P4__megatron_zero_graphs
+CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, megatron_buckets<0, 512>>);
+#endif
+// P5: an inference runner needs its buckets; a vision runner the length it pads to.
+CHECK_COMPILES(inference_settings<config<impl::lazy_per_layer, inference::per_block, buckets<1, 8>>>::value);
+#ifdef CASE_P5
+CHECK_COMPILES(inference_settings<config<impl::lazy_per_layer, inference::per_block>>::value);
+#endif
+CHECK_COMPILES(vision_inference_settings<config<vision<impl::ahead_of_time_per_layer, max_seq_length<64>>>>::value);
+#ifdef CASE_P5__vision_no_length
+CHECK_COMPILES(vision_inference_settings<config<vision<impl::ahead_of_time_per_layer>>>::value);
+#endif
+CHECK_COMPILES(vision_inference_settings<config<vision<impl::ahead_of_time_per_layer, max_seq_length<64>>, length_buckets<32, 64>>>::value);
+#ifdef CASE_P5__length_past_max
+CHECK_COMPILES(vision_inference_settings<config<vision<impl::ahead_of_time_per_layer, max_seq_length<64>>, length_buckets<32, 128>>>::value);
 #endif
 
 int main() {}

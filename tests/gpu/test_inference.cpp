@@ -104,6 +104,7 @@ TEST_CASE("forward-only model: the training model's weights, no gradient or opti
     c.layer_pattern = "DDEM";
     c.moe_mode = gpt::moe_mode::drop_and_pad;
     std::size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
+    gpt::inference_model<float> first(serving_model(), s.get()); // the context, cuBLAS and modules set up before measuring
     CAPSCOPE_CHECK(cudaDeviceSynchronize());
     CAPSCOPE_CHECK(cudaMemGetInfo(&free0, &total));
     gpt::inference_model<float> inf(c, s.get());
@@ -253,8 +254,9 @@ TEST_CASE("bucket_exec::shared: one executable graph per segment, updated from t
         }
     const runner_counters& k = r.counters();
     std::printf("shared executable graphs: %d executable, %d captured kept; captures %ld, instantiations %ld, exec updates %ld, "
-                "update refusals %ld, replays %ld\n",
-                r.executable_graphs(), r.captured_graphs(), k.captures, k.instantiations, k.exec_updates, k.update_refusals, k.replays);
+                "update refusals %ld (last: %s), replays %ld\n",
+                r.executable_graphs(), r.captured_graphs(), k.captures, k.instantiations, k.exec_updates, k.update_refusals,
+                r.last_update_refusal(), k.replays);
     CHECK(r.executable_graphs() == g);
     CHECK(r.captured_graphs() == 4 * g);
     CHECK(k.captures == 4L * g);

@@ -7,6 +7,9 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -189,4 +192,28 @@ TEST_CASE("the inference program's shape is checked against the buckets") {
     q.buckets[1][1].layer = 7;
     CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 2}, q); })
               .find("differs from the first bucket's") != std::string::npos);
+}
+
+TEST_CASE("Megatron's own batch sizes, recorded from d98e8a64dd, match capscope's derivation case for case") {
+    // tools/conformance/megatron_batch_sizes.py ran Megatron's _calculate_cuda_graph_token_counts
+    // over this grid on the GPU machine (it needs torch).
+    std::ifstream in(CAPSCOPE_UNIT_DATA "/megatron_batch_sizes.jsonl");
+    REQUIRE(in.good());
+    const std::regex line_re(R"re(\{"num_cuda_graphs": (-?\d+), "max_tokens": (\d+), "tp_size": (\d+), "sizing": "(\w+)", "sizes": \[([\d, ]*)\]\})re");
+    std::string line;
+    int cases = 0, agree = 0;
+    while (std::getline(in, line)) {
+        std::smatch m;
+        REQUIRE_MESSAGE(std::regex_match(line, m, line_re), line);
+        bucket_list want;
+        std::stringstream sizes(m[5].str());
+        for (std::string v; std::getline(sizes, v, ',');) want.push_back(std::stoi(v));
+        const bucket_list got = megatron_cuda_graph_batch_sizes(std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3]),
+                                                                m[4] == "linear" ? bucket_sizing::linear : bucket_sizing::exponential);
+        CHECK_MESSAGE(got == want, line, " -> capscope: ", detail::bucket_text(got));
+        ++cases;
+        agree += got == want;
+    }
+    MESSAGE(agree << " of " << cases << " cases agree");
+    CHECK(cases == 960);
 }

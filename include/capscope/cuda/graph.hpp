@@ -14,6 +14,21 @@
 
 namespace capscope::cuda {
 
+//! CUDA's reason for refusing an update, in words.
+constexpr const char* update_refusal_name(cudaGraphExecUpdateResult r) {
+    switch (r) {
+    case cudaGraphExecUpdateSuccess: return "none";
+    case cudaGraphExecUpdateErrorTopologyChanged: return "topology changed";
+    case cudaGraphExecUpdateErrorNodeTypeChanged: return "node type changed";
+    case cudaGraphExecUpdateErrorFunctionChanged: return "kernel function changed";
+    case cudaGraphExecUpdateErrorParametersChanged: return "parameters changed in an unsupported way";
+    case cudaGraphExecUpdateErrorNotSupported: return "not supported";
+    case cudaGraphExecUpdateErrorUnsupportedFunctionChange: return "unsupported kernel function change";
+    case cudaGraphExecUpdateErrorAttributesChanged: return "node attributes changed";
+    default: return "other";
+    }
+}
+
 //! CUDA graphs and executable graphs alive in this process, created through capscope.
 struct graph_census {
     long graphs = 0;
@@ -77,9 +92,11 @@ public:
     //! executable graph in place, when `g` has its topology (`cudaGraphExecUpdate`). Returns
     //! `refused` when CUDA cannot apply it (then instantiate `g` anew; this graph is unchanged
     //! and still usable); any other failure throws.
-    update_result update(const graph& g) {
+    //! `why`, when given, receives CUDA's reason for a refusal.
+    update_result update(const graph& g, cudaGraphExecUpdateResult* why = nullptr) {
         cudaGraphExecUpdateResultInfo info{};
         const cudaError_t e = cudaGraphExecUpdate(get(), g.get(), &info);
+        if (why) *why = info.result;
         if (e == cudaSuccess) return update_result::updated;
         if (e == cudaErrorGraphExecUpdateFailure) {
             cudaGetLastError(); // reported by the result, not by the next call

@@ -19,6 +19,7 @@
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
 #include <capscope/plan/inference_plan.hpp>
+#include <capscope/plan/inference_settings.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
 #include <capscope/run/runner.hpp>
@@ -28,19 +29,6 @@
 #include <vector>
 
 namespace capscope {
-
-//! What a bucket runner reads off a configuration.
-struct bucket_runner_settings {
-    inference_scope scope = inference_scope::eager;
-    capture_module_set modules;
-    bucket_list sizes;
-    int warmup_runs = 0;     //!< eager forwards per bucket before its graphs are captured
-    bool ahead_of_time = false;
-    oversize on_oversize = oversize::raise;
-    bucket_exec execs = bucket_exec::per_bucket;
-    capture_mode mode = capture_mode::per_thread;
-    capture_failure on_failure = capture_failure::raise;
-};
 
 //! `Source::value` is the runner's `bucket_runner_settings` (a constant).
 template <class Source>
@@ -157,6 +145,8 @@ public:
     int executable_graphs() const { return count_alive(execs_); }
     int captured_graphs() const { return count_alive(templates_); }
     int graphs_alive() const { return executable_graphs() + captured_graphs(); }
+    //! CUDA's reason for the last refused update, in words ("none" if none was refused).
+    const char* last_update_refusal() const noexcept { return cuda::update_refusal_name(last_refusal_); }
 
 private:
     std::size_t index(int b, int g) const { return std::size_t(b) * std::size_t(plan_.graphs_per_bucket) + std::size_t(g); }
@@ -231,11 +221,13 @@ private:
     //! Updates `exec` from `g` in place, or instantiates `g` when there is none or CUDA refuses.
     void apply(cuda::graph_exec& exec, const cuda::graph& g) {
         if (exec) {
-            if (exec.update(g) == cuda::update_result::updated) {
+            cudaGraphExecUpdateResult why = cudaGraphExecUpdateSuccess;
+            if (exec.update(g, &why) == cuda::update_result::updated) {
                 ++counters_.exec_updates;
                 return;
             }
             ++counters_.update_refusals;
+            last_refusal_ = why;
         }
         exec = cuda::graph_exec(g);
         ++counters_.instantiations;
@@ -300,6 +292,7 @@ private:
     std::vector<int> runs_;                 //!< forwards per bucket since construction or reset()
     runner_counters counters_;
     bool captured_ahead_ = false;
+    cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;
 };
 
 } // namespace capscope

@@ -21,7 +21,7 @@ enum class oversize : unsigned char {
 
 //! An ascending list of positive sizes, as a literal type (a `config<…>` holds one).
 struct bucket_list {
-    static constexpr std::size_t capacity = 128;
+    static constexpr std::size_t capacity = 256;
     std::array<int, capacity> sizes{};
     int count = 0;
 
@@ -30,7 +30,7 @@ struct bucket_list {
         for (int v : l) push_back(v);
     }
     constexpr void push_back(int v) {
-        if (count == int(capacity)) throw std::length_error("capscope: at most 128 buckets");
+        if (count == int(capacity)) throw std::length_error("capscope: at most 256 buckets");
         sizes[std::size_t(count++)] = v;
     }
     constexpr bool empty() const { return count == 0; }
