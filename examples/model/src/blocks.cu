@@ -5,6 +5,7 @@
 
 #include "gemm.hpp"
 #include "kernels.hpp"
+#include "layers.hpp"
 
 #include <capscope/cuda/error.hpp>
 
@@ -392,5 +393,53 @@ template class moe_block<float>;
 template class moe_block<__nv_bfloat16>;
 template class mamba_block<float>;
 template class mamba_block<__nv_bfloat16>;
+
+// ---- the layer stack of a model config (layers.hpp) ------------------------------------------
+namespace detail {
+
+block_shape shape_of(const model_config& c, bool training) {
+    block_shape s;
+    s.batch = c.batch;
+    s.seq = c.seq_len;
+    s.hidden = c.hidden;
+    s.heads = c.heads;
+    s.ffn_hidden = c.ffn_hidden;
+    s.experts = c.experts;
+    s.top_k = c.top_k;
+    s.capacity_factor = c.capacity_factor;
+    s.inner = c.inner();
+    s.moe_mode = c.moe_mode;
+    s.init_stddev = c.init_stddev;
+    s.training = training;
+    return s;
+}
+
+template <class T>
+std::vector<std::unique_ptr<block<T>>> make_layers(const model_config& c, const block_shape& sh, parameter_store<T>& params,
+                                                   const capscope::cuda::blas_handle& blas) {
+    std::vector<std::unique_ptr<block<T>>> blocks;
+    for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
+        const std::string name = "layer" + std::to_string(i);
+        const int layer = static_cast<int>(i);
+        switch (c.layer_pattern[i]) {
+        case 'D':
+            blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
+            blocks.push_back(std::make_unique<mlp_block<T>>(sh, params, blas, name, layer));
+            break;
+        case 'E':
+            blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
+            blocks.push_back(std::make_unique<moe_block<T>>(sh, params, blas, name, layer));
+            break;
+        default: blocks.push_back(std::make_unique<mamba_block<T>>(sh, params, blas, name, layer)); break;
+        }
+    }
+    return blocks;
+}
+template std::vector<std::unique_ptr<block<float>>> make_layers(const model_config&, const block_shape&, parameter_store<float>&,
+                                                                const capscope::cuda::blas_handle&);
+template std::vector<std::unique_ptr<block<__nv_bfloat16>>> make_layers(const model_config&, const block_shape&,
+                                                                        parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&);
+
+} // namespace detail
 
 } // namespace gpt

@@ -3,6 +3,7 @@
 
 #include "gemm.hpp"
 #include "kernels.hpp"
+#include "layers.hpp"
 
 #include <capscope/cuda/error.hpp>
 
@@ -30,34 +31,7 @@ inference_model<T>::inference_model(const model_config& cfg, cudaStream_t s)
       // Declared in gpt_model's order, so the two stores have one layout (load_parameters).
       tok_emb_(params_.declare("embedding.tokens", std::size_t(cfg.vocab) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
       pos_emb_(params_.declare("embedding.positions", std::size_t(cfg.seq_len) * cfg.hidden, init_kind::normal, cfg.init_stddev)) {
-    block_shape sh;
-    sh.batch = cfg.batch;
-    sh.seq = cfg.seq_len;
-    sh.hidden = cfg.hidden;
-    sh.heads = cfg.heads;
-    sh.ffn_hidden = cfg.ffn_hidden;
-    sh.experts = cfg.experts;
-    sh.top_k = cfg.top_k;
-    sh.capacity_factor = cfg.capacity_factor;
-    sh.inner = cfg.inner();
-    sh.moe_mode = cfg.moe_mode;
-    sh.init_stddev = cfg.init_stddev;
-    sh.training = false;
-    for (std::size_t i = 0; i < cfg.layer_pattern.size(); ++i) {
-        const std::string name = "layer" + std::to_string(i);
-        const int layer = static_cast<int>(i);
-        switch (cfg.layer_pattern[i]) {
-        case 'D':
-            blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, layer, attention_kind::causal));
-            blocks_.push_back(std::make_unique<mlp_block<T>>(sh, params_, blas_, name, layer));
-            break;
-        case 'E':
-            blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, layer, attention_kind::causal));
-            blocks_.push_back(std::make_unique<moe_block<T>>(sh, params_, blas_, name, layer));
-            break;
-        default: blocks_.push_back(std::make_unique<mamba_block<T>>(sh, params_, blas_, name, layer)); break;
-        }
-    }
+    blocks_ = detail::make_layers(cfg, detail::shape_of(cfg, /*training=*/false), params_, blas_);
     final_norm_ = params_.declare("final_norm", cfg.hidden, init_kind::ones);
     head_w_ = params_.declare("lm_head", std::size_t(cfg.hidden) * cfg.vocab, init_kind::normal, cfg.init_stddev);
 

@@ -2,6 +2,7 @@
 
 #include "gemm.hpp"
 #include "kernels.hpp"
+#include "layers.hpp"
 
 #include <capscope/cuda/error.hpp>
 
@@ -14,21 +15,6 @@ using capscope::cuda::device_buffer;
 using detail::gemm;
 
 namespace {
-block_shape shape_of(const model_config& c) {
-    block_shape s;
-    s.batch = c.batch;
-    s.seq = c.seq_len;
-    s.hidden = c.hidden;
-    s.heads = c.heads;
-    s.ffn_hidden = c.ffn_hidden;
-    s.experts = c.experts;
-    s.top_k = c.top_k;
-    s.capacity_factor = c.capacity_factor;
-    s.inner = c.inner();
-    s.moe_mode = c.moe_mode;
-    s.init_stddev = c.init_stddev;
-    return s;
-}
 const model_config& validated(const model_config& c) {
     c.validate();
     return c;
@@ -40,22 +26,7 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
     : cfg_(validated(cfg)),
       tok_emb_(params_.declare("embedding.tokens", std::size_t(cfg.vocab) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
       pos_emb_(params_.declare("embedding.positions", std::size_t(cfg.seq_len) * cfg.hidden, init_kind::normal, cfg.init_stddev)) {
-    const block_shape sh = shape_of(cfg);
-    for (std::size_t i = 0; i < cfg.layer_pattern.size(); ++i) {
-        const std::string name = "layer" + std::to_string(i);
-        const int layer = static_cast<int>(i);
-        switch (cfg.layer_pattern[i]) {
-        case 'D':
-            blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, layer, attention_kind::causal));
-            blocks_.push_back(std::make_unique<mlp_block<T>>(sh, params_, blas_, name, layer));
-            break;
-        case 'E':
-            blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, layer, attention_kind::causal));
-            blocks_.push_back(std::make_unique<moe_block<T>>(sh, params_, blas_, name, layer));
-            break;
-        default: blocks_.push_back(std::make_unique<mamba_block<T>>(sh, params_, blas_, name, layer)); break;
-        }
-    }
+    blocks_ = detail::make_layers(cfg, detail::shape_of(cfg, /*training=*/true), params_, blas_);
     final_norm_ = params_.declare("final_norm", cfg.hidden, init_kind::ones);
     head_w_ = params_.declare("lm_head", std::size_t(cfg.hidden) * cfg.vocab, init_kind::normal, cfg.init_stddev);
 

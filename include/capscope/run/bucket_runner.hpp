@@ -236,20 +236,7 @@ private:
     bool capture(int b, const plan_segment& seg, cudaStream_t s, cuda::graph& out) {
         int running = -1;
         try {
-            if (s == nullptr || s == cudaStreamLegacy)
-                throw std::invalid_argument("the legacy default stream cannot be captured: give run() a stream of its own (capscope::cuda::stream)");
-            out = cuda::capture(
-                s,
-                [&](cudaStream_t cs) {
-                    for (int k = 0; k < seg.call_count; ++k) {
-                        running = seg.first_call + k;
-                        const detail::bound_call& c = calls_[std::size_t(running)];
-                        scope_label label(c.name);
-                        c.fn(cs);
-                    }
-                    running = -1;
-                },
-                detail::cuda_capture_mode(Settings.mode));
+            out = detail::capture_calls(calls_, seg.first_call, seg.call_count, s, Settings.mode, running);
             ++counters_.captures;
             return true;
         } catch (const std::exception& e) {
@@ -276,9 +263,7 @@ private:
         loaded_.assign(loaded_.size(), -1);
         stale_.assign(stale_.size(), 0);
         run_eagerly_.assign(run_eagerly_.size(), 0);
-        int device = 0;
-        if (had && cudaGetDevice(&device) == cudaSuccess) cudaDeviceGraphMemTrim(device);
-        cudaGetLastError();
+        if (had) detail::trim_graph_memory();
     }
 
     inference_program program_;

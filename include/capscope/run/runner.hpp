@@ -27,6 +27,7 @@
 #include <capscope/run/counters.hpp>
 #include <capscope/run/scratch.hpp>
 
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +50,35 @@ struct bound_call {
     stream_fn fn;
     std::string_view name;
 };
+
+//! Captures calls [first, first + count) on `s` into a graph, each under its name as the error
+//! scope; `running` is the call being captured while it runs (-1 once all have run), so a
+//! failure can name the stage.
+inline cuda::graph capture_calls(const std::vector<bound_call>& calls, int first, int count, cudaStream_t s, capture_mode mode,
+                                 int& running) {
+    if (s == nullptr || s == cudaStreamLegacy)
+        throw std::invalid_argument("the legacy default stream cannot be captured: give the runner a stream of its own (capscope::cuda::stream)");
+    return cuda::capture(
+        s,
+        [&](cudaStream_t cs) {
+            for (int k = 0; k < count; ++k) {
+                running = first + k;
+                const bound_call& c = calls[std::size_t(running)];
+                scope_label label(c.name);
+                c.fn(cs);
+            }
+            running = -1;
+        },
+        cuda_capture_mode(mode));
+}
+
+//! Returns the memory CUDA keeps for graph allocations (stream-ordered allocations made inside
+//! captured segments) once a runner has freed the graphs that used it.
+inline void trim_graph_memory() noexcept {
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGraphMemTrim(device);
+    cudaGetLastError();
+}
 } // namespace detail
 
 template <class Config, class Schemas = layer_schemas<>>
@@ -163,22 +193,9 @@ private:
     bool capture(const plan_segment& seg, cudaStream_t s) {
         int running = -1;
         try {
-            if (s == nullptr || s == cudaStreamLegacy)
-                throw std::invalid_argument("the legacy default stream cannot be captured: give step() a stream of its own (capscope::cuda::stream)");
             scratch_.reserve_arena();
             scratch_.begin_segment(true);
-            cuda::graph g = cuda::capture(
-                s,
-                [&](cudaStream_t cs) {
-                    for (int k = 0; k < seg.call_count; ++k) {
-                        running = seg.first_call + k;
-                        const detail::bound_call& c = calls_[std::size_t(running)];
-                        scope_label label(c.name);
-                        c.fn(cs);
-                    }
-                    running = -1;
-                },
-                detail::cuda_capture_mode(Config::engine.mode));
+            cuda::graph g = detail::capture_calls(calls_, seg.first_call, seg.call_count, s, Config::engine.mode, running);
             scratch_.end_segment(calls_[std::size_t(seg.first_call)].name);
             ++counters_.captures;
             execs_[std::size_t(seg.graph)] = cuda::graph_exec(g);
@@ -213,11 +230,7 @@ private:
         for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
         run_eagerly_.assign(run_eagerly_.size(), 0);
         scratch_.release_retired();
-        // Return the memory CUDA keeps for graph allocations (stream-ordered allocations made
-        // inside captured segments) now that no graph of this runner uses it.
-        int device = 0;
-        if (had && cudaGetDevice(&device) == cudaSuccess) cudaDeviceGraphMemTrim(device);
-        cudaGetLastError();
+        if (had) detail::trim_graph_memory();
     }
 
     training_program program_;
