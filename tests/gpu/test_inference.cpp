@@ -231,10 +231,20 @@ TEST_CASE("rebinding the inputs updates the executable graphs in place, equal to
     CHECK(per_layer.counters().exec_updates == 0);
     CHECK(per_layer.counters().captures == 4L * per_layer.plan().graphs_per_bucket);
     CHECK(support::same_bits(logits_of(m, 4, s.get()), updated));
-    // Other stages are not a rebind.
-    auto other = m.inference_program(bucket_sizes, 1);
-    other.buckets[0].pop_back();
-    CHECK_THROWS_AS(r.rebind(std::move(other)), plan_error);
+    // Other stages are not a rebind (P3); the runner keeps its program.
+    auto fewer = m.inference_program(bucket_sizes, 1);
+    for (auto& list : fewer.buckets) list.pop_back();
+    try {
+        r.rebind(std::move(fewer));
+        FAIL("rebind took other stages");
+    } catch (const plan_error& e) {
+        CHECK(std::string(e.what()).find("capscope plan rule P3: rebind: bucket 1 has 8 stages, the bound program's has 9") == 0);
+    }
+    auto moved = m.inference_program(bucket_sizes, 1);
+    moved.buckets[2][1].layer = 5;
+    CHECK_THROWS_AS(r.rebind(std::move(moved)), plan_error);
+    r.run(r.choose(4), s.get());
+    CHECK(support::same_bits(logits_of(m, 4, s.get()), updated));
 }
 
 TEST_CASE("bucket_exec::shared: one executable graph per segment, updated from the bucket's captured graph") {

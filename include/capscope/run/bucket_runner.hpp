@@ -107,13 +107,19 @@ public:
     //! when the stages differ in more than their bindings.
     void rebind(inference_program program) {
         inference_plan plan = make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program);
-        for (std::size_t b = 0; b < program.buckets.size(); ++b)
+        for (std::size_t b = 0; b < program.buckets.size(); ++b) {
+            if (program.buckets[b].size() != program_.buckets[b].size())
+                throw plan_error("P3", "",
+                                 "rebind: bucket " + std::to_string(plan.sizes[int(b)]) + " has " + std::to_string(program.buckets[b].size()) +
+                                     " stages, the bound program's has " + std::to_string(program_.buckets[b].size()),
+                                 "rebind only moves stages to other buffers; build a new runner for other stages");
             for (std::size_t i = 0; i < program.buckets[b].size(); ++i)
                 if (!(program.buckets[b][i].facts() == program_.buckets[b][i].facts()))
                     throw plan_error("P3", program.buckets[b][i].name,
                                      "rebind: stage '" + program.buckets[b][i].name + "' differs from the bound program's '" +
                                          program_.buckets[b][i].name + "' in kind, layer, regions or capture facts",
                                      "rebind only moves stages to other buffers; build a new runner for other stages");
+        }
         for (int b = 0; b < plan.sizes.size(); ++b)
             for (const plan_segment* seg = plan.bucket_begin(b); seg != plan.bucket_end(b); ++seg) {
                 if (!seg->graphed) continue;
