@@ -415,30 +415,33 @@ block_shape shape_of(const model_config& c, bool training) {
 }
 
 template <class T>
-std::vector<std::unique_ptr<block<T>>> make_layers(const model_config& c, const block_shape& sh, parameter_store<T>& params,
-                                                   const capscope::cuda::blas_handle& blas) {
-    std::vector<std::unique_ptr<block<T>>> blocks;
+model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas) {
+    model_layout<T> m;
+    m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
+    m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
+    const block_shape sh = shape_of(c, training);
     for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
         const std::string name = "layer" + std::to_string(i);
         const int layer = static_cast<int>(i);
         switch (c.layer_pattern[i]) {
         case 'D':
-            blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
-            blocks.push_back(std::make_unique<mlp_block<T>>(sh, params, blas, name, layer));
+            m.blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
+            m.blocks.push_back(std::make_unique<mlp_block<T>>(sh, params, blas, name, layer));
             break;
         case 'E':
-            blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
-            blocks.push_back(std::make_unique<moe_block<T>>(sh, params, blas, name, layer));
+            m.blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
+            m.blocks.push_back(std::make_unique<moe_block<T>>(sh, params, blas, name, layer));
             break;
-        default: blocks.push_back(std::make_unique<mamba_block<T>>(sh, params, blas, name, layer)); break;
+        default: m.blocks.push_back(std::make_unique<mamba_block<T>>(sh, params, blas, name, layer)); break;
         }
     }
-    return blocks;
+    m.final_norm = params.declare("final_norm", c.hidden, init_kind::ones);
+    m.head_w = params.declare("lm_head", std::size_t(c.hidden) * c.vocab, init_kind::normal, c.init_stddev);
+    return m;
 }
-template std::vector<std::unique_ptr<block<float>>> make_layers(const model_config&, const block_shape&, parameter_store<float>&,
-                                                                const capscope::cuda::blas_handle&);
-template std::vector<std::unique_ptr<block<__nv_bfloat16>>> make_layers(const model_config&, const block_shape&,
-                                                                        parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&);
+template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&);
+template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&,
+                                                   const capscope::cuda::blas_handle&);
 
 } // namespace detail
 

@@ -18,22 +18,15 @@ using capscope::stream_fn;
 using capscope::cuda::device_buffer;
 using detail::gemm;
 
-namespace {
-const model_config& validated(const model_config& c) {
-    c.validate();
-    return c;
-}
-} // namespace
-
 template <class T>
 inference_model<T>::inference_model(const model_config& cfg, cudaStream_t s)
-    : cfg_(validated(cfg)),
-      // Declared in gpt_model's order, so the two stores have one layout (load_parameters).
-      tok_emb_(params_.declare("embedding.tokens", std::size_t(cfg.vocab) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
-      pos_emb_(params_.declare("embedding.positions", std::size_t(cfg.seq_len) * cfg.hidden, init_kind::normal, cfg.init_stddev)) {
-    blocks_ = detail::make_layers(cfg, detail::shape_of(cfg, /*training=*/false), params_, blas_);
-    final_norm_ = params_.declare("final_norm", cfg.hidden, init_kind::ones);
-    head_w_ = params_.declare("lm_head", std::size_t(cfg.hidden) * cfg.vocab, init_kind::normal, cfg.init_stddev);
+    : cfg_(detail::validated(cfg)) {
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/false, params_, blas_);
+    tok_emb_ = layout.tok_emb;
+    pos_emb_ = layout.pos_emb;
+    final_norm_ = layout.final_norm;
+    head_w_ = layout.head_w;
+    blocks_ = std::move(layout.blocks);
 
     const std::size_t t = cfg.tokens(), h = cfg.hidden, v = cfg.vocab;
     inputs_ = device_buffer<int>(input_slots * slot_ints());

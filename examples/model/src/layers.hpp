@@ -1,7 +1,7 @@
 #pragma once
-// What the training model and the forward-only model share: the block shape of a model config,
-// and its layer stack built from the layer pattern, in one parameter order (so the two models'
-// parameter stores have one layout).
+// What the training model and the forward-only model share: the checked config, and every
+// parameter and block of it declared in one order (so the two models' parameter stores have one
+// layout, which load_parameters relies on).
 
 #include <gpt/blocks.hpp>
 #include <gpt/config.hpp>
@@ -11,12 +11,24 @@
 
 namespace gpt::detail {
 
+//! `c`, after `c.validate()` (for a constructor's initializer list).
+inline const model_config& validated(const model_config& c) {
+    c.validate();
+    return c;
+}
+
 block_shape shape_of(const model_config& c, bool training);
 
-//! The blocks of `c.layer_pattern` ('D' attention + mlp, 'E' attention + moe, 'M' mamba), their
-//! parameters declared in `params` in layer order.
 template <class T>
-std::vector<std::unique_ptr<block<T>>> make_layers(const model_config& c, const block_shape& shape, parameter_store<T>& params,
-                                                   const capscope::cuda::blas_handle& blas);
+struct model_layout {
+    typename parameter_store<T>::id tok_emb, pos_emb, final_norm, head_w;
+    std::vector<std::unique_ptr<block<T>>> blocks;
+};
+
+//! Declares the model's parameters in `params` (embeddings, then each layer of `c.layer_pattern`:
+//! 'D' attention + mlp, 'E' attention + moe, 'M' mamba; then the final norm and the LM head) and
+//! builds its blocks, with gradient buffers when `training`.
+template <class T>
+model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas);
 
 } // namespace gpt::detail

@@ -14,21 +14,15 @@ namespace gpt {
 using capscope::cuda::device_buffer;
 using detail::gemm;
 
-namespace {
-const model_config& validated(const model_config& c) {
-    c.validate();
-    return c;
-}
-} // namespace
-
 template <class T>
 gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
-    : cfg_(validated(cfg)),
-      tok_emb_(params_.declare("embedding.tokens", std::size_t(cfg.vocab) * cfg.hidden, init_kind::normal, cfg.init_stddev)),
-      pos_emb_(params_.declare("embedding.positions", std::size_t(cfg.seq_len) * cfg.hidden, init_kind::normal, cfg.init_stddev)) {
-    blocks_ = detail::make_layers(cfg, detail::shape_of(cfg, /*training=*/true), params_, blas_);
-    final_norm_ = params_.declare("final_norm", cfg.hidden, init_kind::ones);
-    head_w_ = params_.declare("lm_head", std::size_t(cfg.hidden) * cfg.vocab, init_kind::normal, cfg.init_stddev);
+    : cfg_(detail::validated(cfg)) {
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_);
+    tok_emb_ = layout.tok_emb;
+    pos_emb_ = layout.pos_emb;
+    final_norm_ = layout.final_norm;
+    head_w_ = layout.head_w;
+    blocks_ = std::move(layout.blocks);
 
     const std::size_t t = cfg.tokens(), h = cfg.hidden, v = cfg.vocab, mbs = std::size_t(cfg.microbatches);
     tokens_ = device_buffer<int>(mbs * t);

@@ -73,10 +73,8 @@ public:
     //! Forward-only stages on `grid` (no larger than the block's shape), reading the bound input.
     //! Asking twice for one grid gives identically bound stages.
     virtual std::vector<stage> forward_stages(token_grid grid) = 0;
-    //! The forward on `grid`, eagerly.
-    void forward_on(token_grid grid, cudaStream_t s) {
-        for (const stage& st : forward_stages(grid)) st.forward(s);
-    }
+    //! The forward on `grid`, eagerly, at any grid up to the shape (no stages made).
+    virtual void forward_on(token_grid grid, cudaStream_t s) = 0;
     const T* output() const { return y_.data(); }
     //! Gradient of the loss with respect to the input, written by backward.
     const T* input_grad() const { return dx_.data(); }
@@ -158,6 +156,7 @@ public:
     std::vector<stage> forward_stages(token_grid grid) override;
     void forward(cudaStream_t s) { forward_grid(s, this->shape_.grid()); }
     void forward_grid(cudaStream_t s, token_grid grid);
+    void forward_on(token_grid grid, cudaStream_t s) override { forward_grid(s, grid); }
     void backward(cudaStream_t s);
 
 private:
@@ -177,6 +176,7 @@ public:
     std::vector<stage> forward_stages(token_grid grid) override;
     void forward(cudaStream_t s) { forward_grid(s, this->shape_.grid()); }
     void forward_grid(cudaStream_t s, token_grid grid);
+    void forward_on(token_grid grid, cudaStream_t s) override { forward_grid(s, grid); }
     void backward(cudaStream_t s);
 
 private:
@@ -200,6 +200,11 @@ public:
     void preprocess_backward(cudaStream_t s);
     void experts_forward(cudaStream_t s) { experts_grid(s, this->shape_.grid()); }
     void experts_grid(cudaStream_t s, token_grid grid);
+    void forward_on(token_grid grid, cudaStream_t s) override {
+        router_grid(s, grid);
+        preprocess_grid(s, grid);
+        experts_grid(s, grid);
+    }
     void experts_backward(cudaStream_t s);
 
     //! Rows of the permuted buffer on `grid`: experts * capacity (drop-and-pad) or tokens * top_k (dropless).
@@ -226,6 +231,7 @@ public:
     std::vector<stage> forward_stages(token_grid grid) override;
     void forward(cudaStream_t s) { forward_grid(s, this->shape_.grid()); }
     void forward_grid(cudaStream_t s, token_grid grid);
+    void forward_on(token_grid grid, cudaStream_t s) override { forward_grid(s, grid); }
     void backward(cudaStream_t s);
 
 private:
