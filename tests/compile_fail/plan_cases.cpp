@@ -1,4 +1,4 @@
-// Compile-fail cases of the plan rules: P1, P2 (a configuration that captures a stage its
+// Compile-fail cases of the plan rules: P1, P2, P8 (a configuration that captures a stage its
 // layer schema says cannot be captured), P4 (bucket lists), P5 (an inference runner's buckets). As is, every valid twin must compile; with
 // -DCASE_<ID>[__variant] the first error must read "capscope plan rule <ID>:" (check.py).
 #include <capscope/capscope.hpp>
@@ -34,6 +34,21 @@ CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::attentio
 #ifdef CASE_P2
 CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::moe>, drop_and_pad>, experts_only>);
 #endif
+// P8: a stage that passes a host value (a dropout seed) to its kernels at launch.
+using seeded_dropout = layer_schema<"seeded", stage_decl<stage_kind::attention, regions<capture::attention>>,
+                                    stage_decl<stage_kind::mlp, regions<capture::mlp>, passes_host_values>>;
+CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::attention>>, seeded_dropout>);
+#ifdef CASE_P8
+CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>>, seeded_dropout>);
+#endif
+CHECK_COMPILES(layer_plan<config<impl::eager>, seeded_dropout>);
+#ifdef CASE_P8__whole_iteration
+CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, seeded_dropout>);
+#endif
+// Lanes: a side-lane stage and a stage that waits for it plan like any other.
+using reduced = layer_schema<"reduced", stage_decl<stage_kind::mlp, regions<capture::mlp>>,
+                             stage_decl<stage_kind::other, regions<capture::mlp>, on_lane<1>>>;
+static_assert(layer_plan<config<impl::lazy_per_layer, modules<capture::mlp>>, reduced>::graphs == 2); // one per lane
 
 // P4: bucket lists are positive and strictly increasing.
 CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, buckets<1, 2, 4, 8>>);

@@ -35,6 +35,7 @@ struct model {
         s.forward = capscope::stream_fn::of<&recorder::forward>(recorders.back().get());
         s.backward = capscope::stream_fn::of<&recorder::backward>(recorders.back().get());
         s.outputs = {{name + ".out", buffer, 1}};
+        s.buffers_declared = true; // the recorder touches no buffer but this one
         return s;
     }
 

@@ -17,9 +17,11 @@ using namespace capscope;
 
 namespace {
 
-inference_program as_inference(const training_program& p) {
+//! The microbatches' stage lists as the forwards of buckets `sizes`.
+inference_program as_inference(const training_program& p, std::vector<int> sizes) {
     inference_program out;
     out.buckets = p.microbatches;
+    out.bucket_sizes = std::move(sizes);
     return out;
 }
 
@@ -140,7 +142,7 @@ TEST_CASE("bucket options are engine options beside the Megatron configuration")
 
 TEST_CASE("inference plan, scope layer: per-layer graphs of the captured regions, the same in every bucket") {
     fake::model m;
-    const auto p = as_inference(m.program("DEM", false, 3));
+    const auto p = as_inference(m.program("DEM", false, 3), {1, 4, 8});
     const bucket_list sizes{1, 4, 8};
     const auto plan = make_inference_plan(inference_scope::per_layer, {}, sizes, p);
     CHECK(plan.graphs_per_bucket == 3);
@@ -156,21 +158,21 @@ TEST_CASE("inference plan, scope layer: per-layer graphs of the captured regions
           "e:embedding.mb0 g0:layer0.attention e:layer0.mlp g1:layer1.attention e:layer1.moe_router+layer1.moe_preprocess+layer1.moe_experts "
           "e:layer2.mamba e:head.mb0");
     // Dropless MoE in a whole-layer capture: P1, as in training.
-    const auto dropless = as_inference(m.program("E", true, 3));
+    const auto dropless = as_inference(m.program("E", true, 3), {1, 4, 8});
     CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, sizes, dropless); }).find("capscope plan rule P1:") == 0);
     CHECK(make_inference_plan(inference_scope::per_layer, {capture_module::attention}, sizes, dropless).graphs_per_bucket == 1);
 }
 
 TEST_CASE("inference plan, scope block: the whole forward, embedding to logits, as one graph") {
     fake::model m;
-    const auto p = as_inference(m.program("DM", false, 2));
+    const auto p = as_inference(m.program("DM", false, 2), {2, 4});
     const auto plan = make_inference_plan(inference_scope::per_block, {}, bucket_list{2, 4}, p);
     CHECK(plan.graphs_per_bucket == 1);
     CHECK(plan.segments_per_bucket == 1);
     CHECK(summary(plan, p, 1) == "g0:embedding.mb1+layer0.attention+layer0.mlp+layer1.mamba+head.mb1");
     const auto eager = make_inference_plan(inference_scope::eager, {}, bucket_list{2, 4}, p);
     CHECK(eager.graphs_per_bucket == 0);
-    const auto dropless = as_inference(m.program("E", true, 2));
+    const auto dropless = as_inference(m.program("E", true, 2), {2, 4});
     const std::string e = error_of([&] { make_inference_plan(inference_scope::per_block, {}, bucket_list{2, 4}, dropless); });
     CHECK(e.find("capscope plan rule P1: stage 'layer0.moe_preprocess' synchronizes with the host, yet inference scope block captures the "
                  "whole forward -- fix: use inference scope layer") == 0);
@@ -181,14 +183,27 @@ TEST_CASE("inference plan, scope block: the whole forward, embedding to logits, 
 
 TEST_CASE("the inference program's shape is checked against the buckets") {
     fake::model m;
-    auto p = as_inference(m.program("DM", false, 2));
+    auto p = as_inference(m.program("DM", false, 2), {1, 2});
     CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 2, 4}, p); })
               .find("capscope plan rule P3: the inference program has 2 stage lists for 3 buckets {1, 2, 4}") == 0);
+    // Built for other buckets: each list records its size, and a mismatch names both.
+    CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 4}, p); }) ==
+          "capscope plan rule P3: stage list 1 of the inference program was built for bucket 2, but the runner's bucket 1 is 4 "
+          "(runner {1, 4}) -- fix: build the program from the runner's bucket list (its config's buckets<...> or length_buckets<...>)");
+    auto unsized = p;
+    unsized.bucket_sizes.clear();
+    CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 2}, unsized); })
+              .find("capscope plan rule P3: the inference program records 0 bucket sizes for 2 stage lists") == 0);
+    // A forward runs on one stream: side lanes are for training programs.
+    auto laned = p;
+    laned.buckets[0][1].lane = laned.buckets[1][1].lane = 1;
+    CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 2}, laned); })
+              .find("capscope plan rule P3: stage 'layer0.attention' of an inference program uses a side lane") == 0);
     CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{4, 2}, p); }).find("capscope plan rule P4:") == 0);
     p.buckets[1].pop_back();
     CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 2}, p); })
               .find("capscope plan rule P3: bucket 2 has 4 stages, bucket 1 has 5") == 0);
-    auto q = as_inference(m.program("DM", false, 2));
+    auto q = as_inference(m.program("DM", false, 2), {1, 2});
     q.buckets[1][1].layer = 7;
     CHECK(error_of([&] { make_inference_plan(inference_scope::per_layer, {}, bucket_list{1, 2}, q); })
               .find("differs from the first bucket's") != std::string::npos);

@@ -91,6 +91,7 @@ template <class T> std::vector<stage> inference_model<T>::forward_stages(int row
     stage embed;
     embed.name = "embedding" + at;
     embed.kind = stage_kind::embedding;
+    embed.buffers_declared = true;
     embed.forward = stream_fn::of<&io_call::embed>(io);
     embed.inputs = {{"tokens.slot" + std::to_string(slot), tokens(slot), t * sizeof(int)}};
     embed.outputs = {{"embedding.output", embedded_.data(), t * h * sizeof(T)}};
@@ -101,6 +102,7 @@ template <class T> std::vector<stage> inference_model<T>::forward_stages(int row
     stage head;
     head.name = "head" + at;
     head.kind = stage_kind::head;
+    head.buffers_declared = true;
     head.forward = stream_fn::of<&io_call::head>(io);
     head.inputs = {{"head.input", const_cast<T*>(blocks_.back()->output()), t * h * sizeof(T)},
                    {"valid.slot" + std::to_string(slot), valid(slot), sizeof(int)}};
@@ -111,7 +113,10 @@ template <class T> std::vector<stage> inference_model<T>::forward_stages(int row
 
 template <class T> capscope::inference_program inference_model<T>::inference_program(std::span<const int> sizes, int slot) {
     capscope::inference_program p;
-    for (int rows : sizes) p.buckets.push_back(forward_stages(rows, slot));
+    for (int rows : sizes) {
+        p.buckets.push_back(forward_stages(rows, slot));
+        p.bucket_sizes.push_back(rows);
+    }
     p.eager_forward = capscope::sized_stream_fn::of<&io_call::whole>(call_for(1, slot));
     return p;
 }

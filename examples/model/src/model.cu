@@ -59,6 +59,7 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
         stage embed;
         embed.name = "embedding" + suffix;
         embed.kind = stage_kind::embedding;
+        embed.buffers_declared = true;
         embed.forward = stream_fn::of<&microbatch_io::embedding_forward>(&io_.back());
         embed.backward = stream_fn::of<&microbatch_io::embedding_backward>(&io_.back());
         embed.inputs = {{"tokens" + suffix, tokens(mb), t * sizeof(int)}};
@@ -68,6 +69,7 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
         stage head;
         head.name = "head" + suffix;
         head.kind = stage_kind::head;
+        head.buffers_declared = true;
         head.forward = stream_fn::of<&microbatch_io::head_forward>(&io_.back());
         head.backward = stream_fn::of<&microbatch_io::head_backward>(&io_.back());
         head.inputs = {{"head.input", const_cast<T*>(x), t * h * sizeof(T)}, {"labels" + suffix, labels(mb), t * sizeof(int)}};
@@ -124,6 +126,7 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     stage zero;
     zero.name = "zero_grad";
     zero.kind = stage_kind::other;
+    zero.buffers_declared = true;
     zero.forward = stream_fn::of<&gpt_model::zero_grad_stage>(self);
     zero.outputs = {{"gradients", params_.grads(), params_.total() * sizeof(float)}};
     p.step_begin.push_back(std::move(zero));
@@ -131,6 +134,7 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     stage opt;
     opt.name = "optimizer";
     opt.kind = stage_kind::optimizer;
+    opt.buffers_declared = true;
     opt.forward = stream_fn::of<static_cast<void (gpt_model::*)(cudaStream_t)>(&gpt_model::optimizer_step)>(self);
     opt.inputs = {{"gradients", params_.grads(), params_.total() * sizeof(float)}};
     p.step_end.push_back(std::move(opt));

@@ -53,6 +53,7 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     stage embed;
     embed.name = "vision.patch_embed";
     embed.kind = stage_kind::embedding;
+    embed.buffers_declared = true;
     embed.forward = stream_fn::of<&vision_encoder::embed_forward>(this);
     embed.backward = stream_fn::of<&vision_encoder::embed_backward>(this);
     embed.inputs = {{"vision.patches", patches_.data(), patches_.bytes()}, {"vision.lengths", lengths_.data(), lengths_.bytes()}};
@@ -63,6 +64,7 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     stage norm;
     norm.name = "vision.final_norm";
     norm.kind = stage_kind::head;
+    norm.buffers_declared = true;
     norm.forward = stream_fn::of<&vision_encoder::norm_forward>(this);
     norm.backward = stream_fn::of<&vision_encoder::norm_backward>(this);
     norm.inputs = {{"vision.final_norm.input", const_cast<T*>(x), t * h * sizeof(T)}};
@@ -139,6 +141,7 @@ template <class T> std::vector<stage> vision_encoder<T>::forward_stages(int len)
     stage embed;
     embed.name = "vision.patch_embed" + at;
     embed.kind = stage_kind::embedding;
+    embed.buffers_declared = true;
     embed.forward = stream_fn::of<&length_call::embed>(io);
     embed.inputs = {{"vision.patches", patches_.data(), t * cfg_.patch_dim * sizeof(T)}, {"vision.lengths", lengths_.data(), lengths_.bytes()}};
     embed.outputs = {{"vision.embedded", embedded_.data(), t * h * sizeof(T)}};
@@ -148,6 +151,7 @@ template <class T> std::vector<stage> vision_encoder<T>::forward_stages(int len)
     stage norm;
     norm.name = "vision.final_norm" + at;
     norm.kind = stage_kind::head;
+    norm.buffers_declared = true;
     norm.forward = stream_fn::of<&length_call::norm>(io);
     norm.inputs = {{"vision.final_norm.input", const_cast<T*>(blocks_.back()->output()), t * h * sizeof(T)}};
     norm.outputs = {{"vision.output", out_.data(), t * h * sizeof(T)}};
@@ -157,7 +161,10 @@ template <class T> std::vector<stage> vision_encoder<T>::forward_stages(int len)
 
 template <class T> capscope::inference_program vision_encoder<T>::inference_program(std::span<const int> length_buckets) {
     capscope::inference_program p;
-    for (int len : length_buckets) p.buckets.push_back(forward_stages(len));
+    for (int len : length_buckets) {
+        p.buckets.push_back(forward_stages(len));
+        p.bucket_sizes.push_back(len);
+    }
     return p;
 }
 

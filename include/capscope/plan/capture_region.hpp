@@ -33,7 +33,7 @@ constexpr bool inside_captured_region(const capture_scope& c, const stage_facts&
     return false;
 }
 
-enum class misplacement_problem : std::uint8_t { none, synchronizes_with_host, shapes_depend_on_data };
+enum class misplacement_problem : std::uint8_t { none, synchronizes_with_host, shapes_depend_on_data, passes_host_values };
 
 struct misplacement {
     int stage = -1; //!< index in the list, -1 when none
@@ -48,14 +48,15 @@ constexpr misplacement find_misplacement(const capture_scope& c, std::span<const
         if (!inside_captured_region(c, s)) continue;
         if (s.synchronizes_with_host) return {static_cast<int>(i), misplacement_problem::synchronizes_with_host};
         if (s.shapes_depend_on_data) return {static_cast<int>(i), misplacement_problem::shapes_depend_on_data};
+        if (s.passes_host_values) return {static_cast<int>(i), misplacement_problem::passes_host_values};
     }
     return {};
 }
 
 //! Splits a stage list into segments: maximal runs of consecutive stages that are all captured
-//! or all eager. Per-layer impls never let a segment cross a layer boundary (one graph per
-//! layer and run of regions); the whole iteration is one segment. Calls `emit(stage_range)` in
-//! list order and returns the number of segments.
+//! or all eager. Except in the whole iteration, which is one segment, a segment never crosses a
+//! layer boundary (one graph per layer and run of regions) nor a change of lane (a segment runs
+//! on one stream). Calls `emit(stage_range)` in list order and returns the number of segments.
 template <class Emit>
 constexpr int split_segments(const capture_scope& c, std::span<const stage_facts> stages, Emit&& emit) {
     int n = 0;
@@ -64,7 +65,7 @@ constexpr int split_segments(const capture_scope& c, std::span<const stage_facts
         const bool graphed = inside_captured_region(c, stages[i]);
         std::size_t j = i + 1;
         while (j < stages.size() && inside_captured_region(c, stages[j]) == graphed &&
-               (c.impl == graph_impl::whole_iteration || stages[j].layer == stages[i].layer))
+               (c.impl == graph_impl::whole_iteration || (stages[j].layer == stages[i].layer && stages[j].lane == stages[i].lane)))
             ++j;
         emit(stage_range{static_cast<int>(i), static_cast<int>(j - i), graphed});
         ++n;

@@ -26,6 +26,9 @@ namespace capscope {
 //! bucket of the runner's list. Stages need no backward.
 struct inference_program {
     std::vector<std::vector<stage>> buckets;
+    //! The size (rows, or padded length) each list of `buckets` was built for: checked against
+    //! the runner's bucket list, so a program built for other buckets is refused (P3).
+    std::vector<int> bucket_sizes;
     //! Optional: the forward at any size up to the model's capacity, run eagerly, for requests
     //! past the largest bucket under `oversize_requests<oversize::run_eagerly>`.
     sized_stream_fn eager_forward;
@@ -66,6 +69,16 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
         throw plan_error("P3", "", "the inference program has " + std::to_string(p.buckets.size()) + " stage lists for " +
                                        std::to_string(sizes.size()) + " buckets " + bucket_text(sizes),
                          "give inference_program::buckets one forward per bucket, in the order of the bucket list");
+    if (p.bucket_sizes.size() != p.buckets.size())
+        throw plan_error("P3", "", "the inference program records " + std::to_string(p.bucket_sizes.size()) + " bucket sizes for " +
+                                       std::to_string(p.buckets.size()) + " stage lists",
+                         "set inference_program::bucket_sizes to the size each stage list was built for");
+    for (std::size_t b = 0; b < p.buckets.size(); ++b)
+        if (p.bucket_sizes[b] != sizes[int(b)])
+            throw plan_error("P3", "", "stage list " + std::to_string(b) + " of the inference program was built for bucket " +
+                                           std::to_string(p.bucket_sizes[b]) + ", but the runner's bucket " + std::to_string(b) + " is " +
+                                           std::to_string(sizes[int(b)]) + " (runner " + bucket_text(sizes) + ")",
+                             "build the program from the runner's bucket list (its config's buckets<...> or length_buckets<...>)");
     const auto& first = p.buckets.front();
     if (first.empty()) throw plan_error("P3", "", "bucket " + std::to_string(sizes[0]) + " has no stages", "give every bucket its forward");
     for (std::size_t b = 0; b < p.buckets.size(); ++b) {
@@ -81,22 +94,23 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
                                      "') differs from the first bucket's ('" + first[i].name + "') in kind, layer, regions or capture facts",
                                  "every bucket runs the same stages (only their sizes may differ)");
             if (!list[i].forward) throw plan_error("P3", list[i].name, "stage '" + list[i].name + "' has no forward function", "bind stage::forward");
+            if (list[i].lane != 0 || list[i].waits_for != 0)
+                throw plan_error("P3", list[i].name, "stage '" + list[i].name + "' of an inference program uses a side lane",
+                                 "inference runners run a forward on one stream; fork and join inside the stage (stage::forks_to) instead");
         }
     }
     const auto facts = facts_of(first);
     const misplacement m = find_misplacement(capture, facts);
     if (!m.found()) return;
     if (scope != inference_scope::per_block) throw_misplacement(capture, facts[std::size_t(m.stage)], m.problem, first[std::size_t(m.stage)].name);
-    const bool sync = m.problem == misplacement_problem::synchronizes_with_host;
     const std::string& name = first[std::size_t(m.stage)].name;
-    throw plan_error(sync ? "P1" : "P2", name,
-                     "stage '" + name + "' " + (sync ? "synchronizes with the host" : "has launch shapes that depend on data") +
-                         ", yet inference scope block captures the whole forward",
+    throw plan_error(misplacement_rule(m.problem), name,
+                     "stage '" + name + "' " + misplacement_words(m.problem) + ", yet inference scope block captures the whole forward",
                      "use inference scope layer (inference::per_layer) with modules that leave its regions out, or make the stage capturable");
 }
 } // namespace detail
 
-//! Plans every bucket's forward; throws `plan_error` (P1-P4) when the program cannot run so.
+//! Plans every bucket's forward; throws `plan_error` (P1-P4, P8) when the program cannot run so.
 inline inference_plan make_inference_plan(inference_scope scope, capture_module_set modules, const bucket_list& sizes,
                                           const inference_program& program) {
     inference_plan plan;

@@ -3,7 +3,7 @@
 //! The plan of one layer kind under a configuration, as a constant: `layer_plan<Config, Layer>`
 //! splits the schema's stages into segments (graphs and eager islands) with the same code the
 //! run-time plan uses. Naming it with a configuration that captures a stage that cannot be
-//! captured fails to compile with rule P1 or P2, naming the stage and the fix.
+//! captured fails to compile with rule P1, P2 or P8, naming the stage and the fix.
 //!
 //! @code
 //! using plan = layer_plan<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>, ...>, dense_layer>;
@@ -27,7 +27,8 @@ template <class Config, class Layer>
 struct layer_plan {
     static constexpr std::array<stage_facts, Layer::size> stages = Layer::facts();
     static constexpr misplacement misplaced = find_misplacement(capture_scope_of<Config>, stages);
-    static_assert(detail::report_misplacement<Config, misplaced.found() ? stages[std::size_t(misplaced.found() ? misplaced.stage : 0)].kind : stage_kind::other,
+    static_assert(detail::report_misplacement<Config, Layer, misplaced.stage,
+                                              misplaced.found() ? stages[std::size_t(misplaced.found() ? misplaced.stage : 0)].kind : stage_kind::other,
                                               misplaced.problem>::reported);
 
     //! The segments in forward order (backward runs them in reverse).

@@ -16,7 +16,8 @@ public:
     plan_error(std::string_view rule, std::string stage, const std::string& message, const std::string& fix)
         : std::invalid_argument("capscope plan rule " + std::string(rule) + ": " + message + " -- fix: " + fix),
           rule_(rule), stage_(std::move(stage)) {}
-    //! "P1" (host sync captured), "P2" (data-dependent shapes captured), "P3" (the program's shape).
+    //! "P1" (host sync captured), "P2" (data-dependent shapes captured), "P3" (the program's shape),
+    //! "P8" (host values passed at launch captured); inference: "P4" to "P7".
     const std::string& rule() const noexcept { return rule_; }
     //! The stage at fault, when there is one.
     const std::string& stage() const noexcept { return stage_; }
@@ -36,11 +37,18 @@ inline std::string module_list(capture_module_set m) {
     return s.empty() ? std::string("(none)") : s;
 }
 
-//! What to change so that the misplaced stage `s` is no longer captured.
+//! What to change so that the misplaced stage `s` is no longer captured. Advice about MoE
+//! modes only for MoE stages; a stage in no region is told how to get one.
 inline std::string misplacement_fix(const capture_scope& c, const stage_facts& s) {
+    const bool regionless = s.captured_by.empty();
     if (c.impl == graph_impl::whole_iteration)
-        return "use a per-layer impl (local or transformer_engine) whose modules leave out " + module_list(s.captured_by) +
-               ", or make the stage capturable";
+        return regionless ? std::string("use a per-layer impl (local or transformer_engine) with modules that name regions, "
+                                        "tagging this stage with none of them, or make the stage capturable")
+                          : "use a per-layer impl (local or transformer_engine) whose modules leave out " + module_list(s.captured_by) +
+                                ", or make the stage capturable";
+    if (regionless)
+        return "a stage in no capture region is captured only with whole layers (modules<>): name the regions to capture "
+               "(modules<...>) so that this stage is left out, or move it out of the layer (layer -1)";
     if (c.modules.empty())
         return "name the regions to capture instead of the whole layer (modules<>), leaving out " + module_list(s.captured_by);
     const capture_module_set capturing = c.modules.without(c.modules.without(s.captured_by)); // modules ∩ regions
@@ -56,14 +64,33 @@ inline std::string capture_description(const capture_scope& c) {
     return "modules {" + module_list(c.modules) + "} capture it under impl " + std::string(megatron_name(c.impl));
 }
 
+//! The rule a misplaced stage breaks, and what it does that a graph cannot hold.
+constexpr std::string_view misplacement_rule(misplacement_problem p) {
+    switch (p) {
+    case misplacement_problem::synchronizes_with_host: return "P1";
+    case misplacement_problem::shapes_depend_on_data: return "P2";
+    case misplacement_problem::passes_host_values: return "P8";
+    case misplacement_problem::none: break;
+    }
+    return "";
+}
+inline std::string misplacement_words(misplacement_problem p) {
+    switch (p) {
+    case misplacement_problem::synchronizes_with_host: return "synchronizes with the host";
+    case misplacement_problem::shapes_depend_on_data: return "has launch shapes that depend on data";
+    case misplacement_problem::passes_host_values: return "passes host values to its kernels at launch (a graph would freeze them)";
+    case misplacement_problem::none: break;
+    }
+    return "";
+}
+
 [[noreturn]] inline void throw_misplacement(const capture_scope& c, const stage_facts& s, misplacement_problem p,
                                             const std::string& name) {
-    const bool sync = p == misplacement_problem::synchronizes_with_host;
-    throw plan_error(sync ? "P1" : "P2", name,
-                     "stage '" + name + "' " +
-                         (sync ? "synchronizes with the host" : "has launch shapes that depend on data") + ", yet " +
-                         capture_description(c),
-                     misplacement_fix(c, s));
+    std::string fix = misplacement_fix(c, s);
+    if (p == misplacement_problem::passes_host_values)
+        fix = "keep the values in device memory and have the kernels read them there (as the example model's AdamW and dropout "
+              "seed do), then drop passes_host_values; or " + fix;
+    throw plan_error(misplacement_rule(p), name, "stage '" + name + "' " + misplacement_words(p) + ", yet " + capture_description(c), fix);
 }
 
 } // namespace detail

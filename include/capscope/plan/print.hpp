@@ -47,6 +47,26 @@ inline std::string capture_policy(const training_plan& plan) {
     return "";
 }
 
+//! Which lanes a mask names: "1, 3".
+inline std::string lane_list(std::uint32_t lanes) {
+    std::string out;
+    for (int k = 1; k <= max_lanes; ++k)
+        if (lanes & (std::uint32_t{1} << k)) out += (out.empty() ? "" : ", ") + std::to_string(k);
+    return out;
+}
+
+//! What a segment's line says beside its stages: its lane, what it waits for, why it has a graph
+//! of its own.
+inline std::string segment_notes(const training_plan& plan, const training_program& program, const plan_segment& s) {
+    std::string out;
+    if (s.lane != 0) out += "  [side lane " + std::to_string(s.lane) + "]";
+    if (s.waits_for) out += "  [waits for lane " + lane_list(s.waits_for) + "]";
+    if (s.undeclared_call >= 0)
+        out += "  [own graph: '" + stage_of(program, plan.calls[std::size_t(s.undeclared_call)]).name +
+               "' does not declare its buffers (stage::buffers_declared)]";
+    return out;
+}
+
 } // namespace detail
 
 inline std::string to_text(const training_plan& plan, const training_program& program) {
@@ -70,7 +90,7 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
         std::string tag = s.graphed ? "graph g" + std::to_string(s.graph) : std::string("eager");
         if (s.shared) tag += " (shared with microbatch 0)";
         tag.resize(std::max<std::size_t>(tag.size() + 1, 13), ' ');
-        out += "  " + tag + detail::segment_stages(plan, program, s, " ") + "\n";
+        out += "  " + tag + detail::segment_stages(plan, program, s, " ") + detail::segment_notes(plan, program, s) + "\n";
     }
     return out;
 }
@@ -103,7 +123,8 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
                     " microbatches + optimizer)";
         } else {
             label = (s.graphed ? "g" + std::to_string(s.graph) + (s.shared ? " (shared)" : "") + "\\n" : std::string()) +
-                    detail::segment_stages(plan, program, s, "\\n");
+                    detail::segment_stages(plan, program, s, "\\n") + (s.lane ? "\\n[side lane " + std::to_string(s.lane) + "]" : std::string()) +
+                    (s.waits_for ? "\\n[waits for lane " + detail::lane_list(s.waits_for) + "]" : std::string());
         }
         out += "    s" + std::to_string(i) + " [label=\"" + label + "\"" +
                (s.graphed ? ", style=\"filled,bold\", fillcolor=\"#9fd3a8\"" : ", style=dashed") + "];\n";

@@ -4,7 +4,8 @@
 //! every stage call of one step in execution order, grouped into segments (graphs and eager
 //! islands), with graphs numbered in the order an ahead-of-time runner captures them: forward
 //! in layer order, backward in reverse, microbatch after microbatch. A graphed segment of a
-//! later microbatch whose stages are bound exactly as in microbatch 0 reuses that graph.
+//! later microbatch whose stages all declare their buffers, bound exactly as in microbatch 0,
+//! reuses that graph; otherwise it gets its own, and the plan says which stage kept it apart.
 //! Everything that cannot work is found here, before any capture (`plan_error`).
 
 #include <capscope/plan/capture_region.hpp>
@@ -12,6 +13,7 @@
 #include <capscope/stage/program.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,12 @@ struct plan_segment {
     bool graphed = false;
     int graph = -1;      //!< graph number when graphed
     bool shared = false; //!< reuses the graph of an earlier microbatch
+    //! A graphed segment of a later microbatch that could have shared microbatch 0's graph but
+    //! has its own because this call's stage (an index into training_plan::calls) leaves its
+    //! buffers undeclared; -1 otherwise.
+    int undeclared_call = -1;
+    int lane = 0;                //!< the stream it runs on: 0 the step's, k the runner's side stream k
+    std::uint32_t waits_for = 0; //!< the lanes its calls wait for (the runner waits before the segment)
 };
 
 struct training_plan {
@@ -99,17 +107,26 @@ inline void check_program_shape(const training_program& p) {
                                      "') differs from microbatch 0's ('" + first[i].name + "') in kind, layer, regions or capture facts",
                                  "every microbatch runs the same stages (only their buffers may differ)");
     }
-    auto check_fns = [](const std::vector<stage>& list, bool need_backward) {
+    constexpr std::uint32_t lane_bits = ((std::uint32_t{1} << (max_lanes + 1)) - 1) & ~std::uint32_t{1};
+    auto check_fns = [&](const std::vector<stage>& list, bool step_level) {
         for (const stage& s : list) {
-            if (!s.forward) throw plan_error("P3", s.name, "stage '" + s.name + "' has no forward function", "bind stage::forward");
-            if (need_backward && !s.backward)
-                throw plan_error("P3", s.name, "stage '" + s.name + "' of a microbatch has no backward function",
-                                 "bind stage::backward (forward-only work belongs in step_begin or step_end)");
+            if (step_level && !s.forward)
+                throw plan_error("P3", s.name, "step-level stage '" + s.name + "' has no forward function",
+                                 "bind stage::forward (step_begin and step_end run forwards only)");
+            if (!s.forward && !s.backward)
+                throw plan_error("P3", s.name, "stage '" + s.name + "' has neither a forward nor a backward function",
+                                 "bind stage::forward, stage::backward or both");
+            if (s.lane < 0 || s.lane > max_lanes)
+                throw plan_error("P3", s.name, "stage '" + s.name + "' is on lane " + std::to_string(s.lane) + ", outside 0.." + std::to_string(max_lanes),
+                                 "use lane 0 (the step's stream) or a side lane 1.." + std::to_string(max_lanes));
+            if ((s.waits_for & ~lane_bits) != 0)
+                throw plan_error("P3", s.name, "stage '" + s.name + "' waits for a lane outside 1.." + std::to_string(max_lanes),
+                                 "set bit k of stage::waits_for for side lane k only (lane 0 is the step's stream, always in order)");
         }
     };
-    for (const auto& list : p.microbatches) check_fns(list, true);
-    check_fns(p.step_begin, false);
-    check_fns(p.step_end, false);
+    for (const auto& list : p.microbatches) check_fns(list, false);
+    check_fns(p.step_begin, true);
+    check_fns(p.step_end, true);
 }
 
 inline void check_capturable(const capture_scope& c, const std::vector<stage>& list) {
@@ -149,10 +166,13 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
             seg.direction = dir;
             seg.layer = facts[std::size_t(r.first)].layer;
             seg.first_call = static_cast<int>(plan.calls.size());
+            seg.lane = facts[std::size_t(r.first)].lane;
             for (int k = 0; k < r.count; ++k) {
                 const int i = dir == phase::forward ? r.first + k : r.first + r.count - 1 - k;
-                if (dir == phase::backward && !list[std::size_t(i)].backward) continue;
+                const stage& st = list[std::size_t(i)];
+                if (!(dir == phase::forward ? st.forward : st.backward)) continue;
                 plan.calls.push_back({part, mb, i, dir});
+                seg.waits_for |= st.waits_for;
             }
             seg.call_count = static_cast<int>(plan.calls.size()) - seg.first_call;
             if (seg.call_count == 0) continue;
@@ -161,9 +181,12 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
                 if (part == step_part::microbatch && mb > 0) {
                     const plan_segment& twin = plan.segments[std::size_t(first_microbatch_segments[std::size_t(graphed_index)])];
                     bool same = twin.call_count == seg.call_count;
-                    for (int k = 0; same && k < seg.call_count; ++k)
-                        same = stage_of(program, plan.calls[std::size_t(twin.first_call + k)])
-                                   .same_binding(stage_of(program, plan.calls[std::size_t(seg.first_call + k)]));
+                    for (int k = 0; same && k < seg.call_count; ++k) {
+                        const stage& a = stage_of(program, plan.calls[std::size_t(twin.first_call + k)]);
+                        const stage& b = stage_of(program, plan.calls[std::size_t(seg.first_call + k)]);
+                        same = a.same_binding(b);
+                        if (!same && (!a.buffers_declared || !b.buffers_declared)) seg.undeclared_call = seg.first_call + k;
+                    }
                     seg.graph = same ? twin.graph : plan.graph_count++;
                     seg.shared = same;
                 } else {
@@ -191,7 +214,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
         whole.first_call = 0;
         whole.call_count = static_cast<int>(plan.calls.size());
         whole.graphed = true;
-        whole.graph = 0;
+        whole.graph = 0; // lanes fork and join inside it, call by call
         plan.segments = {whole};
         plan.graph_count = 1;
     }

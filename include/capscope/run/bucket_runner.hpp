@@ -14,7 +14,8 @@
 //! stages rebound to other buffers by `rebind`, or, with `bucket_exec::shared`, the graph of a
 //! sibling bucket loaded into the one executable graph of that segment), the new graph is applied
 //! to the executable one with `cudaGraphExecUpdate`; it is instantiated anew only when CUDA
-//! refuses the update. `counters()` counts both.
+//! refuses the update. `counters()` counts both. Capture, failures, scratch memory and updates
+//! are the training runner's (capscope/run/segment_executor.hpp).
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
@@ -38,8 +39,10 @@ class bucket_runner {
 public:
     //! Plans every bucket (throws `plan_error`). Nothing is captured yet.
     explicit bucket_runner(inference_program program)
-        : program_(std::move(program)), plan_(make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program_)) {
-        bind_calls();
+        : program_(std::move(program)),
+          plan_(make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program_)),
+          calls_(detail::bind_calls(plan_, program_)),
+          executor_(Settings.mode, Settings.on_failure) {
         const std::size_t per_bucket = std::size_t(plan_.sizes.size()) * std::size_t(plan_.graphs_per_bucket);
         execs_.resize(Settings.execs == bucket_exec::shared ? std::size_t(plan_.graphs_per_bucket) : per_bucket);
         if (Settings.execs == bucket_exec::shared) templates_.resize(per_bucket);
@@ -48,8 +51,24 @@ public:
         run_eagerly_.assign(per_bucket, 0);
         runs_.assign(std::size_t(plan_.sizes.size()), 0);
     }
-    bucket_runner(const bucket_runner&) = delete;
-    bucket_runner& operator=(const bucket_runner&) = delete;
+    bucket_runner(bucket_runner&&) noexcept = default;
+    bucket_runner& operator=(bucket_runner&& o) noexcept {
+        if (this != &o) {
+            release_graphs();
+            program_ = std::move(o.program_);
+            plan_ = std::move(o.plan_);
+            calls_ = std::move(o.calls_);
+            executor_ = std::move(o.executor_);
+            execs_ = std::move(o.execs_);
+            templates_ = std::move(o.templates_);
+            loaded_ = std::move(o.loaded_);
+            stale_ = std::move(o.stale_);
+            run_eagerly_ = std::move(o.run_eagerly_);
+            runs_ = std::move(o.runs_);
+            captured_ahead_ = o.captured_ahead_;
+        }
+        return *this;
+    }
     ~bucket_runner() { release_graphs(); }
 
     //! The bucket a request of `rows` rows runs in (P6 past the largest, or an eager choice).
@@ -65,22 +84,26 @@ public:
             return;
         }
         const int b = checked_bucket(c);
-        ++counters_.steps;
-        if (Settings.scope == inference_scope::eager || runs_[std::size_t(b)] < Settings.warmup_runs) {
-            for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) run_eagerly(*seg, s);
-            ++runs_[std::size_t(b)];
-            return;
-        }
-        if (Settings.ahead_of_time && !captured_ahead_) capture_all(s);
-        for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) {
-            if (seg->graphed && !run_eagerly_[index(b, seg->graph)] && ready(b, *seg, s)) {
-                execs_[slot(b, seg->graph)].launch(s);
-                ++counters_.replays;
-                continue;
+        if (plan_.graphs_per_bucket > 0) detail::require_capturable_stream(s);
+        scratch_scope scratch(executor_.scratch());
+        runner_counters& k = executor_.counters();
+        detail::count_one(k.steps);
+        if constexpr (Settings.scope == inference_scope::eager) {
+            run_bucket_eagerly(b, s);
+        } else if (runs_[std::size_t(b)] < Settings.warmup_runs) {
+            run_bucket_eagerly(b, s);
+            ++runs_[std::size_t(b)]; // counts up to warmup_runs only
+        } else {
+            if (Settings.ahead_of_time && !captured_ahead_) capture_all(s);
+            for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) {
+                if (seg->graphed && !run_eagerly_[index(b, seg->graph)] && ready(b, *seg, s)) {
+                    execs_[slot(b, seg->graph)].launch(s);
+                    detail::count_one(k.replays);
+                    continue;
+                }
+                executor_.run_eagerly(calls_of(*seg), s, 0);
             }
-            run_eagerly(*seg, s);
         }
-        ++runs_[std::size_t(b)];
     }
     //! `run(choose(rows), s)`; returns the choice.
     bucket_choice run(int rows, cudaStream_t s) {
@@ -93,11 +116,14 @@ public:
     //! taking requests). Runs forwards on whatever the input buffers hold.
     void capture_all(cudaStream_t s) {
         captured_ahead_ = true;
-        if (Settings.scope == inference_scope::eager) return;
-        for (int b = plan_.sizes.size() - 1; b >= 0; --b) {
-            while (runs_[std::size_t(b)] < Settings.warmup_runs) run(bucket_choice{b, plan_.sizes[b], plan_.sizes[b]}, s);
-            for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg)
-                if (seg->graphed && !run_eagerly_[index(b, seg->graph)]) ready(b, *seg, s);
+        if constexpr (Settings.scope != inference_scope::eager) {
+            if (plan_.graphs_per_bucket > 0) detail::require_capturable_stream(s);
+            scratch_scope scratch(executor_.scratch());
+            for (int b = plan_.sizes.size() - 1; b >= 0; --b) {
+                while (runs_[std::size_t(b)] < Settings.warmup_runs) run(bucket_choice{b, plan_.sizes[b], plan_.sizes[b]}, s);
+                for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg)
+                    if (seg->graphed && !run_eagerly_[index(b, seg->graph)]) ready(b, *seg, s);
+            }
         }
     }
 
@@ -130,7 +156,7 @@ public:
             }
         program_ = std::move(program);
         plan_ = std::move(plan);
-        bind_calls();
+        calls_ = detail::bind_calls(plan_, program_);
     }
 
     //! Frees every graph and returns to the state after construction (eager warmup again).
@@ -143,7 +169,11 @@ public:
 
     const inference_plan& plan() const noexcept { return plan_; }
     const inference_program& program() const noexcept { return program_; }
-    const runner_counters& counters() const noexcept { return counters_; }
+    const runner_counters& counters() const noexcept { return executor_.counters(); }
+    //! The last failure met while capturing, in words ("" if none).
+    const std::string& last_failure() const noexcept { return executor_.last_failure(); }
+    //! The runner's scratch memory: its pool, and the arena its graphs share.
+    const scratch_pool& scratch() const noexcept { return executor_.scratch(); }
     std::string plan_text() const { return to_text(plan_, program_); }
     static constexpr const bucket_runner_settings& settings() noexcept { return Settings; }
     //! Executable graphs alive, and captured graphs kept (`bucket_exec::shared` keeps each
@@ -152,7 +182,7 @@ public:
     int captured_graphs() const { return count_alive(templates_); }
     int graphs_alive() const { return executable_graphs() + captured_graphs(); }
     //! CUDA's reason for the last refused update, in words ("none" if none was refused).
-    const char* last_update_refusal() const noexcept { return cuda::update_refusal_name(last_refusal_); }
+    const char* last_update_refusal() const noexcept { return executor_.last_update_refusal(); }
 
 private:
     std::size_t index(int b, int g) const { return std::size_t(b) * std::size_t(plan_.graphs_per_bucket) + std::size_t(g); }
@@ -179,87 +209,52 @@ private:
                                    "eager_forward; bind inference_program::eager_forward");
         scope_label label("eager forward (past the largest bucket)");
         program_.eager_forward(s, c.requested);
-        ++counters_.steps;
-        ++counters_.oversize_runs;
+        detail::count_one(executor_.counters().steps);
+        detail::count_one(executor_.counters().oversize_runs);
     }
 
-    void bind_calls() {
-        calls_.clear();
-        calls_.reserve(plan_.calls.size());
-        for (const stage_call& c : plan_.calls) {
-            const stage& st = stage_of(program_, c);
-            calls_.push_back({st.forward, st.name});
-        }
+    void run_bucket_eagerly(int b, cudaStream_t s) {
+        for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) executor_.run_eagerly(calls_of(*seg), s, 0);
     }
 
-    void run_eagerly(const plan_segment& seg, cudaStream_t s) {
-        const detail::bound_call* c = calls_.data() + seg.first_call;
-        for (const detail::bound_call* end = c + seg.call_count; c != end; ++c) {
-            scope_label label(c->name);
-            c->fn(s);
-        }
-        ++counters_.eager_segment_runs;
+    std::span<const detail::bound_call> calls_of(const plan_segment& seg) const {
+        return {calls_.data() + seg.first_call, std::size_t(seg.call_count)};
     }
 
-    //! Makes bucket b's graph of `seg` launchable in its slot; false when capturing failed and
-    //! the policy is to run it eagerly.
+    //! Makes bucket b's graph of `seg` launchable in its slot; false when a capture-rule failure
+    //! leaves it eager (policy `run_eagerly`). A rebind marks a graph stale; it stays stale until
+    //! the new graph is applied, so a failed update is tried again, never skipped.
     bool ready(int b, const plan_segment& seg, cudaStream_t s) {
         const std::size_t i = index(b, seg.graph), e = slot(b, seg.graph);
+        const std::string_view scope = calls_[std::size_t(seg.first_call)].name;
         if constexpr (Settings.execs == bucket_exec::shared) {
-            if (loaded_[e] == b && !stale_[i]) return true;
+            if (loaded_[e] == b && !stale_[i] && execs_[e]) return true;
             if (!templates_[i] || stale_[i]) {
-                if (!capture(b, seg, s, templates_[i])) return false;
-                stale_[i] = 0;
+                cuda::graph g = capture(b, seg, s);
+                if (!g) return false;
+                templates_[i] = std::move(g);
+                stale_[i] = 0; // the template is current; the executable graph is loaded below
             }
-            apply(execs_[e], templates_[i]);
+            loaded_[e] = -1; // unknown until the update has been applied
+            executor_.apply(execs_[e], templates_[i], scope);
             loaded_[e] = b;
             return true;
         } else {
             if (execs_[e] && !stale_[i]) return true;
-            cuda::graph g;
-            if (!capture(b, seg, s, g)) return false;
-            apply(execs_[e], g);
+            cuda::graph g = capture(b, seg, s);
+            if (!g) return false;
+            executor_.apply(execs_[e], g, scope);
             stale_[i] = 0;
             return true;
         }
     }
 
-    //! Updates `exec` from `g` in place, or instantiates `g` when there is none or CUDA refuses.
-    void apply(cuda::graph_exec& exec, const cuda::graph& g) {
-        if (exec) {
-            cudaGraphExecUpdateResult why = cudaGraphExecUpdateSuccess;
-            if (exec.update(g, &why) == cuda::update_result::updated) {
-                ++counters_.exec_updates;
-                return;
-            }
-            ++counters_.update_refusals;
-            last_refusal_ = why;
-        }
-        exec = cuda::graph_exec(g);
-        ++counters_.instantiations;
-    }
-
-    bool capture(int b, const plan_segment& seg, cudaStream_t s, cuda::graph& out) {
-        int running = -1;
-        try {
-            out = detail::capture_calls(calls_, seg.first_call, seg.call_count, s, Settings.mode, running);
-            ++counters_.captures;
-            return true;
-        } catch (const std::exception& e) {
-            cudaGetLastError();
-            ++counters_.capture_failures;
-            const std::string stage_name = running >= 0 ? std::string(calls_[std::size_t(running)].name) : std::string();
-            if (Settings.on_failure == capture_failure::raise)
-                throw capture_failed("capscope: capturing graph g" + std::to_string(seg.graph) + " of bucket " + std::to_string(plan_.sizes[b]) +
-                                         " failed" + (stage_name.empty() ? std::string(" when the capture ended") : " in stage '" + stage_name + "'") +
-                                         ": " + e.what() +
-                                         "\n  the capture was ended and its partial graph destroyed; the stream is usable"
-                                         "\n  fix: tag the stage (synchronizes_with_host / shapes_depend_on_data) so the plan keeps it out of "
-                                         "graphs, or build the runner with on_capture_failure<capture_failure::run_eagerly>",
-                                     stage_name, seg.layer, seg.graph, b);
-            run_eagerly_[index(b, seg.graph)] = 1;
-            return false;
-        }
+    cuda::graph capture(int b, const plan_segment& seg, cudaStream_t s) {
+        cuda::graph g = executor_.capture(calls_of(seg), s, 0, [&] {
+            return segment_site{"graph g" + std::to_string(seg.graph) + " of bucket " + std::to_string(plan_.sizes[b]), seg.layer, seg.graph, b};
+        });
+        if (!g) run_eagerly_[index(b, seg.graph)] = 1;
+        return g;
     }
 
     void release_graphs() noexcept {
@@ -269,21 +264,20 @@ private:
         loaded_.assign(loaded_.size(), -1);
         stale_.assign(stale_.size(), 0);
         run_eagerly_.assign(run_eagerly_.size(), 0);
-        if (had) detail::trim_graph_memory();
+        executor_.release(had);
     }
 
     inference_program program_;
     inference_plan plan_;
     std::vector<detail::bound_call> calls_;
+    segment_executor executor_;
     std::vector<cuda::graph_exec> execs_;   //!< per (bucket, graph), or per graph when shared
     std::vector<cuda::graph> templates_;    //!< shared: each bucket's captured graph, per (bucket, graph)
     std::vector<int> loaded_;               //!< shared: the bucket whose graph an executable graph holds
     std::vector<unsigned char> stale_;      //!< per (bucket, graph): rebound, capture again
     std::vector<unsigned char> run_eagerly_; //!< per (bucket, graph): capture failed, policy run_eagerly
-    std::vector<int> runs_;                 //!< forwards per bucket since construction or reset()
-    runner_counters counters_;
+    std::vector<int> runs_;                 //!< forwards per bucket since construction or reset(), up to the warmup
     bool captured_ahead_ = false;
-    cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;
 };
 
 } // namespace capscope

@@ -1,6 +1,9 @@
 #pragma once
 //! @file
 //! What a runner did, counted as it goes: the tutorials print these, and the tests check them.
+//! Counters saturate at their largest value instead of wrapping.
+
+#include <limits>
 
 namespace capscope {
 
@@ -16,5 +19,12 @@ struct runner_counters {
     long oversize_runs = 0;      //!< inference: requests past the largest bucket run eagerly
     friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
 };
+
+namespace detail {
+//! Adds one, saturating.
+constexpr void count_one(long& counter) noexcept {
+    if (counter < std::numeric_limits<long>::max()) ++counter;
+}
+} // namespace detail
 
 } // namespace capscope

@@ -25,7 +25,7 @@
 #include <capscope/plan/training_plan.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
-#include <capscope/run/scratch.hpp>
+#include <capscope/run/segment_executor.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -36,48 +36,24 @@
 namespace capscope {
 
 namespace detail {
-constexpr cudaStreamCaptureMode cuda_capture_mode(capture_mode m) {
-    switch (m) {
-    case capture_mode::global: return cudaStreamCaptureModeGlobal;
-    case capture_mode::per_thread: return cudaStreamCaptureModeThreadLocal;
-    case capture_mode::relaxed: return cudaStreamCaptureModeRelaxed;
-    }
-    return cudaStreamCaptureModeThreadLocal;
-}
-
-//! A resolved stage call: the function and the name it runs under.
-struct bound_call {
-    stream_fn fn;
-    std::string_view name;
-};
-
-//! Captures calls [first, first + count) on `s` into a graph, each under its name as the error
-//! scope; `running` is the call being captured while it runs (-1 once all have run), so a
-//! failure can name the stage.
-inline cuda::graph capture_calls(const std::vector<bound_call>& calls, int first, int count, cudaStream_t s, capture_mode mode,
-                                 int& running) {
+//! The legacy default stream cannot be captured: a usage error, said before any capture.
+inline void require_capturable_stream(cudaStream_t s) {
     if (s == nullptr || s == cudaStreamLegacy)
-        throw std::invalid_argument("the legacy default stream cannot be captured: give the runner a stream of its own (capscope::cuda::stream)");
-    return cuda::capture(
-        s,
-        [&](cudaStream_t cs) {
-            for (int k = 0; k < count; ++k) {
-                running = first + k;
-                const bound_call& c = calls[std::size_t(running)];
-                scope_label label(c.name);
-                c.fn(cs);
-            }
-            running = -1;
-        },
-        cuda_capture_mode(mode));
+        throw std::invalid_argument("capscope: the runner was given the legacy default stream (0), which cannot be captured, and its "
+                                    "config captures graphs -- fix: give step() a stream of its own (capscope::cuda::stream, or "
+                                    "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))");
 }
 
-//! Returns the memory CUDA keeps for graph allocations (stream-ordered allocations made inside
-//! captured segments) once a runner has freed the graphs that used it.
-inline void trim_graph_memory() noexcept {
-    int device = 0;
-    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGraphMemTrim(device);
-    cudaGetLastError();
+//! The calls of a plan, resolved against its program.
+template <class Plan, class Program>
+std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
+    std::vector<bound_call> calls;
+    calls.reserve(plan.calls.size());
+    for (const stage_call& c : plan.calls) {
+        const stage& st = stage_of(program, c);
+        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, st.waits_for, st.forks_to});
+    }
+    return calls;
 }
 } // namespace detail
 
@@ -96,12 +72,9 @@ public:
     //! declared schemas). Nothing is captured yet.
     explicit runner(training_program program)
         : program_(std::move(program)),
-          plan_(make_training_plan(capture_scope_of<Config>, Config::warmup_steps, checked(program_))) {
-        calls_.reserve(plan_.calls.size());
-        for (const stage_call& c : plan_.calls) {
-            const stage& st = stage_of(program_, c);
-            calls_.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name});
-        }
+          plan_(make_training_plan(capture_scope_of<Config>, Config::warmup_steps, checked(program_))),
+          calls_(detail::bind_calls(plan_, program_)),
+          executor_(Config::engine.mode, Config::engine.on_failure) {
         execs_.resize(std::size_t(plan_.graph_count));
         run_eagerly_.assign(std::size_t(plan_.graph_count), 0);
         first_segment_.assign(std::size_t(plan_.graph_count), -1);
@@ -110,31 +83,47 @@ public:
             if (s.graphed && first_segment_[std::size_t(s.graph)] < 0) first_segment_[std::size_t(s.graph)] = int(i);
         }
     }
-    runner(const runner&) = delete;
-    runner& operator=(const runner&) = delete;
+    runner(runner&&) noexcept = default;
+    runner& operator=(runner&& o) noexcept {
+        if (this != &o) {
+            release_graphs();
+            program_ = std::move(o.program_);
+            plan_ = std::move(o.plan_);
+            calls_ = std::move(o.calls_);
+            executor_ = std::move(o.executor_);
+            execs_ = std::move(o.execs_);
+            run_eagerly_ = std::move(o.run_eagerly_);
+            first_segment_ = std::move(o.first_segment_);
+            warm_steps_ = o.warm_steps_;
+            captured_ahead_ = o.captured_ahead_;
+        }
+        return *this;
+    }
     ~runner() { release_graphs(); }
 
-    //! One training step on `s` (a non-default stream: the legacy stream cannot be captured).
+    //! One training step on `s`. A config that captures graphs needs a stream of its own: the
+    //! legacy default stream cannot be captured, which is said at the first step.
     void step(cudaStream_t s) {
-        scratch_scope scratch(scratch_);
-        if (Config::impl == graph_impl::eager || warm_steps_ < plan_.warmup_steps) {
-            for (const plan_segment& seg : plan_.segments) run_eagerly(seg, s);
-        } else {
-            if (Config::impl == graph_impl::ahead_of_time_per_layer && !captured_ahead_) capture_ahead_of_time(s);
-            for (const plan_segment& seg : plan_.segments) {
-                if (seg.graphed && !run_eagerly_[std::size_t(seg.graph)]) {
-                    const cuda::graph_exec& exec = execs_[std::size_t(seg.graph)];
-                    if (exec || capture(seg, s)) {
-                        execs_[std::size_t(seg.graph)].launch(s);
-                        ++counters_.replays;
-                        continue;
-                    }
-                }
-                run_eagerly(seg, s);
+        if (plan_.graph_count > 0) detail::require_capturable_stream(s);
+        scratch_scope scratch(executor_.scratch());
+        lane_streams& lanes = executor_.lanes();
+        const bool replaying = Config::impl != graph_impl::eager && warm_steps_ >= plan_.warmup_steps;
+        if (replaying && Config::impl == graph_impl::ahead_of_time_per_layer && !captured_ahead_) capture_ahead_of_time(s);
+        for (const plan_segment& seg : plan_.segments) {
+            // A segment on a side lane forks from the step's stream; waits come before it.
+            const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
+            if (seg.waits_for) lanes.wait(seg.waits_for, on);
+            if (replaying && seg.graphed && !run_eagerly_[std::size_t(seg.graph)] && (execs_[std::size_t(seg.graph)] || capture(seg, on))) {
+                execs_[std::size_t(seg.graph)].launch(on);
+                detail::count_one(executor_.counters().replays);
+            } else {
+                executor_.run_eagerly(calls_of(seg), on, seg.lane);
             }
+            if (seg.lane) lanes.done(seg.lane);
         }
-        ++counters_.steps;
-        ++warm_steps_;
+        if (lanes.pending()) lanes.join(s);
+        detail::count_one(executor_.counters().steps);
+        if (warm_steps_ < plan_.warmup_steps) ++warm_steps_;
     }
 
     //! Frees every graph and returns to the state after construction: eager until the warmup
@@ -147,7 +136,10 @@ public:
 
     const training_plan& plan() const noexcept { return plan_; }
     const training_program& program() const noexcept { return program_; }
-    const runner_counters& counters() const noexcept { return counters_; }
+    const runner_counters& counters() const noexcept { return executor_.counters(); }
+    //! The last failure met while capturing, in words ("" if none); what was rethrown unchanged
+    //! (out of memory, a trainer's own exception) is described here with its graph and stage.
+    const std::string& last_failure() const noexcept { return executor_.last_failure(); }
     std::string plan_text() const { return to_text(plan_, program_); }
     std::string plan_dot() const { return to_dot(plan_, program_); }
     //! Executable graphs currently alive.
@@ -157,7 +149,7 @@ public:
         return n;
     }
     //! The runner's scratch memory (capscope/run/scratch.hpp): its pool, and the arena its graphs share.
-    const scratch_pool& scratch() const noexcept { return scratch_; }
+    const scratch_pool& scratch() const noexcept { return executor_.scratch(); }
     //! Graphs that failed to capture and run eagerly (policy `capture_failure::run_eagerly`).
     int graphs_run_eagerly() const {
         int n = 0;
@@ -171,15 +163,8 @@ private:
         return p;
     }
 
-    void run_eagerly(const plan_segment& seg, cudaStream_t s) {
-        scratch_.begin_segment(false);
-        const detail::bound_call* c = calls_.data() + seg.first_call;
-        for (const detail::bound_call* end = c + seg.call_count; c != end; ++c) {
-            scope_label label(c->name);
-            c->fn(s);
-        }
-        scratch_.end_segment(calls_[std::size_t(seg.first_call)].name);
-        ++counters_.eager_segment_runs;
+    std::span<const detail::bound_call> calls_of(const plan_segment& seg) const {
+        return {calls_.data() + seg.first_call, std::size_t(seg.call_count)};
     }
 
     void capture_ahead_of_time(cudaStream_t s) {
@@ -188,60 +173,41 @@ private:
         captured_ahead_ = true;
     }
 
-    //! Captures and instantiates a segment's graph; false when it failed and the policy is to
-    //! run it eagerly (a failure under `raise` throws `capture_failed`).
+    //! Captures and instantiates a segment's graph on `s`; false when a capture-rule failure
+    //! leaves it eager (policy `run_eagerly`). Other failures propagate (segment_executor.hpp).
     bool capture(const plan_segment& seg, cudaStream_t s) {
-        int running = -1;
-        try {
-            scratch_.reserve_arena();
-            scratch_.begin_segment(true);
-            cuda::graph g = detail::capture_calls(calls_, seg.first_call, seg.call_count, s, Config::engine.mode, running);
-            scratch_.end_segment(calls_[std::size_t(seg.first_call)].name);
-            ++counters_.captures;
-            execs_[std::size_t(seg.graph)] = cuda::graph_exec(g);
-            ++counters_.instantiations;
-            return true;
-        } catch (const std::exception& e) {
-            scratch_.begin_segment(false); // forget the failed segment's scratch
-            cudaGetLastError(); // the failure is reported here, not by the next call
-            ++counters_.capture_failures;
-            const std::string stage_name = running >= 0 ? std::string(calls_[std::size_t(running)].name) : std::string();
-            if (Config::engine.on_failure == capture_failure::raise)
-                throw capture_failed(failure_message(seg, stage_name, e.what()), stage_name, seg.layer, seg.graph, seg.microbatch);
+        cuda::graph g = executor_.capture(calls_of(seg), s, seg.lane, [&] { return site(seg); });
+        if (!g) {
             run_eagerly_[std::size_t(seg.graph)] = 1;
             return false;
         }
+        executor_.apply(execs_[std::size_t(seg.graph)], g, calls_[std::size_t(seg.first_call)].name);
+        return true;
     }
 
-    std::string failure_message(const plan_segment& seg, const std::string& stage_name, const char* why) const {
-        std::string where = "graph g" + std::to_string(seg.graph) + " (" +
-                            (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
-                            (seg.microbatch >= 0 ? ", microbatch " + std::to_string(seg.microbatch) : std::string()) + ", " +
-                            std::string(phase_name(seg.direction)) + ": " + detail::segment_stages(plan_, program_, seg, ", ") + ")";
-        return "capscope: capturing " + where + " failed" +
-               (stage_name.empty() ? std::string(" when the capture ended") : " in stage '" + stage_name + "'") + ": " + why +
-               "\n  the capture was ended and its partial graph destroyed; the stream is usable"
-               "\n  fix: tag the stage (synchronizes_with_host / shapes_depend_on_data) so the plan keeps it out of graphs, "
-               "or build the runner with on_capture_failure<capture_failure::run_eagerly>";
+    segment_site site(const plan_segment& seg) const {
+        return {"graph g" + std::to_string(seg.graph) + " (" +
+                    (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
+                    (seg.microbatch >= 0 ? ", microbatch " + std::to_string(seg.microbatch) : std::string()) + ", " +
+                    std::string(phase_name(seg.direction)) + ": " + detail::segment_stages(plan_, program_, seg, ", ") + ")",
+                seg.layer, seg.graph, seg.microbatch};
     }
 
     void release_graphs() noexcept {
         const bool had = graphs_alive() > 0;
         for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
         run_eagerly_.assign(run_eagerly_.size(), 0);
-        scratch_.release_retired();
-        if (had) detail::trim_graph_memory();
+        executor_.release(had);
     }
 
     training_program program_;
     training_plan plan_;
-    scratch_pool scratch_;
-    std::vector<detail::bound_call> calls_;
+    std::vector<detail::bound_call> calls_; //!< names and forks_to point into program_'s stages
+    segment_executor executor_;
     std::vector<cuda::graph_exec> execs_;
     std::vector<unsigned char> run_eagerly_;
     std::vector<int> first_segment_;
-    runner_counters counters_;
-    int warm_steps_ = 0; //!< steps since construction or reset(): warmup counts these
+    int warm_steps_ = 0; //!< steps since construction or reset(), up to the warmup
     bool captured_ahead_ = false;
 };
 

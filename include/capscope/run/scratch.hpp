@@ -13,6 +13,11 @@
 //! Plain `cudaMallocAsync` inside a captured segment works too, but CUDA then gives each graph
 //! memory of its own (graph memory nodes): N graphs keep N times the scratch.
 //! Outside any runner, `scratch_allocate` is `cudaMallocAsync`.
+//!
+//! Stages on a side lane run beside the segments of the step's stream, so they cannot share the
+//! arena: `scratch_allocate` there is an error (allocate such a stage's buffers once, at set-up).
+//! The pool is created at the first allocation, so a runner whose stages take no scratch makes
+//! no CUDA call for it.
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
@@ -32,20 +37,12 @@ class scratch_pool {
 public:
     static constexpr std::size_t alignment = 256;
 
-    scratch_pool() {
-        int device = 0;
-        CAPSCOPE_CHECK(cudaGetDevice(&device));
-        cudaMemPoolProps props{};
-        props.allocType = cudaMemAllocationTypePinned;
-        props.location.type = cudaMemLocationTypeDevice;
-        props.location.id = device;
-        CAPSCOPE_CHECK(cudaMemPoolCreate(pool_.out(), &props));
-        std::uint64_t keep = UINT64_MAX; // keep freed memory cached in the pool between steps
-        CAPSCOPE_CHECK(cudaMemPoolSetAttribute(pool_.get(), cudaMemPoolAttrReleaseThreshold, &keep));
-        live_.reserve(64);
-    }
+    scratch_pool() { live_.reserve(64); }
 
     void* allocate(std::size_t bytes, cudaStream_t s) {
+        if (side_lane_)
+            throw std::logic_error("capscope scratch: a stage on a side lane asked for scratch memory; side lanes run beside the "
+                                   "step's segments and cannot share their arena -- allocate the stage's buffers once, at set-up");
         const std::size_t size = (bytes + alignment - 1) / alignment * alignment;
         if (capturing_) {
             if (top_ + size > arena_.size())
@@ -57,7 +54,7 @@ public:
             return p;
         }
         void* p = nullptr;
-        CAPSCOPE_CHECK(cudaMallocFromPoolAsync(&p, size, pool_.get(), s));
+        CAPSCOPE_CHECK(cudaMallocFromPoolAsync(&p, size, pool(), s));
         push(p, size);
         return p;
     }
@@ -77,6 +74,9 @@ public:
         for (const auto& a : live_) top_ = std::max(top_, a.offset + a.size);
     }
 
+    //! Whether the stage about to run is on a side lane (then it may not take scratch).
+    void on_side_lane(bool side) noexcept { side_lane_ = side; }
+
     //! Brackets one segment's run (eager) or capture.
     void begin_segment(bool capturing) {
         capturing_ = capturing;
@@ -86,6 +86,7 @@ public:
     void end_segment(std::string_view segment) {
         const bool leaked = !live_.empty();
         capturing_ = false;
+        side_lane_ = false;
         live_.clear();
         top_ = 0;
         if (leaked)
@@ -103,7 +104,21 @@ public:
     void release_retired() noexcept { retired_.clear(); }
     std::size_t arena_bytes() const noexcept { return arena_.size(); }
     std::size_t most_needed() const noexcept { return needed_; }
-    cudaMemPool_t pool() const noexcept { return pool_.get(); }
+    //! The stream-ordered pool eager segments take scratch from (created on first use).
+    cudaMemPool_t pool() {
+        if (!pool_) {
+            int device = 0;
+            CAPSCOPE_CHECK(cudaGetDevice(&device));
+            cudaMemPoolProps props{};
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = device;
+            CAPSCOPE_CHECK(cudaMemPoolCreate(pool_.out(), &props));
+            std::uint64_t keep = UINT64_MAX; // keep freed memory cached in the pool between steps
+            CAPSCOPE_CHECK(cudaMemPoolSetAttribute(pool_.get(), cudaMemPoolAttrReleaseThreshold, &keep));
+        }
+        return pool_.get();
+    }
 
 private:
     struct allocation {
@@ -120,7 +135,7 @@ private:
     std::vector<cuda::device_buffer<std::byte>> retired_;
     std::vector<allocation> live_;
     std::size_t top_ = 0, needed_ = 0;
-    bool capturing_ = false;
+    bool capturing_ = false, side_lane_ = false;
 };
 
 namespace detail {

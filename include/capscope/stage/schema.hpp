@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace capscope {
@@ -41,6 +42,21 @@ struct synchronizes_with_host {
 struct shapes_depend_on_data {
     static constexpr void apply(stage_facts& f) { f.shapes_depend_on_data = true; }
 };
+struct passes_host_values {
+    static constexpr void apply(stage_facts& f) { f.passes_host_values = true; }
+};
+//! The stage runs on the runner's side stream `Lane` (capscope/stage/stage.hpp).
+template <int Lane>
+struct on_lane {
+    static_assert(Lane >= 1 && Lane <= max_lanes, "capscope::on_lane<k>: lanes are numbered 1..capscope::max_lanes (0 is the step's stream)");
+    static constexpr void apply(stage_facts& f) { f.lane = Lane; }
+};
+//! Before the stage, wait for the work issued on lane `Lane` so far.
+template <int Lane>
+struct waits_for_lane {
+    static_assert(Lane >= 1 && Lane <= max_lanes, "capscope::waits_for_lane<k>: lanes are numbered 1..capscope::max_lanes");
+    static constexpr void apply(stage_facts& f) { f.waits_for |= std::uint32_t{1} << Lane; }
+};
 
 namespace detail {
 template <class P>
@@ -56,7 +72,8 @@ template <stage_kind Kind, class Regions = regions<>, class... Properties>
 struct stage_decl {
     static_assert(detail::is_regions<Regions>, "capscope::stage_decl<kind, regions<...>, properties...>: the second argument is regions<...>");
     static_assert((detail::stage_property<Properties> && ...),
-                  "capscope::stage_decl<...> properties are synchronizes_with_host and shapes_depend_on_data");
+                  "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
+                  "on_lane<k> and waits_for_lane<k>");
     static constexpr stage_facts facts(int layer) {
         stage_facts f{Kind, layer, Regions::set};
         (Properties::apply(f), ...);

@@ -2,9 +2,16 @@
 //! @file
 //! The stage seam. A trainer describes each layer as a fixed sequence of stages: a forward and
 //! a backward `stream_fn`, bound once to device buffers whose addresses never change, tagged
-//! with the capture modules whose region contains the stage and with the two facts that keep a
+//! with the capture modules whose region contains the stage and with the facts that keep a
 //! stage out of a graph. The plan (`capscope/plan/`) reads the facts; the runner calls the
 //! functions.
+//!
+//! Streams: a stage's work is ordered on the stream it is given. It may fork work onto streams
+//! of its own and join it back with events before it returns (list them in `forks_to`, so a
+//! failed capture can be ended on each). Work that must outlive the stage, overlapping later
+//! stages (a gradient reduction), goes on a *lane*: the runner's side stream `lane`, forked
+//! from the step's stream before the stage and joined by the first stage that `waits_for` it
+//! (and at the end of every step).
 
 #include <capscope/stage/scope_label.hpp>
 #include <capscope/stage/stage_kind.hpp>
@@ -12,6 +19,7 @@
 #include <capscope/stage/tensor_ref.hpp>
 #include <capscope/vocabulary/capture_module.hpp>
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,10 +38,20 @@ struct stage_facts {
     bool synchronizes_with_host = false;
     //! Launch shapes come from data an earlier stage read back: a graph would freeze one step's shapes.
     bool shapes_depend_on_data = false;
+    //! Kernels take host values read at launch (a dropout seed, a loss scale, a step count): a
+    //! graph would freeze the values of the step it was captured in.
+    bool passes_host_values = false;
+    //! 0: the step's stream; k >= 1: the runner's side stream k (`max_lanes` at most).
+    int lane = 0;
+    //! Bit k: before this stage, wait for the work issued on lane k so far.
+    std::uint32_t waits_for = 0;
 
-    constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data; }
+    constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data && !passes_host_values; }
     friend constexpr bool operator==(const stage_facts&, const stage_facts&) = default;
 };
+
+//! Side streams a runner may give stages (`stage::lane` 1..max_lanes).
+inline constexpr int max_lanes = 8;
 
 struct stage {
     std::string name; //!< e.g. "layer1.moe_router"; the error scope while the stage runs
@@ -42,22 +60,38 @@ struct stage {
     capture_module_set captured_by;
     bool synchronizes_with_host = false;
     bool shapes_depend_on_data = false;
-    stream_fn forward;
-    stream_fn backward;              //!< empty for forward-only work (optimizer step, zeroing)
+    bool passes_host_values = false; //!< see stage_facts
+    int lane = 0;                    //!< see stage_facts
+    std::uint32_t waits_for = 0;     //!< see stage_facts
+    stream_fn forward;               //!< empty for backward-only work (a gradient reduction)
+    stream_fn backward;              //!< empty for forward-only work (optimizer step, zeroing, a frozen layer)
     std::vector<tensor_ref> inputs;  //!< read by forward
     std::vector<tensor_ref> outputs; //!< written by forward
+    //! `inputs` and `outputs` name every buffer the stage's work touches that may differ between
+    //! microbatches or after a rebind (what its own state points to included). Only then may a
+    //! graph captured for one binding replay another: microbatches share graphs, and a rebind
+    //! keeps graphs, only for stages that say so.
+    bool buffers_declared = false;
+    //! Streams the stage forks work onto and joins back before it returns.
+    std::vector<stream_handle> forks_to;
 
     bool capturable() const { return facts().capturable(); }
-    stage_facts facts() const { return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data}; }
-    //! Same work on the same buffers: a graph captured from one replays the other.
+    stage_facts facts() const {
+        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, waits_for};
+    }
+    //! Same work on the same declared buffers: a graph captured from one replays the other. False
+    //! when either stage leaves its buffers undeclared.
     bool same_binding(const stage& o) const {
-        return forward == o.forward && backward == o.backward && inputs == o.inputs && outputs == o.outputs;
+        return buffers_declared && o.buffers_declared && forward == o.forward && backward == o.backward && inputs == o.inputs &&
+               outputs == o.outputs;
     }
 };
 
-//! Eager execution: each stage's forward in order, under its name as the error scope.
+//! Eager execution on one stream (lanes are the runner's): each stage's forward in order, under
+//! its name as the error scope.
 inline void run_forward(std::span<const stage> stages, stream_handle s) {
     for (const stage& st : stages) {
+        if (!st.forward) continue;
         scope_label label(st.name);
         st.forward(s);
     }

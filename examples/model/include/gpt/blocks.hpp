@@ -130,6 +130,9 @@ protected:
         st.forward = forward;
         st.backward = backward;
         st.inputs = {ref("input", x_, activation_bytes())};
+        // A block's buffers (its input, its activations, its weights) are the same in every
+        // microbatch and bucket; what differs is in the grid it is bound to, named in inputs/outputs.
+        st.buffers_declared = true;
         return st;
     }
     tensor_ref output_ref() const { return ref("output", y_.data(), activation_bytes()); }

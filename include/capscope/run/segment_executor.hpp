@@ -1,0 +1,293 @@
+#pragma once
+//! @file
+//! `segment_executor`: what both runners do with a segment (a run of stage calls): run it
+//! eagerly, capture it into a graph, turn a graph into an executable one (instantiate, or update
+//! in place), and say what went wrong. One implementation, so the training runner and the bucket
+//! runners capture, fail and clean up alike.
+//!
+//! Calls on another lane than the segment's (inside the whole iteration) fork from the
+//! segment's stream and join back before it ends (capscope/run/lanes.hpp). Scratch memory comes
+//! from the executor's pool (capscope/run/scratch.hpp).
+//!
+//! Failures while capturing are sorted in two:
+//! - capture-rule errors (a call that a capture forbids, a capture invalidated or left unjoined):
+//!   the stage should have been tagged. They raise `capture_failed` with that fix, or, under
+//!   `capture_failure::run_eagerly`, leave the segment eager.
+//! - everything else (out of memory, a failed instantiation, a scratch arena too small, the
+//!   trainer's own exceptions) is rethrown as it was thrown, whatever the policy; CUDA errors
+//!   carry the stage as their scope, and `last_failure()` says where it happened.
+//! Either way the capture is ended on every stream it reached, the partial graph destroyed and
+//! the streams usable, and CUDA's last-error state keeps errors that are not the capture's.
+
+#include <capscope/config/engine_options.hpp>
+#include <capscope/cuda/error.hpp>
+#include <capscope/cuda/graph.hpp>
+#include <capscope/run/capture_failed.hpp>
+#include <capscope/run/counters.hpp>
+#include <capscope/run/lanes.hpp>
+#include <capscope/run/scratch.hpp>
+#include <capscope/stage/stage.hpp>
+
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace capscope {
+
+namespace detail {
+
+constexpr cudaStreamCaptureMode cuda_capture_mode(capture_mode m) {
+    switch (m) {
+    case capture_mode::global: return cudaStreamCaptureModeGlobal;
+    case capture_mode::per_thread: return cudaStreamCaptureModeThreadLocal;
+    case capture_mode::relaxed: return cudaStreamCaptureModeRelaxed;
+    }
+    return cudaStreamCaptureModeThreadLocal;
+}
+
+//! A resolved stage call: the function, the name it runs under, its lane and what it waits for,
+//! and the streams it forks onto itself.
+struct bound_call {
+    stream_fn fn;
+    std::string_view name;
+    int lane = 0;
+    std::uint32_t waits_for = 0;
+    std::span<const stream_handle> forks_to;
+};
+
+constexpr bool is_capture_rule_code(int code) {
+    switch (code) {
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureMerge:
+    case cudaErrorStreamCaptureUnmatched:
+    case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureIsolation:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorCapturedEvent:
+    case cudaErrorStreamCaptureWrongThread: return true;
+    default: return false;
+    }
+}
+
+//! A failing clean-up call set CUDA's last error; it is ours, so clear it.
+inline void clear_own(cudaError_t e) noexcept {
+    if (e != cudaSuccess) (void)cudaGetLastError();
+}
+
+//! Returns the memory CUDA keeps for graph allocations (stream-ordered allocations made inside
+//! captured segments) once a runner has freed the graphs that used it.
+inline void trim_graph_memory() noexcept {
+    int device = 0;
+    const cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) clear_own(cudaDeviceGraphMemTrim(device));
+    else clear_own(e);
+}
+
+} // namespace detail
+
+//! Where a failed capture was, for its message: "graph g3 (layer 1, microbatch 0, forward: ...)".
+struct segment_site {
+    std::string where;
+    int layer = -1, graph = -1, index = -1; //!< index: the microbatch, or the bucket
+};
+
+class segment_executor {
+public:
+    segment_executor(capture_mode mode, capture_failure policy) : mode_(mode), policy_(policy) {}
+
+    //! Runs `calls` eagerly on `origin`, the stream of lane `origin_lane`.
+    void run_eagerly(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane) {
+        scratch_.begin_segment(false);
+        int running = -1;
+        execute(calls, origin, origin_lane, running);
+        scratch_.end_segment(calls.front().name);
+        detail::count_one(counters_.eager_segment_runs);
+    }
+
+    //! Captures `calls` into a graph on `origin` (lane `origin_lane`). Returns an empty graph when
+    //! a capture-rule error is met under `capture_failure::run_eagerly`; throws `capture_failed`
+    //! for one under `raise`; rethrows anything else unchanged. `describe()` gives the site, and
+    //! is called only on failure.
+    template <class Describe>
+    cuda::graph capture(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, Describe&& describe) {
+        int running = -1;
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        try {
+            scratch_.reserve_arena();
+            scratch_.begin_segment(true);
+            CAPSCOPE_CHECK(cudaStreamBeginCapture(origin, detail::cuda_capture_mode(mode_)));
+            try {
+                execute(calls, origin, origin_lane, running);
+                running = -1;
+            } catch (...) {
+                if (cudaStreamIsCapturing(origin, &status) != cudaSuccess) status = cudaStreamCaptureStatusNone;
+                abort_capture(calls, origin);
+                throw;
+            }
+            cudaGraph_t captured = nullptr;
+            const cudaError_t ended = cudaStreamEndCapture(origin, &captured);
+            if (ended != cudaSuccess) {
+                if (captured) cudaGraphDestroy(captured);
+                end_side_captures(calls);
+                lanes_.forget(forked_here_);
+                CAPSCOPE_CHECK(ended);
+            }
+            cuda::graph g(captured);
+            scratch_.end_segment(calls.front().name);
+            detail::count_one(counters_.captures);
+            return g;
+        } catch (const std::exception& e) {
+            scratch_.begin_segment(false); // forget the failed segment's scratch
+            detail::count_one(counters_.capture_failures);
+            const segment_site site = describe();
+            const std::string stage = running >= 0 ? std::string(calls[std::size_t(running)].name) : std::string();
+            const std::string what = "capscope: capturing " + site.where + " failed" +
+                                     (stage.empty() ? std::string(" when the capture ended") : " in stage '" + stage + "'") + ": " + e.what();
+            last_failure_ = what;
+            forget_reported_error(e);
+            if (!capture_rule_error(e, status)) throw; // not a tagging problem: as it was thrown
+            if (policy_ == capture_failure::raise)
+                throw capture_failed(what + "\n  the capture was ended and its partial graph destroyed; the streams are usable"
+                                            "\n  fix: tag the stage (synchronizes_with_host / shapes_depend_on_data / passes_host_values) "
+                                            "so the plan keeps it out of graphs, or build the runner with "
+                                            "on_capture_failure<capture_failure::run_eagerly>",
+                                     stage, site.layer, site.graph, site.index);
+            return {};
+        }
+    }
+
+    //! Makes `exec` run `g`: updated in place when it exists and CUDA accepts the update,
+    //! instantiated otherwise. On an exception `exec` is left empty (never half updated), so the
+    //! next use instantiates it again.
+    void apply(cuda::graph_exec& exec, const cuda::graph& g, std::string_view scope) {
+        scope_label label(scope);
+        try {
+            if (exec) {
+                cudaGraphExecUpdateResult why = cudaGraphExecUpdateSuccess;
+                if (exec.update(g, &why) == cuda::update_result::updated) {
+                    detail::count_one(counters_.exec_updates);
+                    return;
+                }
+                detail::count_one(counters_.update_refusals);
+                last_refusal_ = why;
+            }
+            exec = cuda::graph_exec(g);
+            detail::count_one(counters_.instantiations);
+        } catch (...) {
+            exec = cuda::graph_exec{};
+            throw;
+        }
+    }
+
+    //! After the runner freed its graphs: frees retired scratch arenas and graph memory.
+    void release(bool had_graphs) noexcept {
+        scratch_.release_retired();
+        if (had_graphs) detail::trim_graph_memory();
+    }
+
+    scratch_pool& scratch() noexcept { return scratch_; }
+    const scratch_pool& scratch() const noexcept { return scratch_; }
+    lane_streams& lanes() noexcept { return lanes_; }
+    runner_counters& counters() noexcept { return counters_; }
+    const runner_counters& counters() const noexcept { return counters_; }
+    //! The last failure met while capturing, in words ("" if none).
+    const std::string& last_failure() const noexcept { return last_failure_; }
+    //! CUDA's reason for the last refused update, in words ("none" if none was refused).
+    const char* last_update_refusal() const noexcept { return cuda::update_refusal_name(last_refusal_); }
+
+private:
+    //! Runs each call under its name; calls on another lane fork from `origin` and are joined
+    //! back into it at the end. `running` is the call running (for failure messages).
+    //! Waits are for lanes forked here only: a runner orders its segments' lanes itself, before
+    //! the segment, where no capture is in progress.
+    void execute(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running) {
+        forked_here_ = 0;
+        for (std::size_t i = 0; i < calls.size(); ++i) {
+            running = int(i);
+            const detail::bound_call& c = calls[i];
+            scope_label label(c.name);
+            if (c.lane == origin_lane) {
+                if (c.waits_for & forked_here_) lanes_.wait(c.waits_for & forked_here_, origin);
+                c.fn(origin);
+                continue;
+            }
+            const cudaStream_t side = lanes_.fork(c.lane, origin);
+            forked_here_ |= std::uint32_t{1} << c.lane;
+            if (c.waits_for & forked_here_) lanes_.wait(c.waits_for & forked_here_, side);
+            scratch_.on_side_lane(true);
+            c.fn(side);
+            scratch_.on_side_lane(false);
+            lanes_.done(c.lane);
+        }
+        if (forked_here_) lanes_.join(origin, forked_here_);
+        forked_here_ = 0;
+    }
+
+    //! Ends a capture that a call left by an exception: joins each stream it may have reached
+    //! into `origin`, ends the capture there and destroys the partial graph.
+    void abort_capture(std::span<const detail::bound_call> calls, cudaStream_t origin) noexcept {
+        cudaEvent_t join = nullptr;
+        detail::clear_own(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        auto join_into_origin = [&](cudaStream_t side) {
+            cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+            if (side == origin || !join || cudaStreamIsCapturing(side, &st) != cudaSuccess || st != cudaStreamCaptureStatusActive) return;
+            detail::clear_own(cudaEventRecord(join, side));
+            detail::clear_own(cudaStreamWaitEvent(origin, join, 0));
+        };
+        for_each_side_stream(calls, join_into_origin);
+        cudaGraph_t partial = nullptr;
+        detail::clear_own(cudaStreamEndCapture(origin, &partial));
+        if (partial) cudaGraphDestroy(partial);
+        if (join) cudaEventDestroy(join);
+        end_side_captures(calls);
+        lanes_.forget(forked_here_);
+        forked_here_ = 0;
+        scratch_.on_side_lane(false);
+    }
+
+    //! A stream still capturing after the origin's capture ended (an invalidated capture leaves
+    //! them so): end its capture too.
+    void end_side_captures(std::span<const detail::bound_call> calls) noexcept {
+        for_each_side_stream(calls, [](cudaStream_t side) {
+            cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+            if (cudaStreamIsCapturing(side, &st) != cudaSuccess || st == cudaStreamCaptureStatusNone) return;
+            cudaGraph_t partial = nullptr;
+            detail::clear_own(cudaStreamEndCapture(side, &partial));
+            if (partial) cudaGraphDestroy(partial);
+        });
+    }
+
+    template <class F>
+    void for_each_side_stream(std::span<const detail::bound_call> calls, F&& f) noexcept {
+        lanes_.for_each_stream(f);
+        for (const detail::bound_call& c : calls)
+            for (stream_handle s : c.forks_to) f(s);
+    }
+
+    static bool capture_rule_error(const std::exception& e, cudaStreamCaptureStatus status_at_failure) {
+        if (status_at_failure == cudaStreamCaptureStatusInvalidated) return true; // a forbidden call broke the capture
+        const auto* ce = dynamic_cast<const cuda::error*>(&e);
+        return ce && ce->which() == cuda::library::cuda && detail::is_capture_rule_code(ce->code());
+    }
+    //! The failing call left its error in CUDA's last-error state, and the exception reports it:
+    //! clear that one (or a capture error), and leave any other for its owner to find.
+    static void forget_reported_error(const std::exception& e) noexcept {
+        const cudaError_t pending = cudaPeekAtLastError();
+        const auto* ce = dynamic_cast<const cuda::error*>(&e);
+        if (pending != cudaSuccess && (detail::is_capture_rule_code(pending) || (ce && ce->code() == int(pending)))) (void)cudaGetLastError();
+    }
+
+    capture_mode mode_;
+    capture_failure policy_;
+    scratch_pool scratch_;
+    lane_streams lanes_;
+    runner_counters counters_;
+    std::string last_failure_;
+    std::uint32_t forked_here_ = 0; //!< lanes forked by the execution in progress
+    cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;
+};
+
+} // namespace capscope
