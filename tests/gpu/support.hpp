@@ -121,6 +121,19 @@ inline batch random_batch(int batch_size, int seq, int vocab, std::uint64_t seed
     return b;
 }
 
+//! Fills `bytes` at `device` with 0xff: a NaN in fp32 and bf16, which no forward writes. Poison an
+//! output before the call under test, so that a call that does nothing (a no-op replay, another
+//! bucket's graph) leaves NaNs where the result should be.
+inline void poison(const void* device, std::size_t bytes, cudaStream_t s) {
+    CAPSCOPE_CHECK(cudaMemsetAsync(const_cast<void*>(device), 0xff, bytes, s));
+}
+//! Whether `v` holds a NaN (an element the call under test never wrote).
+template <class T> bool any_nan(const std::vector<T>& v) {
+    for (const T& x : v)
+        if (to_double(x) != to_double(x)) return true;
+    return false;
+}
+
 inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale = 1.f) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> d(0.f, scale);

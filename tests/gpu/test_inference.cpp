@@ -52,6 +52,10 @@ template <class T> std::vector<T> logits_of(const gpt::inference_model<T>& m, in
     return support::download(m.logits(), std::size_t(rows) * m.config().seq_len * m.config().vocab, s);
 }
 
+template <class T> void poison_logits(const gpt::inference_model<T>& m, int rows, cudaStream_t s) {
+    support::poison(m.logits(), std::size_t(rows) * m.config().seq_len * m.config().vocab * sizeof(T), s);
+}
+
 template <class T> bool rows_zero(const std::vector<T>& logits, std::size_t first, std::size_t last) {
     for (std::size_t i = first; i < last; ++i)
         if (support::to_double(logits[i]) != 0.0) return false;
@@ -72,8 +76,12 @@ template <class Config, class T> void check_parity_every_bucket(const char* name
             m.forward(c.size, s.get());
             const auto eager = logits_of(m, c.size, s.get());
             const long replays = r.counters().replays;
+            // The eager result is kept on the host; the runner must write every row itself (a no-op
+            // replay, or a smaller bucket's graph, leaves NaNs).
+            poison_logits(m, c.size, s.get());
             r.run(c, s.get());
             const auto graphed = logits_of(m, c.size, s.get());
+            CHECK_MESSAGE(!support::any_nan(graphed), name, " n=", n, " bucket ", c.size, ": rows left unwritten");
             CHECK_MESSAGE(support::same_bits(graphed, eager), name, " n=", n, " bucket ", c.size);
             CHECK(rows_zero(graphed, std::size_t(n) * row, std::size_t(c.size) * row)); // padded rows masked
             if (pass == 1) {
@@ -149,6 +157,7 @@ TEST_CASE("padded rows never reach the real rows; the real rows match the reques
     for (int pad_token : {0, 5, 31}) { // whatever the padded rows hold
         m.set_request(tokens, n, c.size, s.get(), 0, pad_token);
         r.run(c, s.get()); // (the first run is the bucket's eager warmup)
+        poison_logits(m, c.size, s.get());
         r.run(c, s.get());
         runs.push_back(logits_of(m, c.size, s.get()));
         CHECK(rows_zero(runs.back(), real, runs.back().size()));
@@ -206,8 +215,14 @@ TEST_CASE("rebinding the inputs updates the executable graphs in place, equal to
     const auto tokens = random_tokens(4, m.config(), 44);
     m.set_request(tokens, 4, 4, s.get(), 1);
     r.rebind(m.inference_program(bucket_sizes, 1));
+    // Eager on slot 1 first, kept on the host; then the rebound graphs, on poisoned logits.
+    m.forward(4, s.get(), 1);
+    const auto eager_slot1 = logits_of(m, 4, s.get());
+    poison_logits(m, 4, s.get());
     r.run(r.choose(4), s.get());
     const auto updated = logits_of(m, 4, s.get());
+    CHECK(!support::any_nan(updated));
+    CHECK(support::same_bits(updated, eager_slot1));
     const runner_counters& k = r.counters();
     std::printf("rebind to input slot 1: captures %ld, exec updates %ld, update refusals %ld, instantiations %ld (before: %ld)\n",
                 k.captures - before.captures, k.exec_updates, k.update_refusals, k.instantiations - before.instantiations,
@@ -218,15 +233,14 @@ TEST_CASE("rebinding the inputs updates the executable graphs in place, equal to
     // A fresh runner on slot 1, instantiated from scratch, and eager execution agree.
     inference_runner<block_cfg> fresh(m.inference_program(bucket_sizes, 1));
     fresh.capture_all(s.get());
-    CAPSCOPE_CHECK(cudaMemsetAsync(const_cast<float*>(m.logits()), 0, updated.size() * sizeof(float), s.get()));
+    poison_logits(m, 4, s.get());
     fresh.run(fresh.choose(4), s.get());
-    CHECK(support::same_bits(logits_of(m, 4, s.get()), updated));
-    m.forward(4, s.get(), 1);
     CHECK(support::same_bits(logits_of(m, 4, s.get()), updated));
     // Scope layer keeps the embedding and the head eager: nothing graphed reads the input slot.
     inference_runner<layer_cfg> per_layer(m.inference_program(bucket_sizes, 0));
     per_layer.capture_all(s.get());
     per_layer.rebind(m.inference_program(bucket_sizes, 1));
+    poison_logits(m, 4, s.get());
     per_layer.run(per_layer.choose(4), s.get());
     CHECK(per_layer.counters().exec_updates == 0);
     CHECK(per_layer.counters().captures == 4L * per_layer.plan().graphs_per_bucket);
@@ -243,6 +257,7 @@ TEST_CASE("rebinding the inputs updates the executable graphs in place, equal to
     auto moved = m.inference_program(bucket_sizes, 1);
     moved.buckets[2][1].layer = 5;
     CHECK_THROWS_AS(r.rebind(std::move(moved)), plan_error);
+    poison_logits(m, 4, s.get());
     r.run(r.choose(4), s.get());
     CHECK(support::same_bits(logits_of(m, 4, s.get()), updated));
 }
@@ -259,8 +274,15 @@ TEST_CASE("bucket_exec::shared: one executable graph per segment, updated from t
             m.set_request(random_tokens(n, m.config(), 900 + std::uint64_t(n)), n, n, s.get());
             m.forward(n, s.get());
             const auto eager = logits_of(m, n, s.get());
+            const long updates = r.counters().exec_updates + r.counters().update_refusals;
+            poison_logits(m, n, s.get());
             r.run(r.choose(n), s.get());
-            CHECK_MESSAGE(support::same_bits(logits_of(m, n, s.get()), eager), "bucket ", n);
+            const auto graphed = logits_of(m, n, s.get());
+            CHECK_MESSAGE(!support::any_nan(graphed), "bucket ", n, ": rows left unwritten");
+            CHECK_MESSAGE(support::same_bits(graphed, eager), "bucket ", n);
+            // After the warmup pass every run changes bucket, so each of its graphs is loaded anew
+            // into the shared executable graphs: updated in place, or instantiated where refused.
+            if (pass == 1) CHECK(r.counters().exec_updates + r.counters().update_refusals - updates == g);
         }
     const runner_counters& k = r.counters();
     std::printf("shared executable graphs: %d executable, %d captured kept; captures %ld, instantiations %ld, exec updates %ld, "
@@ -338,6 +360,7 @@ TEST_CASE("vision encoder in length buckets: its own runner, bitwise equal to ea
             enc.set_samples(patches, lengths, c.size, s.get());
             run_forward(enc.forward_stages(c.size), s.get());
             const auto eager = enc.copy_outputs(lengths, c.size, s.get());
+            support::poison(enc.output(), std::size_t(enc.config().batch) * c.size * enc.config().hidden * sizeof(float), s.get());
             r.run(c, s.get());
             const auto graphed = enc.copy_outputs(lengths, c.size, s.get());
             CHECK_MESSAGE(support::same_bits(graphed, eager), "padded length ", c.size);
@@ -386,6 +409,8 @@ TEST_CASE("the vision runner reads the vision settings only, never the language 
     run_forward(enc.forward_stages(32), s.get());
     const auto want = enc.copy_outputs(lengths, 32, s.get());
     for (int i = 0; i < 5; ++i) attn.run(attn.choose_lengths(lengths), s.get());
+    support::poison(enc.output(), std::size_t(enc.config().batch) * 32 * enc.config().hidden * sizeof(float), s.get());
+    attn.run(attn.choose_lengths(lengths), s.get());
     CHECK(support::same_bits(enc.copy_outputs(lengths, 32, s.get()), want));
     CHECK(attn.counters().replays > 0);
 }

@@ -28,23 +28,42 @@ TEST_CASE("a failed NCCL call names the call, the library's error string and the
     }
 }
 
-TEST_CASE("a one-rank communicator all-reduces, eagerly and inside a captured graph") {
+TEST_CASE("an all-reduce that is not the identity, eagerly and inside a captured graph, into a poisoned buffer") {
+    // One rank's plain sum is the identity, which a skipped collective would also "compute". A
+    // pre-multiplied sum (ncclRedOpCreatePreMulSum) scales the input: 3 * x on one rank, and on
+    // every rank the sum of 3 * x over the ranks. Out of place, into a buffer of NaNs.
     ncclUniqueId id{};
     CAPSCOPE_CHECK(ncclGetUniqueId(&id));
     cuda::nccl_communicator comm(1, id, 0);
     cuda::stream s;
-    cuda::device_buffer<float> x(64);
-    std::vector<float> host(64);
-    for (int i = 0; i < 64; ++i) host[i] = float(i) * 0.5f;
+    constexpr std::size_t n = 1 << 16;
+    cuda::device_buffer<float> x(n), y(n);
+    std::vector<float> host(n), want(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        host[i] = float(i % 1000) * 0.5f - 100.f;
+        want[i] = 3.f * host[i];
+    }
     x.copy_from_host(host, s);
-    CAPSCOPE_CHECK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm.get(), s));
-    auto g = cuda::capture(s, [&](cudaStream_t cs) {
-        CAPSCOPE_CHECK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm.get(), cs));
-    });
+    float scale = 3.f;
+    ncclRedOp_t times3{};
+    CAPSCOPE_CHECK(ncclRedOpCreatePreMulSum(&times3, &scale, ncclFloat, ncclScalarHostImmediate, comm.get()));
+    auto poison = [&] { CAPSCOPE_CHECK(cudaMemsetAsync(y.data(), 0xff, y.bytes(), s)); };
+    auto result = [&] {
+        std::vector<float> back(n);
+        y.copy_to_host(back, s);
+        s.synchronize();
+        return back;
+    };
+    poison();
+    CAPSCOPE_CHECK(ncclAllReduce(x.data(), y.data(), n, ncclFloat, times3, comm.get(), s));
+    CHECK(result() == want);
+    auto g = cuda::capture(s, [&](cudaStream_t cs) { CAPSCOPE_CHECK(ncclAllReduce(x.data(), y.data(), n, ncclFloat, times3, comm.get(), cs)); });
     cuda::graph_exec exec(g);
-    exec.launch(s);
-    std::vector<float> back(64);
-    x.copy_to_host(back, s);
-    s.synchronize();
-    CHECK(back == host); // a sum over one rank is the identity
+    for (int replay = 0; replay < 3; ++replay) {
+        poison();
+        exec.launch(s);
+        CHECK(result() == want); // the replay wrote every element, scaled
+    }
+    CAPSCOPE_CHECK(ncclRedOpDestroy(times3, comm.get()));
+    std::printf("  one-rank all-reduce (premultiplied by 3) of %zu floats: eager and 3 replays correct\n", n);
 }

@@ -1,0 +1,48 @@
+#include "engine_kernels.hpp"
+
+#include <capscope/cuda/error.hpp>
+
+namespace engine_kernels {
+namespace {
+__global__ void add_one_kernel(int* c) { *c += 1; }
+__global__ void fill_kernel(int* out, const int* counter, int offset, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = *counter + offset;
+}
+__global__ void scale_kernel(int* out, const int* in, int factor, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * factor;
+}
+__global__ void slow_copy_kernel(int* out, const int* in, int n, unsigned spin_ns) {
+    for (unsigned waited = 0; waited < spin_ns; waited += 1000) __nanosleep(1000);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+__global__ void add_kernel(int* out, const int* a, const int* b, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+int blocks(int n) { return (n + 255) / 256; }
+} // namespace
+
+void add_one(int* counter, cudaStream_t s) {
+    add_one_kernel<<<1, 1, 0, s>>>(counter);
+    CAPSCOPE_CHECK_LAUNCH("add_one_kernel");
+}
+void fill_from(int* out, const int* counter, int offset, int n, cudaStream_t s) {
+    fill_kernel<<<blocks(n), 256, 0, s>>>(out, counter, offset, n);
+    CAPSCOPE_CHECK_LAUNCH("fill_kernel");
+}
+void scale(int* out, const int* in, int factor, int n, cudaStream_t s) {
+    scale_kernel<<<blocks(n), 256, 0, s>>>(out, in, factor, n);
+    CAPSCOPE_CHECK_LAUNCH("scale_kernel");
+}
+void slow_copy(int* out, const int* in, int n, unsigned spin_ns, cudaStream_t s) {
+    slow_copy_kernel<<<blocks(n), 256, 0, s>>>(out, in, n, spin_ns);
+    CAPSCOPE_CHECK_LAUNCH("slow_copy_kernel");
+}
+void add(int* out, const int* a, const int* b, int n, cudaStream_t s) {
+    add_kernel<<<blocks(n), 256, 0, s>>>(out, a, b, n);
+    CAPSCOPE_CHECK_LAUNCH("add_kernel");
+}
+} // namespace engine_kernels

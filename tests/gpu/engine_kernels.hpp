@@ -1,0 +1,19 @@
+#pragma once
+// Tiny kernels for the engine's synthetic stages (tests/gpu/test_engine.cpp): integer work, so
+// every result is exact. Each launch is checked.
+
+#include <cuda_runtime_api.h>
+
+namespace engine_kernels {
+//! *counter += 1: a device-resident step count, advanced by a captured kernel.
+void add_one(int* counter, cudaStream_t s);
+//! out[i] = *counter + offset
+void fill_from(int* out, const int* counter, int offset, int n, cudaStream_t s);
+//! out[i] = in[i] * factor
+void scale(int* out, const int* in, int factor, int n, cudaStream_t s);
+//! Spins about `spin_ns` nanoseconds, then out[i] = in[i]: slow enough that work which does not
+//! wait for it reads what was there before.
+void slow_copy(int* out, const int* in, int n, unsigned spin_ns, cudaStream_t s);
+//! out[i] = a[i] + b[i]
+void add(int* out, const int* a, const int* b, int n, cudaStream_t s);
+} // namespace engine_kernels

@@ -1,0 +1,84 @@
+// The runner's call order, on the host (no GPU: eager steps make no CUDA call). Each fake stage
+// logs its calls; the log must be the order a training step promises, written out here by hand
+// from the program, not from the plan: step begin, each microbatch's forwards in order and
+// backwards in reverse, step end. Warmup steps of every impl run it so too.
+
+#include "fake_program.hpp"
+
+#include <capscope/capscope.hpp>
+#include <capscope/engine.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+using namespace capscope;
+
+namespace {
+
+//! The promised order of one step, from the program alone.
+std::vector<std::string> promised_order(const training_program& p) {
+    std::vector<std::string> out;
+    auto name = [](const stage& s, const char* phase) { return s.name.substr(0, s.name.find('#')) + phase; };
+    for (const stage& s : p.step_begin) out.push_back(name(s, ".fwd"));
+    for (const auto& list : p.microbatches) {
+        for (const stage& s : list)
+            if (s.forward) out.push_back(name(s, ".fwd"));
+        for (auto it = list.rbegin(); it != list.rend(); ++it)
+            if (it->backward) out.push_back(name(*it, ".bwd"));
+    }
+    for (const stage& s : p.step_end) out.push_back(name(s, ".fwd"));
+    return out;
+}
+
+// A stream handle that is never given to CUDA: eager steps only pass it to the fake stages.
+int not_a_stream = 0;
+const auto fake_stream = reinterpret_cast<cudaStream_t>(&not_a_stream);
+
+template <class Config>
+void check_warmup_order(const char* what) {
+    fake::model m;
+    const training_program p = m.program("DEM", false, 2);
+    const auto want = promised_order(p);
+    runner<Config> r(p);
+    for (int step = 0; step < Config::warmup_steps || (Config::impl == graph_impl::eager && step < 2); ++step) {
+        m.log.clear();
+        r.step(fake_stream);
+        CHECK_MESSAGE(m.log == want, what, ", step ", step);
+    }
+    CHECK(r.counters().captures == 0);
+}
+
+} // namespace
+
+TEST_CASE("eager steps and warmup steps call the stages in the promised order, under every impl") {
+    check_warmup_order<config<impl::eager>>("none");
+    check_warmup_order<config<impl::lazy_per_layer, modules<capture::attention>, warmup_steps<2>>>("local");
+    check_warmup_order<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<2>>>("transformer_engine");
+    check_warmup_order<config<impl::whole_iteration, no_nan_check, warmup_steps<2>>>("full_iteration");
+}
+
+TEST_CASE("a frozen layer (no backward) and a backward-only stage are called in their one phase") {
+    fake::model m;
+    training_program p = m.program("DD", false, 1);
+    p.microbatches[0][1].backward = {}; // layer0.attention frozen
+    p.microbatches[0][4].forward = {};  // layer1.mlp: backward only
+    runner<config<impl::eager>> r(p);
+    r.step(fake_stream);
+    CHECK(m.log == std::vector<std::string>{"zero_grad.fwd", "embedding.fwd", "layer0.attention.fwd", "layer0.mlp.fwd",
+                                            "layer1.attention.fwd", "head.fwd", "head.bwd", "layer1.mlp.bwd", "layer1.attention.bwd",
+                                            "layer0.mlp.bwd", "embedding.bwd", "optimizer.fwd"});
+}
+
+TEST_CASE("the runner counts what it ran, and its counters saturate instead of wrapping") {
+    fake::model m;
+    runner<config<impl::eager>> r(m.program("D", false, 1));
+    r.step(fake_stream);
+    CHECK(r.counters().steps == 1);
+    CHECK(r.counters().eager_segment_runs == long(r.plan().segments.size()));
+    long almost = std::numeric_limits<long>::max() - 1;
+    detail::count_one(almost);
+    detail::count_one(almost);
+    CHECK(almost == std::numeric_limits<long>::max());
+}
