@@ -49,6 +49,15 @@ CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, seeded_dr
 using reduced = layer_schema<"reduced", stage_decl<stage_kind::mlp, regions<capture::mlp>>,
                              stage_decl<stage_kind::other, regions<capture::mlp>, on_lane<1>>>;
 static_assert(layer_plan<config<impl::lazy_per_layer, modules<capture::mlp>>, reduced>::graphs == 2); // one per lane
+// A trainer's own kinds and regions (not Megatron's): a residual block whose branch is
+// captured and whose gate reads back to the host.
+using residual_block = layer_schema<"residual", stage_decl<kind<"branch">, regions<region<"branch">>>,
+                                    stage_decl<kind<"gate">, regions<region<"gate">>, synchronizes_with_host>>;
+static_assert(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>::graphs == 1);
+static_assert(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>::eager_islands == 1);
+#ifdef CASE_P1__own_kind
+CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch", "gate">>, residual_block>);
+#endif
 
 // P4: bucket lists are positive and strictly increasing.
 CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, buckets<1, 2, 4, 8>>);

@@ -379,3 +379,47 @@ TEST_CASE("the run-time flag path: a Megatron command line selects a compile-tim
     CHECK(chosen.find("graph g1     layer1.attention layer1.moe_router\n  eager        layer1.moe_preprocess layer1.moe_experts") !=
           std::string::npos);
 }
+
+namespace {
+// A trainer that is not shaped like Megatron: a residual-MLP block with two parts of its own.
+using branch_part = stage_decl<kind<"branch">, regions<region<"branch">>>;
+using gate_part = stage_decl<kind<"gate">, regions<region<"gate">>>;
+using residual = layer_schema<"residual", branch_part, gate_part>;
+struct noop {
+    void run(stream_handle) {}
+};
+} // namespace
+
+TEST_CASE("open vocabulary: a trainer's own stage kinds and regions, captured by name, checked against its schema") {
+    noop n;
+    const stream_fn f = stream_fn::of<&noop::run>(&n);
+    training_program p;
+    p.microbatches.emplace_back();
+    for (int l = 0; l < 2; ++l) {
+        p.microbatches[0].push_back(branch_part::make("block" + std::to_string(l) + ".branch", l, f, f));
+        p.microbatches[0].push_back(gate_part::make("block" + std::to_string(l) + ".gate", l, f, f));
+    }
+    CHECK(p.microbatches[0][0].kind == stage_kind_id{"branch"});
+    CHECK(p.microbatches[0][0].captured_by == region_set{"branch"});
+    using branch_only = config<impl::lazy_per_layer, capture_regions<"branch">>;
+    static_assert(branch_only::regions == region_set{"branch"});
+    const auto plan = plan_for<branch_only>(p);
+    CHECK(summary(plan, p, phase::forward, 0) == "g0:block0.branch e:block0.gate g1:block1.branch e:block1.gate");
+    CHECK(to_text(plan, p).find("modules {branch}") != std::string::npos);
+    // Whole layers when no region is named; Megatron's modules match none of these stages.
+    CHECK(plan_for<config<impl::lazy_per_layer, modules<>>>(p).graph_count == 4);
+    CHECK_NOTHROW(match_schemas(layer_schemas<residual>{}, p));
+    // The predefined kinds are names too, and Megatron's modules are region names.
+    CHECK(stage_kind_id{stage_kind::moe_router} == stage_kind_id{"moe_router"});
+    CHECK(region_set{capture_module::attention, capture_module::moe} == region_set{"moe", "attn"});
+    // A stage tagged with a region its schema does not declare: the mismatch names both.
+    p.microbatches[0][3].captured_by = {"branch"};
+    try {
+        match_schemas(layer_schemas<residual>{}, p);
+        FAIL("no mismatch");
+    } catch (const schema_mismatch& e) {
+        CHECK(std::string(e.what()).find("block1.gate: gate {branch}") != std::string::npos);
+        CHECK(std::string(e.what()).find("schema 'residual' has the same stages, but declares block1.gate as gate {gate}") !=
+              std::string::npos);
+    }
+}

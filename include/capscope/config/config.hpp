@@ -82,6 +82,13 @@ struct config {
 
     //! How capscope's runners capture (not a Megatron setting).
     static constexpr engine_settings engine = detail::fold_options<engine_settings, Options...>();
+    //! The regions a per-layer impl captures: Megatron's `modules` and the trainer's own
+    //! (`capture_regions<...>`); none = whole layers.
+    static constexpr region_set regions = [] {
+        region_set r(modules);
+        r.insert_all(engine.regions);
+        return r;
+    }();
 };
 
 //! Whether `config<Options…>` would compile, without instantiating it (no diagnostic).

@@ -10,6 +10,7 @@
 
 #include <capscope/config/option.hpp>
 #include <capscope/vocabulary/buckets.hpp>
+#include <capscope/vocabulary/region.hpp>
 
 #include <cstdint>
 
@@ -33,6 +34,8 @@ enum class capture_failure : std::uint8_t {
 
 struct engine_settings {
     capture_mode mode = capture_mode::per_thread;
+    //! A trainer's own capture regions, captured beside `modules<...>` (capture_regions<...>).
+    region_set regions;
     capture_failure on_failure = capture_failure::raise;
     // Inference runners (capscope/config/inference_options.hpp):
     bucket_list batch_buckets;  //!< empty: the runner is built without buckets<...>
@@ -43,7 +46,7 @@ struct engine_settings {
 };
 
 namespace option_kind {
-struct capture_mode; struct capture_failure; struct batch_buckets; struct length_buckets; struct oversize; struct bucket_exec;
+struct capture_mode; struct capture_regions; struct capture_failure; struct batch_buckets; struct length_buckets; struct oversize; struct bucket_exec;
 } // namespace option_kind
 
 //! A type usable as a `config<…>` engine option.
@@ -57,6 +60,16 @@ template <capture_mode M>
 struct capture_with {
     using option_kind = option_kind::capture_mode;
     static constexpr void apply(engine_settings& e) { e.mode = M; }
+};
+
+//! Capture the trainer's own regions (`region<"name">` in its layer schemas, or the names in its
+//! stages' `captured_by`), as `modules<...>` captures Megatron's. Naming regions here or in
+//! `modules<...>` captures those regions only; naming none captures whole layers.
+template <detail::fixed_string... Names>
+struct capture_regions {
+    static_assert(sizeof...(Names) > 0, "capscope::capture_regions<...> names at least one region; name none to capture whole layers");
+    using option_kind = option_kind::capture_regions;
+    static constexpr void apply(engine_settings& e) { (e.regions.insert(Names.view()), ...); }
 };
 
 template <capture_failure F>

@@ -15,20 +15,20 @@ namespace capscope {
 //! The part of a configuration the plan reads.
 struct capture_scope {
     graph_impl impl = graph_impl::eager;
-    capture_module_set modules; //!< empty = whole layer (per-layer impls)
+    region_set regions; //!< the regions captured; none = whole layers (per-layer impls)
     friend constexpr bool operator==(const capture_scope&, const capture_scope&) = default;
 };
 
 //! Whether `s` is inside a region the configuration captures. Per-layer impls capture stages of
-//! layers (layer >= 0) whose regions meet the modules, or every layer stage when the module
-//! list is empty; the whole iteration captures everything, the model's ends and the
+//! layers (layer >= 0) whose regions meet the configuration's, or every layer stage when it
+//! names none; the whole iteration captures everything, the model's ends and the
 //! step-level work included.
 constexpr bool inside_captured_region(const capture_scope& c, const stage_facts& s) {
     switch (c.impl) {
     case graph_impl::eager: return false;
     case graph_impl::whole_iteration: return true;
     case graph_impl::lazy_per_layer:
-    case graph_impl::ahead_of_time_per_layer: return s.layer >= 0 && (c.modules.empty() || s.captured_by.intersects(c.modules));
+    case graph_impl::ahead_of_time_per_layer: return s.layer >= 0 && (c.regions.empty() || s.captured_by.intersects(c.regions));
     }
     return false;
 }

@@ -50,7 +50,7 @@ struct inference_plan {
 };
 
 //! The capture scope an inference scope splits a forward by.
-constexpr capture_scope inference_capture_scope(inference_scope scope, capture_module_set modules) {
+constexpr capture_scope inference_capture_scope(inference_scope scope, const region_set& modules) {
     switch (scope) {
     case inference_scope::eager: return {graph_impl::eager, {}};
     case inference_scope::per_layer: return {graph_impl::lazy_per_layer, modules};
@@ -111,7 +111,7 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
 } // namespace detail
 
 //! Plans every bucket's forward; throws `plan_error` (P1-P4, P8) when the program cannot run so.
-inline inference_plan make_inference_plan(inference_scope scope, capture_module_set modules, const bucket_list& sizes,
+inline inference_plan make_inference_plan(inference_scope scope, const region_set& modules, const bucket_list& sizes,
                                           const inference_program& program) {
     inference_plan plan;
     plan.scope = scope;

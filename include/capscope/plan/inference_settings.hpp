@@ -14,7 +14,7 @@ namespace capscope {
 //! What a bucket runner reads off a configuration.
 struct bucket_runner_settings {
     inference_scope scope = inference_scope::eager;
-    capture_module_set modules;
+    region_set modules; //!< the regions captured per layer; none = whole layers
     bucket_list sizes;
     int warmup_runs = 0;     //!< eager forwards per bucket before its graphs are captured
     bool ahead_of_time = false;
@@ -31,7 +31,7 @@ struct inference_settings {
                   "capscope plan rule P5: an inference runner needs its batch-size buckets -- fix: add buckets<1, 2, 4, 8, ...> "
                   "or megatron_buckets<num_cuda_graphs, max_tokens> to the config");
     static constexpr bucket_runner_settings value{Config::inference,
-                                                  Config::modules,
+                                                  Config::regions,
                                                   Config::engine.batch_buckets,
                                                   Config::warmup_steps,
                                                   false,

@@ -19,16 +19,17 @@
 
 namespace capscope {
 
-//! A configuration's capture scope, read off a `config<...>`.
+//! A configuration's capture scope, read off a `config<...>`: its impl, and the regions it
+//! captures (Megatron's modules and the trainer's own).
 template <class Config>
-inline constexpr capture_scope capture_scope_of = {Config::impl, Config::modules};
+inline constexpr capture_scope capture_scope_of = {Config::impl, Config::regions};
 
 template <class Config, class Layer>
 struct layer_plan {
     static constexpr std::array<stage_facts, Layer::size> stages = Layer::facts();
     static constexpr misplacement misplaced = find_misplacement(capture_scope_of<Config>, stages);
     static_assert(detail::report_misplacement<Config, Layer, misplaced.stage,
-                                              misplaced.found() ? stages[std::size_t(misplaced.found() ? misplaced.stage : 0)].kind : stage_kind::other,
+                                              Layer::template stage_at<std::size_t(misplaced.found() ? misplaced.stage : 0)>::kind,
                                               misplaced.problem>::reported);
 
     //! The segments in forward order (backward runs them in reverse).

@@ -26,7 +26,7 @@ struct schema_view {
 };
 
 inline std::string facts_text(const stage_facts& f) {
-    std::string s(megatron_name(f.kind));
+    std::string s(f.kind.name);
     s += " {" + module_list(f.captured_by) + "}";
     if (f.synchronizes_with_host) s += " synchronizes_with_host";
     if (f.shapes_depend_on_data) s += " shapes_depend_on_data";

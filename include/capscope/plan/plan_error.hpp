@@ -28,11 +28,12 @@ private:
 
 namespace detail {
 
-inline std::string module_list(capture_module_set m) {
+//! "attn, mlp" (Megatron's names for its modules, a trainer's own names for its regions).
+inline std::string module_list(const region_set& m) {
     std::string s;
-    m.for_each([&](capture_module x) {
+    m.for_each([&](std::string_view x) {
         if (!s.empty()) s += ", ";
-        s += megatron_name(x);
+        s += x;
     });
     return s.empty() ? std::string("(none)") : s;
 }
@@ -49,10 +50,9 @@ inline std::string misplacement_fix(const capture_scope& c, const stage_facts& s
     if (regionless)
         return "a stage in no capture region is captured only with whole layers (modules<>): name the regions to capture "
                "(modules<...>) so that this stage is left out, or move it out of the layer (layer -1)";
-    if (c.modules.empty())
+    if (c.regions.empty())
         return "name the regions to capture instead of the whole layer (modules<>), leaving out " + module_list(s.captured_by);
-    const capture_module_set capturing = c.modules.without(c.modules.without(s.captured_by)); // modules ∩ regions
-    std::string fix = "drop " + module_list(capturing) + " from the modules";
+    std::string fix = "drop " + module_list(c.regions.common(s.captured_by)) + " from the modules";
     if (s.kind == stage_kind::moe_preprocess) fix += " (capture moe_router only), or make the MoE drop-and-pad";
     if (s.kind == stage_kind::moe_experts) fix += " (capture moe_router [+ moe_preprocess] instead), or make the MoE drop-and-pad";
     return fix;
@@ -60,8 +60,8 @@ inline std::string misplacement_fix(const capture_scope& c, const stage_facts& s
 
 inline std::string capture_description(const capture_scope& c) {
     if (c.impl == graph_impl::whole_iteration) return "impl full_iteration captures it";
-    if (c.modules.empty()) return "impl " + std::string(megatron_name(c.impl)) + " captures whole layers, this one included";
-    return "modules {" + module_list(c.modules) + "} capture it under impl " + std::string(megatron_name(c.impl));
+    if (c.regions.empty()) return "impl " + std::string(megatron_name(c.impl)) + " captures whole layers, this one included";
+    return "modules {" + module_list(c.regions) + "} capture it under impl " + std::string(megatron_name(c.impl));
 }
 
 //! The rule a misplaced stage breaks, and what it does that a graph cannot hold.

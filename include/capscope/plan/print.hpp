@@ -72,7 +72,7 @@ inline std::string segment_notes(const training_plan& plan, const training_progr
 inline std::string to_text(const training_plan& plan, const training_program& program) {
     std::string out = "capscope plan: impl " + detail::impl_description(plan.scope.impl);
     if (is_per_layer(plan.scope.impl))
-        out += ", modules " + (plan.scope.modules.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.modules) + "}");
+        out += ", modules " + (plan.scope.regions.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.regions) + "}");
     out += ", " + std::to_string(plan.microbatches) + " microbatch" + (plan.microbatches == 1 ? "" : "es") + "\n";
     out += "  " + std::to_string(plan.graph_count) + " graph" + (plan.graph_count == 1 ? "" : "s") + ": " + detail::capture_policy(plan) + "\n";
     out += "  per step: " + detail::count(plan.graph_launches_per_step(), "graph launch", "graph launches") + ", " +
@@ -99,7 +99,7 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
     std::string out = "digraph capscope_plan {\n  rankdir=TB; newrank=true;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box];\n";
     out += "  label=\"" + detail::impl_description(plan.scope.impl);
     if (is_per_layer(plan.scope.impl))
-        out += ", modules " + (plan.scope.modules.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.modules) + "}");
+        out += ", modules " + (plan.scope.regions.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.regions) + "}");
     out += ": " + std::to_string(plan.graph_count) + " graphs, " + detail::capture_policy(plan) + "\";\n  labelloc=t;\n";
     std::string section, column; // a section's segments stand in one column: rank=same
     int cluster = 0;

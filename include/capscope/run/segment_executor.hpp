@@ -133,7 +133,7 @@ public:
                 if (captured) cudaGraphDestroy(captured);
                 end_side_captures(calls);
                 lanes_.forget(forked_here_);
-                CAPSCOPE_CHECK(ended);
+                cuda::detail::check_status(ended, "cudaStreamEndCapture(origin, &captured)", __FILE__, __LINE__);
             }
             cuda::graph g(captured);
             scratch_.end_segment(calls.front().name);

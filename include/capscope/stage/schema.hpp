@@ -14,6 +14,9 @@
 //! that captures a stage that cannot be captured fails to compile, naming the stage and the fix.
 //! At bind time the runner checks that the model's stages match one of its schemas
 //! (`match_schemas`).
+//!
+//! Kinds and regions are open: a trainer's own layer is declared the same way, with names of
+//! its own (`stage_decl<"mixer", regions<region<"mixer">>>`), and a `make()` builds its stage.
 
 #include <capscope/config/capture_options.hpp>
 #include <capscope/detail/short_text.hpp>
@@ -22,17 +25,37 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <concepts>
+#include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 namespace capscope {
 
-//! The capture regions (Megatron's module values) that contain a stage.
-template <class... Modules>
+namespace detail {
+template <class R>
+concept own_region = requires { { R::name } -> std::convertible_to<std::string_view>; };
+template <class R>
+constexpr void add_region(region_set& s) {
+    if constexpr (own_region<R>) s.insert(R::name);
+    else s.insert_all(make_module_request<R>().modules);
+}
+} // namespace detail
+
+//! The capture regions that contain a stage: Megatron's modules (`capture::attention`, ...) or
+//! a trainer's own (`region<"mixer">`).
+template <class... Regions>
 struct regions {
-    static_assert((detail::module_entry<Modules> && ...),
-                  "capscope::regions<...> takes capture modules: capture::attention, capture::mlp, capture::moe, "
-                  "capture::moe_router, capture::moe_preprocess, capture::mamba");
-    static constexpr capture_module_set set = detail::make_module_request<Modules...>().modules;
+    static_assert(((detail::module_entry<Regions> || detail::own_region<Regions>) && ...),
+                  "capscope::regions<...> takes capture modules (capture::attention, capture::mlp, capture::moe, capture::moe_router, "
+                  "capture::moe_preprocess, capture::mamba) or a trainer's own regions (capscope::region<\"name\">)");
+    static constexpr region_set set = [] {
+        region_set s;
+        (detail::add_region<Regions>(s), ...);
+        return s;
+    }();
 };
 
 //! Stage properties that keep a stage out of graphs.
@@ -67,24 +90,54 @@ template <class... Ms>
 inline constexpr bool is_regions<regions<Ms...>> = true;
 } // namespace detail
 
-//! One stage of a layer schema: its kind, the regions that contain it, its properties.
-template <stage_kind Kind, class Regions = regions<>, class... Properties>
+//! One stage of a layer schema: its kind (a `stage_kind`, or a literal naming the trainer's own),
+//! the regions that contain it, its properties.
+template <auto Kind, class Regions = regions<>, class... Properties>
 struct stage_decl {
     static_assert(detail::is_regions<Regions>, "capscope::stage_decl<kind, regions<...>, properties...>: the second argument is regions<...>");
+    static_assert(sizeof(Regions) > 0); // checks the regions where the schema is named
     static_assert((detail::stage_property<Properties> && ...),
                   "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
                   "on_lane<k> and waits_for_lane<k>");
+    static_assert(std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind> || requires { Kind.view(); },
+                  "capscope::stage_decl<kind, ...>: the kind is a stage_kind (stage_kind::attention, ...) or a trainer's own, "
+                  "capscope::kind<\"name\">");
+    static constexpr auto kind = Kind;
     static constexpr stage_facts facts(int layer) {
-        stage_facts f{Kind, layer, Regions::set};
+        stage_facts f{kind_id(), layer, Regions::set};
         (Properties::apply(f), ...);
         return f;
+    }
+    //! A stage as this declaration says, bound to `forward` and `backward`, with its buffers
+    //! declared (`inputs`, `outputs`, and `buffers_declared` when they name every one it touches).
+    static stage make(std::string name, int layer, stream_fn forward, stream_fn backward = {}) {
+        const stage_facts f = facts(layer);
+        stage s;
+        s.name = std::move(name);
+        s.layer = layer;
+        s.kind = f.kind;
+        s.captured_by = f.captured_by;
+        s.synchronizes_with_host = f.synchronizes_with_host;
+        s.shapes_depend_on_data = f.shapes_depend_on_data;
+        s.passes_host_values = f.passes_host_values;
+        s.lane = f.lane;
+        s.waits_for = f.waits_for;
+        s.forward = forward;
+        s.backward = backward;
+        return s;
+    }
+
+private:
+    static constexpr stage_kind_id kind_id() {
+        if constexpr (std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind>) return Kind;
+        else return stage_kind_id{Kind.view()};
     }
 };
 
 namespace detail {
 template <class T>
 inline constexpr bool is_stage_decl = false;
-template <stage_kind K, class R, class... Ps>
+template <auto K, class R, class... Ps>
 inline constexpr bool is_stage_decl<stage_decl<K, R, Ps...>> = true;
 } // namespace detail
 
@@ -97,6 +150,9 @@ struct layer_schema {
     static constexpr std::size_t size = sizeof...(Stages);
     //! The stages' facts, as layer `layer` of a model.
     static constexpr std::array<stage_facts, size> facts(int layer = 0) { return {Stages::facts(layer)...}; }
+    //! The declaration of stage `I`.
+    template <std::size_t I>
+    using stage_at = std::tuple_element_t<I, std::tuple<Stages...>>;
 };
 
 //! The layer kinds a model is made of, for the bind-time check.

@@ -13,6 +13,7 @@
 //! from the step's stream before the stage and joined by the first stage that `waits_for` it
 //! (and at the end of every step).
 
+#include <capscope/vocabulary/region.hpp>
 #include <capscope/stage/scope_label.hpp>
 #include <capscope/stage/stage_kind.hpp>
 #include <capscope/stage/stream_fn.hpp>
@@ -29,11 +30,11 @@ namespace capscope {
 //! What the plan needs to know of a stage: a literal type, so a plan can also be computed
 //! from a compile-time layer schema (`capscope/stage/schema.hpp`).
 struct stage_facts {
-    stage_kind kind = stage_kind::other;
+    stage_kind_id kind = stage_kind::other;
     int layer = -1; //!< -1: outside the layers (embedding, head, step-level work)
-    //! The capture modules whose region contains this stage; a whole-layer capture (empty
-    //! module list) contains every stage with layer >= 0.
-    capture_module_set captured_by;
+    //! The capture regions that contain this stage (Megatron's modules, or a trainer's own); a
+    //! whole-layer capture (no regions named) contains every stage with layer >= 0.
+    region_set captured_by;
     //! The forward reads device data back to the host (a D2H copy and a sync): cannot be captured.
     bool synchronizes_with_host = false;
     //! Launch shapes come from data an earlier stage read back: a graph would freeze one step's shapes.
@@ -56,8 +57,8 @@ inline constexpr int max_lanes = 8;
 struct stage {
     std::string name; //!< e.g. "layer1.moe_router"; the error scope while the stage runs
     int layer = -1;
-    stage_kind kind = stage_kind::other;
-    capture_module_set captured_by;
+    stage_kind_id kind = stage_kind::other; //!< a predefined kind, or the trainer's own name
+    region_set captured_by;                 //!< see stage_facts
     bool synchronizes_with_host = false;
     bool shapes_depend_on_data = false;
     bool passes_host_values = false; //!< see stage_facts

@@ -1,11 +1,14 @@
 #pragma once
 //! @file
-//! What a stage computes: Megatron's submodules under CUDA graphs
-//! (`TransformerLayer._get_submodules_under_cudagraphs`, spec §2.6), plus the model's ends and
-//! the step-level work around the microbatches.
+//! What a stage computes. `stage_kind` lists the predefined kinds: Megatron's submodules under
+//! CUDA graphs (`TransformerLayer._get_submodules_under_cudagraphs`, spec §2.6), plus the model's
+//! ends and the step-level work around the microbatches. A trainer that is not shaped like
+//! Megatron names its own kinds: `stage_kind_id` is a kind by name, made from either.
 
 #include <capscope/detail/enum_names.hpp>
+#include <capscope/detail/short_text.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -31,5 +34,21 @@ struct enum_names<stage_kind> {
     static constexpr std::string_view cpp[] = {"embedding", "attention", "mlp", "moe_router", "moe_preprocess",
                                                "moe_experts", "mamba", "head", "optimizer", "other"};
 };
+
+//! A stage's kind by name: a predefined `stage_kind`, or a trainer's own (`stage_kind_id{"mixer"}`,
+//! `stage_decl<kind<"mixer">, ...>`). The name is a view: a literal, or a string that outlives it.
+struct stage_kind_id {
+    std::string_view name = "other";
+
+    constexpr stage_kind_id() = default;
+    constexpr stage_kind_id(stage_kind k) : name(enum_names<stage_kind>::cpp[std::size_t(k)]) {} // NOLINT: the predefined kinds
+    constexpr explicit stage_kind_id(std::string_view own) : name(own) {}
+
+    friend constexpr bool operator==(const stage_kind_id&, const stage_kind_id&) = default;
+};
+
+//! A trainer's own stage kind as a template argument: `stage_decl<kind<"mixer">, ...>`.
+template <detail::fixed_string Name>
+inline constexpr auto kind = Name;
 
 } // namespace capscope
