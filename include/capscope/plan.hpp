@@ -10,6 +10,7 @@
 #include <capscope/plan/inference_settings.hpp>
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
+#include <capscope/plan/model_facts.hpp>
 #include <capscope/plan/plan_error.hpp>
 #include <capscope/plan/print.hpp>
 #include <capscope/plan/segment.hpp>

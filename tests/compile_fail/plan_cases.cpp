@@ -1,5 +1,5 @@
 // Compile-fail cases of the plan rules: P1, P2, P8 (a configuration that captures a stage its
-// layer schema says cannot be captured), P4 (bucket lists), P5 (an inference runner's buckets). As is, every valid twin must compile; with
+// layer schema says cannot be captured), P9 (named regions that match no stage), P4 (bucket lists), P5 (an inference runner's buckets). As is, every valid twin must compile; with
 // -DCASE_<ID>[__variant] the first error must read "capscope plan rule <ID>:" (check.py).
 #include <capscope/capscope.hpp>
 
@@ -55,6 +55,11 @@ using residual_block = layer_schema<"residual", stage_decl<kind<"branch">, regio
                                     stage_decl<kind<"gate">, regions<region<"gate">>, synchronizes_with_host>>;
 static_assert(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>::graphs == 1);
 static_assert(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>::eager_islands == 1);
+// P9: named regions that no stage is in capture nothing.
+CHECK_COMPILES(layer_plans<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>);
+#ifdef CASE_P9
+CHECK_COMPILES(layer_plans<config<impl::lazy_per_layer, modules<capture::attention>>, residual_block>);
+#endif
 #ifdef CASE_P1__own_kind
 CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch", "gate">>, residual_block>);
 #endif

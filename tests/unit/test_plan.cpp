@@ -423,3 +423,40 @@ TEST_CASE("open vocabulary: a trainer's own stage kinds and regions, captured by
               std::string::npos);
     }
 }
+
+TEST_CASE("P9: named regions that match no stage are an error, not a plan that runs eagerly for ever") {
+    fake::model m;
+    const auto p = m.program("DD", false, 1);
+    CHECK(plan_error_text({graph_impl::lazy_per_layer, {"branch"}}, p) ==
+          "capscope plan rule P9: modules {branch} match no stage of the program, so impl local would capture nothing; its layer "
+          "stages are in the regions {attn, mlp} -- fix: name regions the stages are in (a trainer's own with capture_regions<...>), "
+          "or none (modules<>) to capture whole layers");
+    CHECK(plan_error_text({graph_impl::ahead_of_time_per_layer, {capture_module::mamba}}, p).find("capscope plan rule P9:") == 0);
+    CHECK(plan_error_text({graph_impl::lazy_per_layer, {capture_module::mlp}}, p) == "(no error)");
+    CHECK(plan_error_text({graph_impl::eager, {"branch"}}, p) == "(no error)"); // nothing is captured anyway
+}
+
+TEST_CASE("P10: the config's model facts must be the program's") {
+    fake::model m;
+    const auto p = m.program("DEMDEM", false, 1);
+    auto error = [&](const runtime_config& c) {
+        try {
+            check_model_facts(c, p.microbatches[0]);
+        } catch (const plan_error& e) {
+            return std::string(e.what());
+        }
+        return std::string("(no error)");
+    };
+    using two_layers = config<impl::lazy_per_layer, model<layers<2>>>;
+    CHECK(error(two_layers::normalized) ==
+          "capscope plan rule P10: the config states 2 layers (layers<2>), and its rules were checked for them, but the program has "
+          "6 layers -- fix: make layers<N> the model's layer count, or leave it out");
+    CHECK(error(config<impl::lazy_per_layer, model<layers<6>, experts<4>, moe_pattern<0, 1, 0, 0, 1, 0>>>::normalized) == "(no error)");
+    CHECK(error(config<impl::lazy_per_layer, model<experts<4>, moe_pattern<0, 1, 0>>>::normalized).find("moe_pattern<...> lists 3 layers") !=
+          std::string::npos);
+    CHECK(error(config<impl::lazy_per_layer, model<experts<4>, moe_pattern<0, 1, 1, 0, 1, 0>>>::normalized)
+              .find("layer 2 is an MoE layer in the config's MoE layout, but the program's has no MoE stage") != std::string::npos);
+    CHECK(error(config<impl::lazy_per_layer, model<experts<4>, moe_every<2>>>::normalized)
+              .find("layer 0 is an MoE layer in the config's MoE layout") != std::string::npos);
+    CHECK(error(config<impl::lazy_per_layer>::normalized) == "(no error)"); // no facts stated: nothing to contradict
+}

@@ -100,6 +100,7 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
         }
     }
     const auto facts = facts_of(first);
+    check_selection(capture, facts);
     const misplacement m = find_misplacement(capture, facts);
     if (!m.found()) return;
     if (scope != inference_scope::per_block) throw_misplacement(capture, facts[std::size_t(m.stage)], m.problem, first[std::size_t(m.stage)].name);

@@ -48,4 +48,16 @@ struct layer_plan {
     static constexpr int eager_islands = segment_count - graphs;
 };
 
+//! The plans of every layer kind a runner is declared with: each checked (P1, P2, P8), and
+//! together they must capture something when the config names regions (P9).
+template <class Config, class... Layers>
+struct layer_plans {
+    static constexpr bool names_regions = is_per_layer(Config::impl) && !Config::regions.empty();
+    static constexpr int graphs = (0 + ... + layer_plan<Config, Layers>::graphs);
+    static_assert(sizeof...(Layers) == 0 || !names_regions || graphs > 0,
+                  "capscope plan rule P9: the config's modules<...> / capture_regions<...> match no stage of the runner's layer schemas, "
+                  "so it would capture nothing -- fix: name regions the schemas' stages are in (a trainer's own with "
+                  "capture_regions<...>), or none (modules<>) to capture whole layers");
+};
+
 } // namespace capscope

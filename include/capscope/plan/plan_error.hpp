@@ -5,6 +5,7 @@
 
 #include <capscope/plan/capture_region.hpp>
 
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -17,7 +18,8 @@ public:
         : std::invalid_argument("capscope plan rule " + std::string(rule) + ": " + message + " -- fix: " + fix),
           rule_(rule), stage_(std::move(stage)) {}
     //! "P1" (host sync captured), "P2" (data-dependent shapes captured), "P3" (the program's shape),
-    //! "P8" (host values passed at launch captured); inference: "P4" to "P7".
+    //! "P8" (host values passed at launch captured), "P9" (named regions match no stage), "P10"
+    //! (model facts that are not the program's); inference: "P4" to "P7".
     const std::string& rule() const noexcept { return rule_; }
     //! The stage at fault, when there is one.
     const std::string& stage() const noexcept { return stage_; }
@@ -91,6 +93,26 @@ inline std::string misplacement_words(misplacement_problem p) {
         fix = "keep the values in device memory and have the kernels read them there (as the example model's AdamW and dropout "
               "seed do), then drop passes_host_values; or " + fix;
     throw plan_error(misplacement_rule(p), name, "stage '" + name + "' " + misplacement_words(p) + ", yet " + capture_description(c), fix);
+}
+
+//! P9: a per-layer capture that names regions (modules<...>, capture_regions<...>) none of the
+//! layer stages is in captures nothing, which is a mistake to say, not to run eagerly for ever.
+inline void check_selection(const capture_scope& c, std::span<const stage_facts> stages) {
+    if (!is_per_layer(c.impl) || c.regions.empty()) return;
+    region_set present;
+    bool layers = false;
+    for (const stage_facts& s : stages) {
+        if (s.layer < 0) continue;
+        layers = true;
+        if (s.captured_by.intersects(c.regions)) return;
+        present.insert_all(s.captured_by);
+    }
+    if (!layers) return;
+    throw plan_error("P9", "",
+                     "modules {" + module_list(c.regions) + "} match no stage of the program, so impl " + std::string(megatron_name(c.impl)) +
+                         " would capture nothing; its layer stages are in the regions {" + module_list(present) + "}",
+                     "name regions the stages are in (a trainer's own with capture_regions<...>), or none (modules<>) to capture "
+                     "whole layers");
 }
 
 } // namespace detail

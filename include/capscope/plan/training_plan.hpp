@@ -143,6 +143,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
     detail::check_capturable(scope, program.step_begin);
     for (const auto& list : program.microbatches) detail::check_capturable(scope, list);
     detail::check_capturable(scope, program.step_end);
+    detail::check_selection(scope, detail::facts_of(program.microbatches.front()));
 
     training_plan plan;
     plan.scope = scope;

@@ -21,6 +21,7 @@
 #include <capscope/cuda/graph.hpp>
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
+#include <capscope/plan/model_facts.hpp>
 #include <capscope/plan/print.hpp>
 #include <capscope/plan/training_plan.hpp>
 #include <capscope/run/capture_failed.hpp>
@@ -62,14 +63,15 @@ class runner;
 
 template <class Config, class... Layers>
 class runner<Config, layer_schemas<Layers...>> {
-    // Naming each layer kind's plan checks it at compile time (rules P1, P2).
-    static_assert(((layer_plan<Config, Layers>::segment_count > 0) && ...));
+    // Naming the layer kinds' plans checks them at compile time (rules P1, P2, P8, P9).
+    static_assert(sizeof(layer_plans<Config, Layers...>) > 0);
 
 public:
     using config_type = Config;
 
     //! Plans the program (throws `plan_error`, or `schema_mismatch` when it does not match the
-    //! declared schemas). Nothing is captured yet.
+    //! declared schemas; P10 when the config's model facts are not the program's). Nothing is
+    //! captured yet.
     explicit runner(training_program program)
         : program_(std::move(program)),
           plan_(make_training_plan(capture_scope_of<Config>, Config::warmup_steps, checked(program_))),
@@ -160,6 +162,7 @@ public:
 private:
     static const training_program& checked(const training_program& p) {
         if constexpr (sizeof...(Layers) > 0) match_schemas(layer_schemas<Layers...>{}, p);
+        if (!p.microbatches.empty()) check_model_facts(Config::normalized, p.microbatches.front());
         return p;
     }
 
