@@ -454,3 +454,45 @@ TEST_CASE("scratch memory: a stage that keeps its scratch past its return is an 
         CHECK(std::string(e.what()).find("segment layer0.leaks returned with scratch memory it did not free") != std::string::npos);
     }
 }
+
+TEST_CASE("dropout: a generator in device memory draws new masks on every replay, bit for bit like eager") {
+    gpt::model_config cfg = mixed(dp);
+    cfg.hidden_dropout = 0.1f;
+    const auto reference = eager_reference<float>(cfg);
+    auto check = [&]<class Config>(Config, const char* name) {
+        runner_counters counters;
+        std::string plan_line;
+        const auto got = run_with_runner<Config, float>(cfg, counters, plan_line);
+        std::printf("  dropout 0.1, %-32s: %s; identical bits: %s\n", name, plan_line.c_str(), identical(got, reference) ? "yes" : "NO");
+        check_identical(got, reference);
+    };
+    check(config<lo, modules<>, dp_facts, w2>{}, "local, whole layers");
+    check(config<te, modules<c::attention, c::mlp>, dp_facts, w2>{}, "transformer_engine, attn+mlp");
+    check(config<impl::whole_iteration, dp_facts, no_nan_check, w2>{}, "full_iteration");
+
+    // The masks of replayed steps differ from step to step, and the offset advances on the device:
+    // one draw per dense MLP per microbatch.
+    capscope::cuda::stream s;
+    gpt::gpt_model<float> m(cfg, s);
+    runner<config<te, modules<>, dp_facts, w2>> r(m.training_program());
+    const auto masks = m.dropout_masks();
+    REQUIRE(masks.size() == 2); // layers 0 and 3 are dense
+    const std::size_t n = std::size_t(cfg.tokens()) * cfg.hidden;
+    std::vector<std::vector<unsigned char>> seen;
+    std::uint64_t offset = m.generator(s).offset;
+    for (int step = 0; step < 5; ++step) {
+        feed(m, step, s);
+        r.step(s);
+        const gpt::rng_state g = m.generator(s);
+        CHECK(g.offset == offset + 2 * cfg.microbatches);
+        offset = g.offset;
+        seen.push_back(support::download(masks[0], n, s));
+    }
+    CHECK(r.counters().replays > 0);
+    int dropped = 0;
+    for (unsigned char k : seen.back()) dropped += k ? 0 : 1;
+    std::printf("  dropout masks: %d of %zu dropped in the last replayed step (p = 0.1); offset %llu after 5 steps\n", dropped, n,
+                (unsigned long long)offset);
+    CHECK(dropped > 0);
+    for (int step = 3; step < 5; ++step) CHECK(seen[std::size_t(step)] != seen[std::size_t(step - 1)]); // replayed steps: new masks
+}

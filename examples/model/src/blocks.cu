@@ -109,7 +109,14 @@ mlp_block<T>::mlp_block(const block_shape& sh, parameter_store<T>& params, const
       fc2_(params.declare(this->name_ + ".fc2", n_elems(sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
       rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), pre_(n_elems(sh.tokens(), sh.ffn_hidden)),
       act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_act_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))),
-      d_pre_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
+      d_pre_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {
+    if (sh.training && sh.hidden_dropout > 0.f) {
+        if (!sh.rng) throw std::invalid_argument("mlp_block: dropout needs the model's generator state (block_shape::rng)");
+        dropped_ = capscope::cuda::device_buffer<T>(n_elems(sh.tokens(), sh.hidden));
+        d_dropped_ = capscope::cuda::device_buffer<T>(n_elems(sh.tokens(), sh.hidden));
+        mask_ = capscope::cuda::device_buffer<unsigned char>(n_elems(sh.tokens(), sh.hidden));
+    }
+}
 
 template <class T> void mlp_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
@@ -131,6 +138,11 @@ template <class T> void mlp_block<T>::forward_grid(cudaStream_t s, token_grid g)
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, f, h}, normed_.data(), P.value(fc1_), pre_.data());
     kernels::gelu_forward(pre_.data(), act_.data(), long(t) * f, s);
+    if (!mask_.empty()) { // y = x + dropout(act . W2), the generator read and advanced on the device
+        gemm(this->blas_, s, {false, false, t, h, f}, act_.data(), P.value(fc2_), dropped_.data());
+        kernels::dropout_add_forward(dropped_.data(), this->x_, this->y_.data(), mask_.data(), sh.rng, sh.hidden_dropout, long(t) * h, s);
+        return;
+    }
     copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
     gemm(this->blas_, s, {false, false, t, h, f}, act_.data(), P.value(fc2_), this->y_.data(), 1.f);
 }
@@ -140,8 +152,13 @@ template <class T> void mlp_block<T>::backward(cudaStream_t s) {
     const int t = sh.tokens(), h = sh.hidden, f = sh.ffn_hidden;
     auto& P = this->params_;
     const T* dy = this->dy_;
-    gemm(this->blas_, s, {true, false, f, h, t}, act_.data(), dy, P.grad(fc2_), 1.f);
-    gemm(this->blas_, s, {false, true, t, f, h}, dy, P.value(fc2_), d_act_.data());
+    const T* d_branch = dy; // the gradient reaching the fc2 output
+    if (!mask_.empty()) {
+        kernels::dropout_backward(dy, mask_.data(), d_dropped_.data(), sh.hidden_dropout, long(t) * h, s);
+        d_branch = d_dropped_.data();
+    }
+    gemm(this->blas_, s, {true, false, f, h, t}, act_.data(), d_branch, P.grad(fc2_), 1.f);
+    gemm(this->blas_, s, {false, true, t, f, h}, d_branch, P.value(fc2_), d_act_.data());
     kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(t) * f, s);
     gemm(this->blas_, s, {true, false, h, f, t}, normed_.data(), d_pre_.data(), P.grad(fc1_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, f}, d_pre_.data(), P.value(fc1_), d_normed_.data());
@@ -411,15 +428,18 @@ block_shape shape_of(const model_config& c, bool training) {
     s.moe_mode = c.moe_mode;
     s.init_stddev = c.init_stddev;
     s.training = training;
+    s.hidden_dropout = training ? c.hidden_dropout : 0.f;
     return s;
 }
 
 template <class T>
-model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas) {
+model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
+                              rng_state* rng) {
     model_layout<T> m;
     m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
     m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
-    const block_shape sh = shape_of(c, training);
+    block_shape sh = shape_of(c, training);
+    sh.rng = rng;
     for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
         const std::string name = "layer" + std::to_string(i);
         const int layer = static_cast<int>(i);
@@ -439,9 +459,9 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
     m.head_w = params.declare("lm_head", std::size_t(c.hidden) * c.vocab, init_kind::normal, c.init_stddev);
     return m;
 }
-template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&);
-template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&,
-                                                   const capscope::cuda::blas_handle&);
+template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&, rng_state*);
+template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&,
+                                                    rng_state*);
 
 } // namespace detail
 

@@ -23,6 +23,8 @@ void model_config::validate() const {
     positive("hidden", hidden);
     positive("heads", heads);
     positive("ffn_hidden", ffn_hidden);
+    if (!(hidden_dropout >= 0.f && hidden_dropout < 1.f))
+        throw std::invalid_argument("model_config::hidden_dropout must be in [0, 1), got " + std::to_string(hidden_dropout));
     positive("seq_len", seq_len);
     positive("batch", batch);
     positive("microbatches", microbatches);

@@ -4,7 +4,11 @@
 // bitwise reproducible.
 
 #include <cuda_bf16.h>
+#include <gpt/config.hpp>
+
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 namespace gpt::kernels {
 
@@ -40,6 +44,13 @@ void masked_softmax(T* scores, float scale, attention_mask mask, const int* leng
 template <class T> void softmax_backward(const T* p, T* dp, float scale, int rows, int cols, cudaStream_t s);
 
 template <class T> void gelu_forward(const T* x, T* y, long n, cudaStream_t s);
+//! y = x + dropout(z): keeps z[i] / (1 - p) where hash(rng.seed, rng.offset, i) >= p, records the
+//! mask, then advances rng.offset by one (all read and written in device memory).
+template <class T> void dropout_add_forward(const T* z, const T* x, T* y, unsigned char* mask, gpt::rng_state* rng, float p, long n, cudaStream_t s);
+//! dz = dy * mask / (1 - p)
+template <class T> void dropout_backward(const T* dy, const unsigned char* mask, T* dz, float p, long n, cudaStream_t s);
+//! Sets the generator's seed and offset (set-up, or a trainer's explicit reseed).
+void set_rng(gpt::rng_state* device, std::uint64_t seed, std::uint64_t offset, cudaStream_t s);
 template <class T> void gelu_backward(const T* x, const T* dy, T* dx, long n, cudaStream_t s);
 
 template <class T>

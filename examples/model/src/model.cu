@@ -16,8 +16,9 @@ using detail::gemm;
 
 template <class T>
 gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
-    : cfg_(detail::validated(cfg)) {
-    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_);
+    : cfg_(detail::validated(cfg)), rng_(1) {
+    kernels::set_rng(rng_.data(), cfg.seed, 0, s);
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, rng_.data());
     tok_emb_ = layout.tok_emb;
     pos_emb_ = layout.pos_emb;
     final_norm_ = layout.final_norm;
@@ -154,6 +155,20 @@ template <class T> float gpt_model<T>::microbatch_loss(cudaStream_t s, int mb) c
     CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), loss_.data(), loss_.bytes(), cudaMemcpyDeviceToHost, s));
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     return host_loss_[std::size_t(mb)];
+}
+
+template <class T> std::vector<const unsigned char*> gpt_model<T>::dropout_masks() const {
+    std::vector<const unsigned char*> out;
+    for (const auto& b : blocks_)
+        if (const auto* mlp = dynamic_cast<const mlp_block<T>*>(b.get()); mlp && mlp->dropout_mask()) out.push_back(mlp->dropout_mask());
+    return out;
+}
+
+template <class T> rng_state gpt_model<T>::generator(cudaStream_t s) const {
+    rng_state r;
+    CAPSCOPE_CHECK(cudaMemcpyAsync(&r, rng_.data(), sizeof r, cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return r;
 }
 
 template <class T> const int* gpt_model<T>::expert_counts(int layer) const {

@@ -48,6 +48,8 @@ struct block_shape {
     gpt::moe_mode moe_mode = gpt::moe_mode::drop_and_pad;
     float init_stddev = 0.02f;
     bool training = true; //!< false: forward only, no gradient buffers
+    float hidden_dropout = 0.f; //!< dense MLP output dropout (training only)
+    rng_state* rng = nullptr;   //!< the model's generator state, in device memory (when dropout is on)
     int tokens() const { return batch * seq; }
     token_grid grid() const { return {batch, seq}; }
     //! Drop-and-pad slots per expert for `tokens` tokens: ceil(capacity_factor * tokens * top_k / experts).
@@ -186,6 +188,13 @@ private:
     typename parameter_store<T>::id norm_, fc1_, fc2_;
     capscope::cuda::device_buffer<float> rstd_;
     capscope::cuda::device_buffer<T> normed_, pre_, act_, d_act_, d_pre_, d_normed_;
+    // Dropout (when on): the fc2 output before the residual add, its kept elements, its gradient.
+    capscope::cuda::device_buffer<T> dropped_, d_dropped_;
+    capscope::cuda::device_buffer<unsigned char> mask_;
+
+public:
+    //! The last forward's dropout mask (1 = kept), [tokens, hidden]; null without dropout.
+    const unsigned char* dropout_mask() const { return mask_.data(); }
 };
 
 //! Router -> preprocess (permute) -> experts + combine, as three stages.

@@ -33,6 +33,10 @@ struct model_config {
     int mamba_inner = 0; //!< 0: same as hidden
     std::uint64_t seed = 1234;
     float init_stddev = 0.02f; //!< weights ~ N(0, init_stddev); norm gains start at 1
+    //! Dropout on each dense MLP's output before the residual add, in training (0: none). Its
+    //! random numbers come from a counter-based generator whose seed and offset live in device
+    //! memory, so a captured step draws new masks on every replay.
+    float hidden_dropout = 0.f;
 
     int tokens() const { return seq_len * batch; }
     int head_dim() const { return hidden / heads; }
@@ -41,6 +45,13 @@ struct model_config {
     int expert_capacity() const;
     //! Throws std::invalid_argument on the first field that cannot work.
     void validate() const;
+};
+
+//! The dropout generator's state, in device memory: masks come from hash(seed, offset, element),
+//! and every dropout call advances the offset by one with a kernel, so graphs advance it too.
+struct rng_state {
+    std::uint64_t seed = 0;
+    std::uint64_t offset = 0;
 };
 
 //! A bidirectional encoder over a variable number of patches per sample, padded to `max_patches`.

@@ -70,6 +70,10 @@ public:
     const model_config& config() const { return cfg_; }
     parameter_store<T>& parameters() { return params_; }
     const parameter_store<T>& parameters() const { return params_; }
+    //! The dense MLPs' last dropout masks (1 = kept), [tokens, hidden] each; empty without dropout.
+    std::vector<const unsigned char*> dropout_masks() const;
+    //! The dropout generator's state now (seed, and the offset every dropout call advances). Synchronizes `s`.
+    rng_state generator(cudaStream_t s) const;
     //! Per-expert assignment counts of the MoE block in `layer` after the last forward (kept
     //! assignments under drop-and-pad). Throws if that layer is not an MoE layer.
     const int* expert_counts(int layer) const;
@@ -97,6 +101,7 @@ private:
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;
+    capscope::cuda::device_buffer<rng_state> rng_; //!< dropout's generator (seed, offset), in device memory
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_, d_logits_, d_final_normed_, d_last_;
     capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_, hyperparameters_;
     capscope::cuda::pinned_buffer<float> host_loss_;

@@ -38,6 +38,32 @@ template <class T> __global__ void gelu_backward_k(const T* x, const T* dy, T* d
     dx[i] = from_f<T>(d * to_f(dy[i]));
 }
 
+// ---- dropout: a counter-based generator (splitmix64 of seed, offset and element) -------------
+__device__ inline float uniform_of(std::uint64_t seed, std::uint64_t offset, long i) {
+    std::uint64_t z = seed ^ (offset * 0x9e3779b97f4a7c15ull) ^ (std::uint64_t(i) * 0xbf58476d1ce4e5b9ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return float(z >> 40) * (1.f / 16777216.f); // 24 bits: [0, 1)
+}
+template <class T>
+__global__ void dropout_add_k(const T* z, const T* x, T* y, unsigned char* mask, const rng_state* rng, float p, long n) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    const bool keep = uniform_of(rng->seed, rng->offset, i) >= p;
+    mask[i] = keep;
+    y[i] = from_f<T>(to_f(x[i]) + (keep ? to_f(z[i]) / (1.f - p) : 0.f));
+}
+__global__ void advance_rng_k(rng_state* rng) { rng->offset += 1; }
+__global__ void set_rng_k(rng_state* rng, std::uint64_t seed, std::uint64_t offset) {
+    rng->seed = seed;
+    rng->offset = offset;
+}
+template <class T> __global__ void dropout_backward_k(const T* dy, const unsigned char* mask, T* dz, float p, long n) {
+    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    if (i < n) dz[i] = from_f<T>(mask[i] ? to_f(dy[i]) / (1.f - p) : 0.f);
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------
 __global__ void advance_step_k(int* step) { ++*step; }
 // The hyperparameters are read from device memory, so a captured step follows a schedule.
@@ -84,6 +110,21 @@ template <class T> void gelu_backward(const T* x, const T* dy, T* dx, long n, cu
     gelu_backward_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(x, dy, dx, n);
     CHECKED("gelu_backward");
 }
+template <class T>
+void dropout_add_forward(const T* z, const T* x, T* y, unsigned char* mask, rng_state* rng, float p, long n, cudaStream_t s) {
+    dropout_add_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(z, x, y, mask, rng, p, n);
+    CHECKED("dropout_add_forward");
+    advance_rng_k<<<1, 1, 0, s>>>(rng);
+    CHECKED("advance_rng");
+}
+template <class T> void dropout_backward(const T* dy, const unsigned char* mask, T* dz, float p, long n, cudaStream_t s) {
+    dropout_backward_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(dy, mask, dz, p, n);
+    CHECKED("dropout_backward");
+}
+void set_rng(rng_state* device, std::uint64_t seed, std::uint64_t offset, cudaStream_t s) {
+    set_rng_k<<<1, 1, 0, s>>>(device, seed, offset);
+    CHECKED("set_rng");
+}
 void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperparameters& values, cudaStream_t s) {
     set_hyperparameters_k<<<1, 1, 0, s>>>(device, values);
     CHECKED("set_adamw_hyperparameters");
@@ -103,6 +144,8 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
     template void zero_padded_rows<T>(T*, const int*, int, int, int, cudaStream_t); \
     template void gelu_forward<T>(const T*, T*, long, cudaStream_t); \
     template void gelu_backward<T>(const T*, const T*, T*, long, cudaStream_t); \
+    template void dropout_add_forward<T>(const T*, const T*, T*, unsigned char*, rng_state*, float, long, cudaStream_t); \
+    template void dropout_backward<T>(const T*, const unsigned char*, T*, float, long, cudaStream_t); \
     template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
