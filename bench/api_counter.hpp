@@ -1,6 +1,9 @@
 #pragma once
-// Counts CUDA runtime API calls with CUPTI's callback API: every entry into a runtime function
-// while counting is on, by name. Counting is a separate pass from timing (the callback costs).
+// Counts CUDA API calls with CUPTI's callback API while counting is on: every entry into a runtime
+// function, by name; every driver function called directly (cuBLAS launches its kernels through
+// the driver), by name; and the launches among them (kernels and graphs, through either API).
+// Driver calls made inside a runtime call are the runtime's own work and are not counted again.
+// Counting is a separate pass from timing (the callback costs).
 
 #include <capscope/cuda/error.hpp>
 
@@ -20,15 +23,24 @@ inline void check_cupti(CUptiResult r, const char* call, const char* file, int l
 }
 #define BENCH_CUPTI(...) ::bench::check_cupti((__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
+//! What a piece of work called.
+struct api_calls {
+    std::map<std::string, long> runtime; //!< runtime API calls, by function
+    std::map<std::string, long> driver;  //!< driver API calls made directly (not inside a runtime call), by function
+    long launches = 0;                   //!< kernel and graph launches, through either API
+};
+
 class api_counter {
 public:
-    //! Counts the runtime API calls `work()` makes.
+    //! Counts the API calls `work()` makes.
     template <class Work>
-    std::map<std::string, long> count(Work&& work) {
-        calls_.clear();
+    api_calls count(Work&& work) {
+        calls_ = {};
+        depth_ = 0;
         CUpti_SubscriberHandle subscriber{};
         BENCH_CUPTI(cuptiSubscribe(&subscriber, &api_counter::callback, this));
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API));
+        BENCH_CUPTI(cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API));
         try {
             work();
         } catch (...) {
@@ -45,11 +57,28 @@ public:
     }
 
 private:
-    static void CUPTIAPI callback(void* self, CUpti_CallbackDomain, CUpti_CallbackId, const void* data) {
-        const auto* info = static_cast<const CUpti_CallbackData*>(data);
-        if (info->callbackSite == CUPTI_API_ENTER) ++static_cast<api_counter*>(self)->calls_[info->functionName];
+    static bool is_launch(const std::string& f) {
+        return f.rfind("cudaLaunch", 0) == 0 || f.rfind("cudaGraphLaunch", 0) == 0 || f.rfind("cuLaunch", 0) == 0 ||
+               f.rfind("cuGraphLaunch", 0) == 0;
     }
-    std::map<std::string, long> calls_;
+    static void CUPTIAPI callback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
+        auto& c = *static_cast<api_counter*>(self);
+        const auto* info = static_cast<const CUpti_CallbackData*>(data);
+        const bool enter = info->callbackSite == CUPTI_API_ENTER;
+        if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+            if (enter) {
+                ++c.calls_.runtime[info->functionName];
+                if (is_launch(info->functionName)) ++c.calls_.launches;
+            }
+            c.depth_ += enter ? 1 : -1;
+            return;
+        }
+        if (!enter || c.depth_ > 0) return; // the runtime's own driver calls
+        ++c.calls_.driver[info->functionName];
+        if (is_launch(info->functionName)) ++c.calls_.launches;
+    }
+    api_calls calls_;
+    int depth_ = 0; //!< runtime calls in progress
 };
 
 } // namespace bench

@@ -2,7 +2,8 @@
 // segments with raw CUDA calls and launches them in a loop, and against eager execution, on the
 // example model (bf16, hidden 512, seq 128, batch 1, 24 layers; dense and a mixed
 // dense/MoE/Mamba pattern). Per variant: device time per step (CUDA events, median), host
-// time per step (the enqueueing call, median), and CUDA runtime API calls per step (CUPTI).
+// time per step (the enqueueing call, median), CUDA runtime API calls per step, and launches per
+// step through the runtime and the driver (cuBLAS launches through the driver) (CUPTI).
 // Variants run round-robin in one process, so drift hits them alike; the ratios are the result.
 //
 //   runner_overhead [--rounds R] [--steps-per-round K] [--markdown FILE]
@@ -41,7 +42,7 @@ struct variant {
     std::string name;
     std::function<void(cudaStream_t)> step; // set-up (captures) happens in the warm-up steps
     std::vector<float> device_ms, host_us;
-    std::map<std::string, long> api;
+    bench::api_calls api;
 };
 
 double median(std::vector<float> v) {
@@ -231,8 +232,8 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
     const variant& whole_ref = find("hand-written whole-step graph");
     const variant& eager_ref = find("eager (direct calls)");
     std::string table = "\n### " + label + " (`" + pattern + "`, " + std::to_string(m.parameters().total()) + " parameters)\n\n";
-    table += "| variant | device ms/step (median) | host µs/step (median) | runtime API calls/step | device vs its reference | host vs its reference | API calls vs its reference |\n";
-    table += "|---|---:|---:|---:|---:|---:|---:|\n";
+    table += "| variant | device ms/step (median) | host µs/step (median) | runtime API calls/step | launches/step | device vs its reference | host vs its reference | API calls vs its reference |\n";
+    table += "|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const auto& x : v) {
         const variant& ref = x.name.find("full_iteration") != std::string::npos || x.name.find("whole-step") != std::string::npos
                                  ? whole_ref
@@ -241,16 +242,18 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
                                  ? per_layer_ref
                                  : eager_ref;
         char row[512];
-        std::snprintf(row, sizeof row, "| %s | %.3f | %.1f | %ld | %.3f (%s) | %.3f | %ld vs %ld |\n", x.name.c_str(), median(x.device_ms),
-                      median(x.host_us), bench::api_counter::total(x.api), median(x.device_ms) / median(ref.device_ms),
+        std::snprintf(row, sizeof row, "| %s | %.3f | %.1f | %ld | %ld | %.3f (%s) | %.3f | %ld vs %ld |\n", x.name.c_str(), median(x.device_ms),
+                      median(x.host_us), bench::api_counter::total(x.api.runtime), x.api.launches, median(x.device_ms) / median(ref.device_ms),
                       ref.name == "eager (direct calls)" ? "eager" : ref.name == "hand-written whole-step graph" ? "hand whole" : "hand per-layer",
-                      median(x.host_us) / median(ref.host_us), bench::api_counter::total(x.api), bench::api_counter::total(ref.api));
+                      median(x.host_us) / median(ref.host_us), bench::api_counter::total(x.api.runtime), bench::api_counter::total(ref.api.runtime));
         table += row;
     }
-    table += "\nRuntime API calls per step, by function:\n\n";
+    table += "\nAPI calls per step, by function (runtime; then driver calls made directly, cuBLAS's launches among them):\n\n";
     for (const auto& x : v) {
         table += "- " + x.name + ":";
-        for (const auto& [name, n] : x.api) table += " " + name + " ×" + std::to_string(n);
+        for (const auto& [name, n] : x.api.runtime) table += " " + name + " ×" + std::to_string(n);
+        if (!x.api.driver.empty()) table += "; driver:";
+        for (const auto& [name, n] : x.api.driver) table += " " + name + " ×" + std::to_string(n);
         table += "\n";
     }
     char ratio[256];
