@@ -30,6 +30,9 @@
 #include <capscope/config/training_options.hpp>
 #include <capscope/config/vision_options.hpp>
 
+#include <capscope/flags/argument_file.hpp>
+#include <capscope/flags/from_megatron_flags.hpp>
+
 #include <capscope/describe.hpp>
 #include <capscope/validate.hpp>
 

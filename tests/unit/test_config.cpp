@@ -80,3 +80,26 @@ TEST_CASE("select refuses an invalid run-time configuration with every violation
         CHECK(std::string(e.what()).find("[N12]") != std::string::npos);
     }
 }
+
+TEST_CASE("select: a candidate that fixes some settings lets the others pass through") {
+    // A real command line spells the layer count; the candidates do not.
+    const auto line = flags::from_megatron_flags(std::vector<std::string>{"--cuda-graph-impl", "local", "--num-layers", "6"});
+    using local_whole = config<impl::lazy_per_layer, modules<>>;
+    CHECK_THROWS_AS(select<local_whole>(line.config, [](auto) {}), no_matching_config); // every setting must match
+    using local_any_model = fixing<local_whole, "impl", "modules", "inference_scope">;
+    using te_any_model = fixing<config<impl::ahead_of_time_per_layer, modules<>>, "impl", "modules">;
+    const int chosen = select<te_any_model, local_any_model>(line.config, []<class Cfg>(Cfg) {
+        return std::is_same_v<Cfg, local_whole> ? 1 : 0;
+    });
+    CHECK(chosen == 1);
+    // Settings it fixes still must match: modules attn is not the whole layer.
+    const auto attn = flags::from_megatron_flags(std::vector<std::string>{"--cuda-graph-impl", "local", "--cuda-graph-modules", "attn"});
+    CHECK_THROWS_AS(select<local_any_model>(attn.config, [](auto) {}), no_matching_config);
+    // A key that is no setting is a mistake, said as such.
+    try {
+        select<fixing<local_whole, "implementation">>(line.config, [](auto) {});
+        FAIL("no error");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("no setting is named 'implementation'") != std::string::npos);
+    }
+}

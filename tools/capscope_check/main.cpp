@@ -1,6 +1,6 @@
 // capscope-check: check a Megatron-LM CUDA-graph configuration before spending GPU hours.
 //
-//   capscope-check [--json | --emit-cpp] [--ignore-unknown-flags] [--from-yaml FILE] MEGATRON_FLAGS... [@ARGFILE]...
+//   capscope-check [--json | --emit-cpp] [--verbose] [--ignore-unknown-flags] [--from-yaml FILE] MEGATRON_FLAGS... [@ARGFILE]...
 //   capscope-check --list-rules [--markdown]
 //   capscope-check --version
 //
@@ -31,12 +31,13 @@ int main(int argc, char** argv) {
     CLI::App app{"capscope-check: validate Megatron-LM CUDA-graph flags with capscope's rule table.\n"
                  "Pass the Megatron flags verbatim after the options below.",
                  "capscope-check"};
-    bool json = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false, version = false;
+    bool json = false, verbose = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false, version = false;
     std::string yaml_file;
     app.add_option("--from-yaml", yaml_file, "read the MODEL_ARGS mapping of a Megatron-LM functional-test YAML config "
                                              "(before any flags given on the command line)");
     app.add_flag("--version", version, "print capscope's version and the Megatron-LM commit its flag table comes from");
     app.add_flag("--json", json, "print the verdict as JSON");
+    app.add_flag("--verbose", verbose, "print the normalized configuration after the verdict and the violations");
     app.add_flag("--emit-cpp", emit_cpp, "print a C++ translation unit that compiles iff the configuration is valid");
     app.add_flag("--list-rules", list_rules, "list every rule");
     app.add_flag("--markdown", markdown, "with --list-rules: print docs/rules.md");
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
         for (const auto& n : report.notes) header.push_back("applied [" + std::string(n.rule->id) + "] " + n.text());
         std::cout << capscope::emit_cpp_translation_unit(emitted, header);
     } else {
-        std::cout << capscope::check::to_text(line, report);
+        std::cout << capscope::check::to_text(line, report, verbose);
     }
     return report.valid() ? 0 : 1;
 }

@@ -37,17 +37,12 @@ nlohmann::json to_json(const flags::megatron_command_line& line, const validatio
     };
 }
 
-std::string to_text(const flags::megatron_command_line& line, const validation_report& report) {
+std::string to_text(const flags::megatron_command_line& line, const validation_report& report, bool verbose) {
+    // The verdict and what to fix first; the normalized configuration (45 lines) only when asked.
     std::string out;
     if (report.valid()) out += "capscope-check: the configuration is VALID\n";
     else out += fmt::format("capscope-check: the configuration is INVALID ({} violation{})\n", report.violations.size(),
                             report.violations.size() == 1 ? "" : "s");
-    if (report.later_stages_skipped) {
-        out += "\nnormalized configuration: not available (normalization failed; later rules were not evaluated)\n";
-    } else {
-        out += "\nnormalized configuration:\n";
-        for (const described_field& f : describe(report.normalized)) out += fmt::format("  {:<46} {}\n", f.key, f.text());
-    }
     if (!report.violations.empty()) {
         out += "\nviolations:\n";
         for (const finding& v : report.violations)
@@ -66,6 +61,14 @@ std::string to_text(const flags::megatron_command_line& line, const validation_r
         out += "\nunknown (not Megatron-LM flags; ignored as asked):";
         for (const auto& f : line.unknown) out += " " + f;
         out += "\n";
+    }
+    if (report.later_stages_skipped) {
+        out += "\nnormalized configuration: not available (normalization failed; later rules were not evaluated)\n";
+    } else if (verbose) {
+        out += "\nnormalized configuration:\n";
+        for (const described_field& f : describe(report.normalized)) out += fmt::format("  {:<46} {}\n", f.key, f.text());
+    } else {
+        out += "\n(--verbose prints the normalized configuration)\n";
     }
     return out;
 }

@@ -4,6 +4,11 @@
 //! run-time configuration, finds the compile-time config that normalizes to the same value and
 //! calls `f(Cfg{})`, so a trainer picks its configuration by flags yet runs only code checked
 //! by the compiler.
+//!
+//! A candidate matches when every setting is equal, or, written `fixing<Cfg, "impl", "modules">`,
+//! when the settings it names are (the keys `capscope-check --verbose` prints): the others pass
+//! through, so a command line with `--num-layers 6` still selects a candidate that does not spell
+//! the layer count.
 
 #include <capscope/config/config.hpp>
 #include <capscope/describe.hpp>
@@ -37,7 +42,36 @@ class no_matching_config : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+//! A candidate that fixes only the named settings (keys of `describe`); the rest pass through.
+//! `f` is called with `Config{}`.
+template <class Config, detail::fixed_string... Keys>
+struct fixing {
+    static_assert(sizeof...(Keys) > 0, "capscope::fixing<Config, \"key\"...>: name at least one setting it fixes");
+    using config = Config;
+    static constexpr runtime_config normalized = Config::normalized;
+};
+
 namespace detail {
+template <class C>
+struct candidate_traits {
+    using config = C;
+    static bool matches(const runtime_config& wanted) { return wanted == C::normalized; }
+};
+template <class Config, fixed_string... Keys>
+struct candidate_traits<fixing<Config, Keys...>> {
+    using config = Config;
+    static bool matches(const runtime_config& wanted) {
+        const auto want = describe(wanted), have = describe(Config::normalized);
+        auto same = [&](std::string_view key) {
+            for (std::size_t i = 0; i < want.size(); ++i)
+                if (want[i].key == key) return want[i] == have[i];
+            throw std::invalid_argument("capscope::fixing<...>: no setting is named '" + std::string(key) +
+                                        "'; the keys are those capscope-check --verbose prints (impl, modules, num_layers, ...)");
+        };
+        return (same(Keys.view()) && ...);
+    }
+};
+
 template <class... Configs>
 std::string no_match_message(const runtime_config& wanted) {
     std::string s = "capscope::select: no compile-time config matches the run-time configuration";
@@ -60,18 +94,24 @@ std::string no_match_message(const runtime_config& wanted) {
 } // namespace detail
 
 template <class... Configs, class F>
-auto select(const runtime_config& requested, F&& f) -> std::common_type_t<std::invoke_result_t<F&, Configs>...> {
-    using result = std::common_type_t<std::invoke_result_t<F&, Configs>...>;
+auto select(const runtime_config& requested, F&& f)
+    -> std::common_type_t<std::invoke_result_t<F&, typename detail::candidate_traits<Configs>::config>...> {
+    using result = std::common_type_t<std::invoke_result_t<F&, typename detail::candidate_traits<Configs>::config>...>;
     validation_report report = validate(requested);
     if (!report.valid()) throw invalid_configuration(std::move(report));
     const runtime_config& wanted = report.normalized;
 
     if constexpr (std::is_void_v<result>) {
-        bool called = ((wanted == Configs::normalized ? (f(Configs{}), true) : false) || ...);
+        bool called = ((detail::candidate_traits<Configs>::matches(wanted) ? (f(typename detail::candidate_traits<Configs>::config{}), true)
+                                                                           : false) ||
+                       ...);
         if (!called) throw no_matching_config(detail::no_match_message<Configs...>(wanted));
     } else {
         std::optional<result> out;
-        bool called = ((wanted == Configs::normalized ? (out.emplace(f(Configs{})), true) : false) || ...);
+        bool called = ((detail::candidate_traits<Configs>::matches(wanted)
+                            ? (out.emplace(f(typename detail::candidate_traits<Configs>::config{})), true)
+                            : false) ||
+                       ...);
         if (!called) throw no_matching_config(detail::no_match_message<Configs...>(wanted));
         return std::move(*out);
     }
