@@ -460,3 +460,23 @@ TEST_CASE("P10: the config's model facts must be the program's") {
               .find("layer 0 is an MoE layer in the config's MoE layout") != std::string::npos);
     CHECK(error(config<impl::lazy_per_layer>::normalized) == "(no error)"); // no facts stated: nothing to contradict
 }
+
+template <class F>
+concept held_inline = requires(F f) { stream_fn::from(f); };
+
+TEST_CASE("stream_fn::from holds a small lambda itself: copied with the stage, compared by its captures") {
+    int calls = 0;
+    int* counter = &calls;
+    const stream_fn a = stream_fn::from([counter, step = 3](stream_handle) { *counter += step; });
+    stream_fn copy = a; // a stage list is copied and moved; the callable goes with it
+    copy(nullptr);
+    a(nullptr);
+    CHECK(calls == 6);
+    CHECK(copy == a);
+    const stream_fn other = stream_fn::from([counter, step = 4](stream_handle) { *counter += step; });
+    CHECK_FALSE(other == a); // another capture: another binding
+    // What would need an allocation, or a destructor, is not taken: a lambda owning a string.
+    const auto owning = [s = std::string("owns")](stream_handle) { (void)s; };
+    static_assert(!held_inline<decltype(owning)>);
+    static_assert(held_inline<decltype([counter](stream_handle) { ++*counter; })>);
+}
