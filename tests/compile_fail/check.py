@@ -30,7 +30,10 @@ def main():
     first_error = next((l for l in out.splitlines() if "error" in l), "")
     # Plan rules (P1, P2, ...) are checked by the plan layer, the others by the rule table.
     is_plan_rule = rule[0] == "P" and rule[1:].isdigit()
-    needle = f"capscope plan rule {rule}:" if is_plan_rule else f"capscope rule {rule}:"
+    if rule == "SCHEMA":  # a layer schema's own declaration (regions<...>, stage_decl<...>)
+        needle = "capscope schema rule:"
+    else:
+        needle = f"capscope plan rule {rule}:" if is_plan_rule else f"capscope rule {rule}:"
     if needle not in first_error:
         print(f"FAIL: first error does not name '{needle}'\nfirst error: {first_error}\n--- full output ---\n{out}")
         return 1

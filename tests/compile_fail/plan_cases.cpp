@@ -2,6 +2,9 @@
 // layer schema says cannot be captured), P9 (named regions that match no stage), P4 (bucket lists), P5 (an inference runner's buckets). As is, every valid twin must compile; with
 // -DCASE_<ID>[__variant] the first error must read "capscope plan rule <ID>:" (check.py).
 #include <capscope/capscope.hpp>
+#if __has_include(<cuda_runtime_api.h>)
+#include <capscope/run/inference_runner.hpp>
+#endif
 
 using namespace capscope;
 
@@ -55,6 +58,11 @@ using residual_block = layer_schema<"residual", stage_decl<kind<"branch">, regio
                                     stage_decl<kind<"gate">, regions<region<"gate">>, synchronizes_with_host>>;
 static_assert(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>::graphs == 1);
 static_assert(layer_plan<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>::eager_islands == 1);
+// A schema names regions by capture module or region<"name">, checked where regions<...> is named.
+using branch_regions = regions<capture::mlp, region<"branch">>;
+#ifdef CASE_SCHEMA__regions
+using bad_regions = regions<capture::mlp, int>;
+#endif
 // P9: named regions that no stage is in capture nothing.
 CHECK_COMPILES(layer_plans<config<impl::lazy_per_layer, capture_regions<"branch">>, residual_block>);
 #ifdef CASE_P9
@@ -81,6 +89,13 @@ CHECK_COMPILES(config<impl::lazy_per_layer, inference::per_layer, megatron_bucke
 CHECK_COMPILES(inference_settings<config<impl::lazy_per_layer, inference::per_block, buckets<1, 8>>>::value);
 #ifdef CASE_P5
 CHECK_COMPILES(inference_settings<config<impl::lazy_per_layer, inference::per_block>>::value);
+#endif
+#if __has_include(<cuda_runtime_api.h>)
+// ... and where the runner type is named, before any runner is built.
+using server = inference_runner<config<impl::lazy_per_layer, inference::per_block, buckets<1, 8>>>;
+#ifdef CASE_P5__runner_named
+using bucketless_server = inference_runner<config<impl::lazy_per_layer, inference::per_block>>;
+#endif
 #endif
 CHECK_COMPILES(vision_inference_settings<config<vision<impl::ahead_of_time_per_layer, max_seq_length<64>>>>::value);
 #ifdef CASE_P5__vision_no_length

@@ -39,6 +39,8 @@ struct inference_settings {
                                                   Config::engine.execs,
                                                   Config::engine.mode,
                                                   Config::engine.on_failure};
+    //! Naming this member instantiates the class, so rule P5 fires where a runner type is named.
+    using checked = inference_settings;
 };
 
 namespace detail {
@@ -73,6 +75,7 @@ struct vision_inference_settings {
                                                   Config::engine.execs,
                                                   Config::engine.mode,
                                                   Config::engine.on_failure};
+    using checked = vision_inference_settings; //!< see inference_settings::checked
 };
 
 } // namespace capscope

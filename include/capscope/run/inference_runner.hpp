@@ -16,10 +16,12 @@
 
 namespace capscope {
 
+// `::checked` instantiates the settings where the runner type is named, not first where a runner
+// is built: a config without buckets fails (P5) at `using server = inference_runner<cfg>;`.
 template <class Config>
-using inference_runner = bucket_runner<inference_settings<Config>>;
+using inference_runner = bucket_runner<typename inference_settings<Config>::checked>;
 
 template <class Config>
-using vision_runner = bucket_runner<vision_inference_settings<Config>>;
+using vision_runner = bucket_runner<typename vision_inference_settings<Config>::checked>;
 
 } // namespace capscope

@@ -44,19 +44,29 @@ constexpr void add_region(region_set& s) {
 }
 } // namespace detail
 
-//! The capture regions that contain a stage: Megatron's modules (`capture::attention`, ...) or
-//! a trainer's own (`region<"mixer">`).
+namespace detail {
 template <class... Regions>
-struct regions {
-    static_assert(((detail::module_entry<Regions> || detail::own_region<Regions>) && ...),
-                  "capscope::regions<...> takes capture modules (capture::attention, capture::mlp, capture::moe, capture::moe_router, "
-                  "capture::moe_preprocess, capture::mamba) or a trainer's own regions (capscope::region<\"name\">)");
+struct region_list {
     static constexpr region_set set = [] {
         region_set s;
         (detail::add_region<Regions>(s), ...);
         return s;
     }();
 };
+template <class... Regions>
+struct checked_regions {
+    static_assert(((module_entry<Regions> || own_region<Regions>) && ...),
+                  "capscope schema rule: regions<...> takes capture modules (capture::attention, capture::mlp, capture::moe, "
+                  "capture::moe_router, capture::moe_preprocess, capture::mamba) or a trainer's own regions -- fix: write "
+                  "capscope::region<\"name\"> for a region of your own");
+    using type = region_list<Regions...>;
+};
+} // namespace detail
+
+//! The capture regions that contain a stage: Megatron's modules (`capture::attention`, ...) or
+//! a trainer's own (`region<"mixer">`). Checked where it is named.
+template <class... Regions>
+using regions = typename detail::checked_regions<Regions...>::type;
 
 //! Stage properties that keep a stage out of graphs.
 struct synchronizes_with_host {
@@ -87,7 +97,7 @@ concept stage_property = requires(stage_facts& f) { P::apply(f); };
 template <class R>
 inline constexpr bool is_regions = false;
 template <class... Ms>
-inline constexpr bool is_regions<regions<Ms...>> = true;
+inline constexpr bool is_regions<region_list<Ms...>> = true;
 } // namespace detail
 
 //! One stage of a layer schema: its kind (a `stage_kind`, or a literal naming the trainer's own),
