@@ -115,7 +115,8 @@ public:
             // A segment on a side lane forks from the step's stream; waits come before it.
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
             if (seg.waits_for) lanes.wait(seg.waits_for, on);
-            if (replaying && seg.graphed && !run_eagerly_[std::size_t(seg.graph)] && (execs_[std::size_t(seg.graph)] || capture(seg, on))) {
+            if (replaying && seg.graphed && !run_eagerly_[std::size_t(seg.graph)] &&
+                (execs_[std::size_t(seg.graph)] || capture_in_step(seg, on))) {
                 execs_[std::size_t(seg.graph)].launch(on);
                 detail::count_one(executor_.counters().replays);
             } else {
@@ -186,6 +187,25 @@ private:
         }
         executor_.apply(execs_[std::size_t(seg.graph)], g, calls_[std::size_t(seg.first_call)].name);
         return true;
+    }
+
+    //! A lazy capture in the middle of a step: a failure says how much of the step had run.
+    bool capture_in_step(const plan_segment& seg, cudaStream_t s) {
+        try {
+            return capture(seg, s);
+        } catch (capture_failed& e) {
+            const int done = int(&seg - plan_.segments.data());
+            e.set_step_progress(done == 0 ? std::string("nothing of this step had run: step() can be called again")
+                                          : "this step stopped there: its first " + std::to_string(done) + " of " +
+                                                std::to_string(plan_.segments.size()) + " segments had run (through '" +
+                                                std::string(calls_[std::size_t(plan_.segments[std::size_t(done - 1)].first_call +
+                                                                               plan_.segments[std::size_t(done - 1)].call_count - 1)]
+                                                                .name) +
+                                                "', " + std::string(phase_name(plan_.segments[std::size_t(done - 1)].direction)) +
+                                                "), the rest had not; restore the model's state before another step, or use "
+                                                "impl transformer_engine, which captures every graph before a step runs");
+            throw;
+        }
     }
 
     segment_site site(const plan_segment& seg) const {
