@@ -216,7 +216,7 @@ TEST_CASE("a failure on the forked stream ends the capture on every stream; the 
             CHECK(e.stage() == "layer0.forks");
             CHECK(std::string(e.what()).find("cudaStreamSynchronize(side) failed") != std::string::npos);
             // Lazy capture fails mid-step: the error says what of the step had run.
-            CHECK(e.step_progress().find("its first 1 of 2 segments had run (through 'advance', forward)") == 0);
+            CHECK(e.step_progress().find("this step stopped there: its first 1 of 2 segments had run (through 'advance', forward)") == 0);
         }
         CHECK_FALSE(capturing(s));
         CHECK_FALSE(capturing(f.side));
