@@ -52,23 +52,9 @@ public:
         runs_.assign(std::size_t(plan_.sizes.size()), 0);
     }
     bucket_runner(bucket_runner&&) noexcept = default;
-    bucket_runner& operator=(bucket_runner&& o) noexcept {
-        if (this != &o) {
-            release_graphs();
-            program_ = std::move(o.program_);
-            plan_ = std::move(o.plan_);
-            calls_ = std::move(o.calls_);
-            executor_ = std::move(o.executor_);
-            execs_ = std::move(o.execs_);
-            templates_ = std::move(o.templates_);
-            loaded_ = std::move(o.loaded_);
-            stale_ = std::move(o.stale_);
-            run_eagerly_ = std::move(o.run_eagerly_);
-            runs_ = std::move(o.runs_);
-            captured_ahead_ = o.captured_ahead_;
-        }
-        return *this;
-    }
+    // Members move in order: the old scratch arena is freed (cudaFree synchronizes) before the old
+    // executable graphs are destroyed; they are never launched again.
+    bucket_runner& operator=(bucket_runner&&) noexcept = default;
     ~bucket_runner() { release_graphs(); }
 
     //! The bucket a request of `rows` rows runs in (P6 past the largest, or an eager choice).

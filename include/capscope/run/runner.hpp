@@ -86,21 +86,9 @@ public:
         }
     }
     runner(runner&&) noexcept = default;
-    runner& operator=(runner&& o) noexcept {
-        if (this != &o) {
-            release_graphs();
-            program_ = std::move(o.program_);
-            plan_ = std::move(o.plan_);
-            calls_ = std::move(o.calls_);
-            executor_ = std::move(o.executor_);
-            execs_ = std::move(o.execs_);
-            run_eagerly_ = std::move(o.run_eagerly_);
-            first_segment_ = std::move(o.first_segment_);
-            warm_steps_ = o.warm_steps_;
-            captured_ahead_ = o.captured_ahead_;
-        }
-        return *this;
-    }
+    // Members move in order: the old scratch arena is freed (cudaFree synchronizes) before the old
+    // executable graphs are destroyed; they are never launched again.
+    runner& operator=(runner&&) noexcept = default;
     ~runner() { release_graphs(); }
 
     //! One training step on `s`. A config that captures graphs needs a stream of its own: the
