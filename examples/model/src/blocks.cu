@@ -5,7 +5,6 @@
 
 #include "gemm.hpp"
 #include "kernels.hpp"
-#include "layers.hpp"
 
 #include <capscope/cuda/error.hpp>
 
@@ -410,59 +409,5 @@ template class moe_block<float>;
 template class moe_block<__nv_bfloat16>;
 template class mamba_block<float>;
 template class mamba_block<__nv_bfloat16>;
-
-// ---- the layer stack of a model config (layers.hpp) ------------------------------------------
-namespace detail {
-
-block_shape shape_of(const model_config& c, bool training) {
-    block_shape s;
-    s.batch = c.batch;
-    s.seq = c.seq_len;
-    s.hidden = c.hidden;
-    s.heads = c.heads;
-    s.ffn_hidden = c.ffn_hidden;
-    s.experts = c.experts;
-    s.top_k = c.top_k;
-    s.capacity_factor = c.capacity_factor;
-    s.inner = c.inner();
-    s.moe_mode = c.moe_mode;
-    s.init_stddev = c.init_stddev;
-    s.training = training;
-    s.hidden_dropout = training ? c.hidden_dropout : 0.f;
-    return s;
-}
-
-template <class T>
-model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
-                              rng_state* rng) {
-    model_layout<T> m;
-    m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
-    m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
-    block_shape sh = shape_of(c, training);
-    sh.rng = rng;
-    for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
-        const std::string name = "layer" + std::to_string(i);
-        const int layer = static_cast<int>(i);
-        switch (c.layer_pattern[i]) {
-        case 'D':
-            m.blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
-            m.blocks.push_back(std::make_unique<mlp_block<T>>(sh, params, blas, name, layer));
-            break;
-        case 'E':
-            m.blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
-            m.blocks.push_back(std::make_unique<moe_block<T>>(sh, params, blas, name, layer));
-            break;
-        default: m.blocks.push_back(std::make_unique<mamba_block<T>>(sh, params, blas, name, layer)); break;
-        }
-    }
-    m.final_norm = params.declare("final_norm", c.hidden, init_kind::ones);
-    m.head_w = params.declare("lm_head", std::size_t(c.hidden) * c.vocab, init_kind::normal, c.init_stddev);
-    return m;
-}
-template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&, rng_state*);
-template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&,
-                                                    rng_state*);
-
-} // namespace detail
 
 } // namespace gpt
