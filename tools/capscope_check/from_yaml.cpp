@@ -10,7 +10,7 @@ namespace {
 std::string where(const std::string& path, const YAML::Mark& mark) { return path + ":" + std::to_string(mark.line + 1); }
 } // namespace
 
-std::vector<std::string> model_args_from_yaml(const std::string& path) {
+yaml_model_args read_model_args(const std::string& path) {
     YAML::Node root;
     try {
         root = YAML::LoadFile(path);
@@ -22,9 +22,13 @@ std::vector<std::string> model_args_from_yaml(const std::string& path) {
     const YAML::Node args = root.IsMap() ? root["MODEL_ARGS"] : YAML::Node();
     if (!args) throw flags::flag_error(path + ": no MODEL_ARGS mapping at the top level");
     if (!args.IsMap()) throw flags::flag_error(where(path, args.Mark()) + ": MODEL_ARGS is not a mapping of flags to values");
-    std::vector<std::string> out;
+    yaml_model_args result;
+    for (const auto& entry : root)
+        if (entry.first.Scalar() == "MODEL_ARGS") result.model_args_line = entry.first.Mark().line + 1;
+    std::vector<std::string>& out = result.args;
     for (const auto& entry : args) {
         const std::string flag = entry.first.as<std::string>();
+        result.key_lines.emplace_back(flag, entry.first.Mark().line + 1);
         const YAML::Node& value = entry.second;
         if (flag.rfind("--", 0) != 0)
             throw flags::flag_error(where(path, entry.first.Mark()) + ": MODEL_ARGS key '" + flag + "' is not a --flag");
@@ -47,7 +51,7 @@ std::vector<std::string> model_args_from_yaml(const std::string& path) {
             out.push_back(text);
         }
     }
-    return out;
+    return result;
 }
 
 } // namespace capscope::check

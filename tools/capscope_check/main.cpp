@@ -1,12 +1,18 @@
 // capscope-check: check a Megatron-LM CUDA-graph configuration before spending GPU hours.
 //
 //   capscope-check [--json | --emit-cpp] [--verbose] [--ignore-unknown-flags] [--from-yaml FILE] MEGATRON_FLAGS... [@ARGFILE]...
+//   capscope-check [--json | --format github] --from-yaml FILE|DIR|PATTERN... [--each @ARGFILE...] [MEGATRON_FLAGS...]
 //   capscope-check --list-rules [--markdown]
 //   capscope-check --version
 //
-// Exit status: 0 valid, 1 invalid, 2 usage error (including flags Megatron does not have).
+// One input: the full report. Several (more than one YAML config, every model_config.yaml under a
+// directory, a glob, or --each: every @file its own input), or --format github: one verdict per
+// input and a summary (--json: one JSON object per line); plain flags apply to every input.
+// Exit status: 0 valid, 1 invalid, 2 usage error (including flags Megatron does not have); with
+// several inputs, the worst.
 
 #include "from_yaml.hpp"
+#include "inputs.hpp"
 #include "report.hpp"
 
 #include <capscope/emit_cpp.hpp>
@@ -14,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -25,6 +32,32 @@ std::string quoted_command_line(const std::vector<std::string>& args) {
     return s;
 }
 
+//! Many inputs: a verdict (or annotations, or a JSON object) per input, then a summary.
+int check_many(const std::vector<capscope::check::input>& inputs, const std::vector<std::string>& extra, bool ignore_unknown, bool json,
+               bool github) {
+    using namespace capscope::check;
+    std::vector<input_result> results;
+    int worst = 0;
+    for (const input& in : inputs) {
+        results.push_back(check_input(in, extra, ignore_unknown));
+        const input_result& r = results.back();
+        worst = std::max(worst, r.status);
+        if (json) {
+            nlohmann::json j = r.status == 2 ? nlohmann::json{{"error", r.error}} : to_json(r.line, r.report);
+            j["input"] = r.path;
+            j["status"] = r.status == 0 ? "valid" : r.status == 1 ? "invalid" : "usage";
+            j["exit"] = r.status;
+            std::cout << j.dump() << "\n";
+        } else if (github) {
+            if (const std::string a = github_annotation(r); !a.empty()) std::cout << a << "\n";
+        } else {
+            std::cout << verdict_line(r) << "\n";
+        }
+    }
+    (json ? std::cerr : std::cout) << summary_line(results) << "\n";
+    return worst;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -32,9 +65,16 @@ int main(int argc, char** argv) {
                  "Pass the Megatron flags verbatim after the options below.",
                  "capscope-check"};
     bool json = false, verbose = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false, version = false;
-    std::string yaml_file;
-    app.add_option("--from-yaml", yaml_file, "read the MODEL_ARGS mapping of a Megatron-LM functional-test YAML config "
-                                             "(before any flags given on the command line)");
+    bool each = false;
+    std::string format = "text";
+    std::vector<std::string> yaml_values;
+    app.add_option("--from-yaml", yaml_values,
+                   "read the MODEL_ARGS mapping of Megatron-LM functional-test YAML configs (before any flags given on the command "
+                   "line): files, directories (every model_config.yaml below them) or glob patterns; several are checked one by one")
+        ->expected(1, -1);
+    app.add_flag("--each", each, "check every @file of the command line as an input of its own");
+    app.add_option("--format", format, "with several inputs: text (a verdict per input) or github (GitHub Actions annotations)")
+        ->check(CLI::IsMember({"text", "github"}));
     app.add_flag("--version", version, "print capscope's version and the Megatron-LM commit its flag table comes from");
     app.add_flag("--json", json, "print the verdict as JSON");
     app.add_flag("--verbose", verbose, "print the normalized configuration after the verdict and the violations");
@@ -64,11 +104,31 @@ int main(int argc, char** argv) {
         return 0;
     }
 
+    // Several inputs: each checked on its own, plain flags applying to all.
+    std::vector<capscope::check::input> inputs = capscope::check::expand_yaml_inputs(yaml_values);
+    std::vector<std::string> extra;
+    for (const auto& a : app.remaining()) {
+        if (each && a.size() > 1 && a[0] == '@') inputs.push_back({capscope::check::input::kind::argument_file, a.substr(1), ""});
+        else extra.push_back(a);
+    }
+    if (inputs.size() > 1 || each || format == "github") {
+        if (emit_cpp) {
+            std::cerr << "capscope-check: --emit-cpp takes one input\n";
+            return 2;
+        }
+        if (inputs.empty()) {
+            std::cerr << "capscope-check: --each found no @file, and no --from-yaml was given: nothing to check\n";
+            return 2;
+        }
+        return check_many(inputs, extra, ignore_unknown, json, format == "github");
+    }
+
     std::vector<std::string> megatron_args;
     capscope::flags::megatron_command_line line;
     try {
         // The YAML's arguments come first, so flags on the command line win (argparse: last wins).
-        if (!yaml_file.empty()) megatron_args = capscope::check::model_args_from_yaml(yaml_file);
+        if (!inputs.empty() && !inputs.front().error.empty()) throw capscope::flags::flag_error(inputs.front().error);
+        if (!inputs.empty()) megatron_args = capscope::check::model_args_from_yaml(inputs.front().path);
         for (auto& a : capscope::flags::expand_argument_files(app.remaining())) megatron_args.push_back(std::move(a));
         line = capscope::flags::from_megatron_flags(megatron_args, {.ignore_unknown = ignore_unknown});
     } catch (const capscope::flags::flag_error& e) {

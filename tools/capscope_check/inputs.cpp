@@ -1,0 +1,157 @@
+#include "inputs.hpp"
+
+#include "from_yaml.hpp"
+
+#include <capscope/flags/argument_file.hpp>
+
+#include <fmt/format.h>
+
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+
+namespace capscope::check {
+
+namespace fs = std::filesystem;
+
+namespace {
+bool is_pattern(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+std::vector<std::string> glob_files(const std::string& pattern) {
+    glob_t g{};
+    std::vector<std::string> out;
+    if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+        for (std::size_t i = 0; i < g.gl_pathc; ++i)
+            if (fs::is_regular_file(g.gl_pathv[i])) out.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+//! "--cuda-graph-impl" -> "cuda_graph_impl", as Megatron's argparse names the value.
+std::string dest_of(const std::string& flag) {
+    std::string d = flag.substr(flag.find_first_not_of('-'));
+    std::replace(d.begin(), d.end(), '-', '_');
+    return d;
+}
+
+//! "a.yaml:12: ..." -> 12 (0 when the message names no line).
+int line_in(const std::string& message, const std::string& path) {
+    const std::string prefix = path + ":";
+    if (message.rfind(prefix, 0) != 0) return 0;
+    return std::atoi(message.c_str() + prefix.size());
+}
+
+//! GitHub's annotation syntax: %, CR and LF in the message, and , : in properties, are escaped.
+std::string escaped(const std::string& s, bool property) {
+    std::string out;
+    for (char c : s) {
+        if (c == '%') out += "%25";
+        else if (c == '\r') out += "%0D";
+        else if (c == '\n') out += "%0A";
+        else if (property && c == ':') out += "%3A";
+        else if (property && c == ',') out += "%2C";
+        else out += c;
+    }
+    return out;
+}
+} // namespace
+
+std::vector<input> expand_yaml_inputs(const std::vector<std::string>& values) {
+    std::vector<input> out;
+    for (const std::string& v : values) {
+        std::error_code ec;
+        if (fs::is_directory(v, ec)) {
+            std::vector<std::string> found;
+            for (auto it = fs::recursive_directory_iterator(v, fs::directory_options::skip_permission_denied, ec);
+                 !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+                if (it->path().filename() == "model_config.yaml" && it->is_regular_file()) found.push_back(it->path().string());
+            std::sort(found.begin(), found.end());
+            if (found.empty()) out.push_back({input::kind::yaml, v, "no model_config.yaml under the directory " + v});
+            for (auto& f : found) out.push_back({input::kind::yaml, std::move(f), ""});
+        } else if (is_pattern(v) && !fs::exists(v, ec)) {
+            const auto found = glob_files(v);
+            if (found.empty()) out.push_back({input::kind::yaml, v, "no file matches the pattern " + v});
+            for (const auto& f : found) out.push_back({input::kind::yaml, f, ""});
+        } else {
+            out.push_back({input::kind::yaml, v, ""}); // a file, or one that cannot be read (said when read)
+        }
+    }
+    return out;
+}
+
+input_result check_input(const input& in, const std::vector<std::string>& extra, bool ignore_unknown) {
+    input_result r;
+    r.path = in.path;
+    if (!in.error.empty()) {
+        r.status = 2;
+        r.error = in.error;
+        return r;
+    }
+    try {
+        std::vector<std::string> args;
+        if (in.source == input::kind::yaml) {
+            yaml_model_args y = read_model_args(in.path);
+            args = std::move(y.args);
+            r.key_lines = std::move(y.key_lines);
+            r.model_args_line = y.model_args_line;
+        } else {
+            args = flags::expand_argument_files({"@" + in.path});
+        }
+        for (const auto& a : flags::expand_argument_files(extra)) args.push_back(a);
+        r.line = flags::from_megatron_flags(args, {.ignore_unknown = ignore_unknown});
+    } catch (const flags::flag_error& e) {
+        r.status = 2;
+        r.error = e.what();
+        r.error_line = line_in(r.error, in.path);
+        return r;
+    }
+    r.report = validate(r.line.config);
+    r.status = r.report.valid() ? 0 : 1;
+    return r;
+}
+
+int offending_line(const input_result& r, const finding& f) {
+    const std::string about = std::string(f.rule->statement) + " " + std::string(f.rule->message);
+    for (const auto& [flag, line] : r.key_lines) {
+        const std::string dest = dest_of(flag);
+        // a whole word: cuda_graph_impl, not the cuda_graph of cuda_graph_impl
+        const std::regex word("(^|[^a-z_])" + dest + "($|[^a-z_])");
+        if (std::regex_search(about, word)) return line;
+    }
+    return r.model_args_line;
+}
+
+std::string verdict_line(const input_result& r) {
+    if (r.status == 2) return r.path + ": USAGE ERROR: " + r.error;
+    if (r.status == 0) return r.path + ": VALID";
+    const finding& first = r.report.violations.front();
+    std::string s = fmt::format("{}: INVALID: [{}] {} -- fix: {}", r.path, first.rule->id, first.text(), first.rule->fix);
+    if (r.report.violations.size() > 1) s += fmt::format(" (+{} more)", r.report.violations.size() - 1);
+    return s;
+}
+
+std::string github_annotation(const input_result& r) {
+    if (r.status == 0) return "";
+    if (r.status == 2)
+        return fmt::format("::error file={},line={},title={}::{}", escaped(r.path, true), std::max(r.error_line, 1),
+                           escaped("capscope-check: usage error", true), escaped(r.error, false));
+    std::string out;
+    for (const finding& v : r.report.violations)
+        out += fmt::format("::error file={},line={},title={}::{}\n", escaped(r.path, true), offending_line(r, v),
+                           escaped("capscope rule " + std::string(v.rule->id), true),
+                           escaped(v.text() + " -- fix: " + std::string(v.rule->fix), false));
+    out.pop_back();
+    return out;
+}
+
+std::string summary_line(const std::vector<input_result>& results) {
+    int counts[3] = {0, 0, 0};
+    for (const auto& r : results) ++counts[r.status];
+    return fmt::format("capscope-check: {} input{}: {} valid, {} invalid, {} usage error{}", results.size(), results.size() == 1 ? "" : "s",
+                       counts[0], counts[1], counts[2], counts[2] == 1 ? "" : "s");
+}
+
+} // namespace capscope::check
