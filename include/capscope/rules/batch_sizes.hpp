@@ -14,6 +14,7 @@
 #include <capscope/vocabulary/buckets.hpp>
 
 #include <algorithm>
+#include <vector>
 
 namespace capscope {
 
@@ -53,49 +54,68 @@ constexpr bucket_list to_bucket_list(const size_set& s) {
 }
 } // namespace detail
 
-//! Megatron's graph token counts, ascending. Throws `std::invalid_argument` where Megatron's
-//! assertions fail (num_cuda_graphs < 1 other than -1, max_tokens < 1, tp_size < 1).
-constexpr bucket_list megatron_cuda_graph_batch_sizes(int num_cuda_graphs, int max_tokens, int tp_size = 1,
-                                                      bucket_sizing sizing = bucket_sizing::exponential) {
+namespace detail {
+//! A growing sorted set with size_set's interface, for lists past bucket_list's capacity.
+struct growing_size_set {
+    std::vector<long long> v;
+    int n = 0;
+    void add(long long x) {
+        v.resize(std::size_t(n));
+        const auto it = std::lower_bound(v.begin(), v.end(), x);
+        if (it != v.end() && *it == x) return;
+        v.insert(it, x);
+        ++n;
+    }
+};
+
+//! The derivation, into any sorted set with `add(x)`, `v` and `n`.
+template <class Set>
+constexpr Set megatron_token_count_set(int num_cuda_graphs, int max_tokens, int tp_size, bucket_sizing sizing) {
     if (tp_size < 1) throw std::invalid_argument("capscope: tensor_model_parallel_size must be >= 1");
     if (max_tokens < 1) throw std::invalid_argument("capscope: inference_cuda_graph_max_tokens must be > 0");
     if (num_cuda_graphs < 1 && num_cuda_graphs != -1)
         throw std::invalid_argument("capscope: inference_dynamic_batching_num_cuda_graphs must be >= 1 or -1");
     constexpr long long rounder = 2; // CUDA_GRAPH_ROUNDER
     const long long tp = tp_size;
-    detail::size_set sizes;
+    Set sizes;
 
     if (sizing == bucket_sizing::linear) {
         if (num_cuda_graphs == -1) {
             // [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), TP-aligned, at most max, plus max.
             auto add = [&](long long s) {
-                const long long a = detail::round_up_to(s, tp);
+                const long long a = round_up_to(s, tp);
                 if (a <= max_tokens) sizes.add(a);
             };
             for (long long s : {1LL, 2LL, 4LL}) add(s);
             for (long long s = 8; s < 256; s += 8) add(s);
             for (long long s = 256; s <= max_tokens; s += 16) add(s);
             sizes.add(max_tokens);
-            return detail::to_bucket_list(sizes);
+            return sizes;
         }
         long long step = max_tokens / num_cuda_graphs; // int(max / N)
-        step = rounder * detail::ceil_div(step, rounder);
-        step = std::max(detail::round_up_to(step, tp), tp);
+        step = rounder * ceil_div(step, rounder);
+        step = std::max(round_up_to(step, tp), tp);
         const long long top = (max_tokens / tp) * tp;
-        if (num_cuda_graphs == 1) return {int(top)};
+        if (num_cuda_graphs == 1) {
+            sizes.add(top);
+            return sizes;
+        }
         for (long long s = step; s < top; s += step) sizes.add(s);
         sizes.add(top);
-        return detail::to_bucket_list(sizes);
+        return sizes;
     }
 
     if (num_cuda_graphs == -1) // log2(max) halvings plus the two forced endpoints, at least 4
-        return megatron_cuda_graph_batch_sizes(std::max(4, detail::floor_log2(std::max(2, max_tokens)) + 2), max_tokens, tp_size, sizing);
+        return megatron_token_count_set<Set>(std::max(4, floor_log2(std::max(2, max_tokens)) + 2), max_tokens, tp_size, sizing);
     const long long top = (max_tokens / tp) * tp;
-    if (num_cuda_graphs == 1) return {int(top)};
+    if (num_cuda_graphs == 1) {
+        sizes.add(top);
+        return sizes;
+    }
     long long val = top;
     for (int i = 0; i < num_cuda_graphs; ++i) {
         const long long rounded = std::max(rounder, (val / rounder) * rounder);
-        sizes.add(detail::ceil_div(rounded, tp) * tp);
+        sizes.add(ceil_div(rounded, tp) * tp);
         val /= 2;
         if (val < 1) break;
     }
@@ -107,7 +127,22 @@ constexpr bucket_list megatron_cuda_graph_batch_sizes(int num_cuda_graphs, int m
         for (int j = 1; j + 1 < sizes.n; ++j) sizes.v[std::size_t(j)] = sizes.v[std::size_t(j + 1)];
         --sizes.n;
     }
-    return detail::to_bucket_list(sizes);
+    return sizes;
+}
+} // namespace detail
+
+//! Megatron's graph token counts, ascending. Throws `std::invalid_argument` where Megatron's
+//! assertions fail (num_cuda_graphs < 1 other than -1, max_tokens < 1, tp_size < 1).
+constexpr bucket_list megatron_cuda_graph_batch_sizes(int num_cuda_graphs, int max_tokens, int tp_size = 1,
+                                                      bucket_sizing sizing = bucket_sizing::exponential) {
+    return detail::to_bucket_list(detail::megatron_token_count_set<detail::size_set>(num_cuda_graphs, max_tokens, tp_size, sizing));
+}
+
+//! The same, as a vector of any length (automatic linear sizing of a large budget has hundreds).
+inline std::vector<int> megatron_cuda_graph_token_counts(int num_cuda_graphs, int max_tokens, int tp_size = 1,
+                                                         bucket_sizing sizing = bucket_sizing::exponential) {
+    const auto s = detail::megatron_token_count_set<detail::growing_size_set>(num_cuda_graphs, max_tokens, tp_size, sizing);
+    return {s.v.begin(), s.v.begin() + s.n};
 }
 
 } // namespace capscope
