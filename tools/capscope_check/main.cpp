@@ -12,6 +12,7 @@
 // several inputs, the worst.
 
 #include "from_yaml.hpp"
+#include "inference_graphs_report.hpp"
 #include "inputs.hpp"
 #include "report.hpp"
 
@@ -44,6 +45,8 @@ int check_many(const std::vector<capscope::check::input>& inputs, const std::vec
         worst = std::max(worst, r.status);
         if (json) {
             nlohmann::json j = r.status == 2 ? nlohmann::json{{"error", r.error}} : to_json(r.line, r.report);
+            if (r.status != 2)
+                if (const inference_graph_section g = derive_inference_graphs(r.line, r.report); g.shown) j["inference_graphs"] = inference_graphs_json(g);
             j["input"] = r.path;
             j["status"] = r.status == 0 ? "valid" : r.status == 1 ? "invalid" : "usage";
             j["exit"] = r.status;
@@ -137,8 +140,11 @@ int main(int argc, char** argv) {
     }
     capscope::validation_report report = capscope::validate(line.config);
 
+    const capscope::check::inference_graph_section graphs = capscope::check::derive_inference_graphs(line, report);
     if (json) {
-        std::cout << capscope::check::to_json(line, report).dump(2) << "\n";
+        nlohmann::json j = capscope::check::to_json(line, report);
+        if (graphs.shown) j["inference_graphs"] = capscope::check::inference_graphs_json(graphs);
+        std::cout << j.dump(2) << "\n";
     } else if (emit_cpp) {
         // A configuration that normalizes is emitted as Megatron runs it (migrations and
         // adjustments applied); one that does not is emitted as written, so the compiler
@@ -148,9 +154,9 @@ int main(int argc, char** argv) {
                                         std::string("capscope-check verdict: ") + (report.valid() ? "valid" : "invalid")};
         for (const auto& v : report.violations) header.push_back("violation [" + std::string(v.rule->id) + "] " + v.text());
         for (const auto& n : report.notes) header.push_back("applied [" + std::string(n.rule->id) + "] " + n.text());
-        std::cout << capscope::emit_cpp_translation_unit(emitted, header);
+        std::cout << capscope::emit_cpp_translation_unit(emitted, header) << capscope::check::inference_graphs_cpp(graphs);
     } else {
-        std::cout << capscope::check::to_text(line, report, verbose);
+        std::cout << capscope::check::to_text(line, report, verbose) << capscope::check::inference_graphs_text(graphs);
     }
     return report.valid() ? 0 : 1;
 }

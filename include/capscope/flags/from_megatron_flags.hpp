@@ -43,6 +43,20 @@ struct megatron_command_line {
     std::vector<std::string> read;     //!< flags the rules read
     std::vector<std::string> ignored;  //!< known Megatron flags no rule reads
     std::vector<std::string> unknown;  //!< with ignore_unknown: flags Megatron does not have
+
+    //! The last occurrence of a known flag: its spelling and values (checked against its type).
+    struct given_flag {
+        std::string flag;
+        std::vector<std::string> values;
+    };
+    //! Every known flag given, by dest (argparse's name), last occurrence winning.
+    std::vector<std::pair<std::string, given_flag>> given;
+    //! The flag given for `dest`, or nullptr.
+    const given_flag* find(std::string_view dest) const {
+        for (const auto& [d, g] : given)
+            if (d == dest) return &g;
+        return nullptr;
+    }
 };
 
 namespace detail {
@@ -373,9 +387,11 @@ inline megatron_command_line from_megatron_flags(std::span<const std::string> ar
         else at->second = {spec, std::move(values)};
         remember(handlers.count(name) ? out.read : out.ignored, name);
     }
-    for (const auto& [dest, o] : last)
+    for (const auto& [dest, o] : last) {
+        out.given.push_back({std::string(dest), {std::string(o.spec->flag), o.values}});
         if (auto h = handlers.find(o.spec->flag); h != handlers.end())
             h->second(out.config, pending, detail::value_reader{o.spec->flag}, o.values);
+    }
     // Megatron's validate_args: --recompute-activations means selective recompute.
     if (pending.recompute_activations) out.config.recompute = recompute_granularity::selective;
     // TransformerConfig: the deprecated --moe-layer-recompute is selective recompute of the

@@ -8,8 +8,9 @@
 //! per request, so these token counts are the batch sizes of decode graphs.
 //!
 //! Megatron first clamps the max tokens to at least `max_requests * (num_speculative_tokens + 1)`
-//! and at most the context's `max_tokens`, which it sizes from GPU memory at start-up; pass the
-//! clamped value when you know it. Batch-invariant mode (64-token rounding) is not modelled.
+//! and at most the context's `max_tokens`; pass the clamped value here, or derive everything from
+//! a command line with `megatron_inference_graphs` (rules/inference_graphs.hpp), which models the
+//! clamps and the batch dimensions. Batch-invariant mode (64-token rounding) is not modelled.
 
 #include <capscope/vocabulary/buckets.hpp>
 
