@@ -5,21 +5,9 @@ the file and the line, and exit 2.
 
 usage: argument_files.py CAPSCOPE_CHECK
 """
-import json, os, subprocess, sys, tempfile
+import json, os, sys, tempfile
 
-check = os.path.abspath(sys.argv[1])
-failures = []
-
-
-def run(args, cwd):
-    p = subprocess.run([check] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
-    return p.returncode, p.stdout, p.stderr
-
-
-def expect(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f": {detail}"))
-    if not cond:
-        failures.append(name)
+from cli_support import expect, failures, run
 
 
 with tempfile.TemporaryDirectory() as d:

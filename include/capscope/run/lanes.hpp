@@ -16,6 +16,7 @@
 #include <capscope/stage/stage.hpp>
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -44,7 +45,7 @@ public:
     //! Makes `on` wait for the lanes in `lanes` that have work marked done.
     void wait(std::uint32_t lanes, cudaStream_t on) {
         for (std::uint32_t m = lanes & pending_; m != 0; m &= m - 1) {
-            const int k = __builtin_ctz(m);
+            const int k = std::countr_zero(m);
             slots_[std::size_t(k)]->done.wait_on(on);
         }
     }

@@ -183,15 +183,17 @@ private:
             return capture(seg, s);
         } catch (capture_failed& e) {
             const int done = int(&seg - plan_.segments.data());
-            e.set_step_progress(done == 0 ? std::string("nothing of this step had run: step() can be called again")
-                                          : "this step stopped there: its first " + std::to_string(done) + " of " +
-                                                std::to_string(plan_.segments.size()) + " segments had run (through '" +
-                                                std::string(calls_[std::size_t(plan_.segments[std::size_t(done - 1)].first_call +
-                                                                               plan_.segments[std::size_t(done - 1)].call_count - 1)]
-                                                                .name) +
-                                                "', " + std::string(phase_name(plan_.segments[std::size_t(done - 1)].direction)) +
-                                                "), the rest had not; restore the model's state before another step, or use "
-                                                "impl transformer_engine, which captures every graph before a step runs");
+            if (done == 0) {
+                e.set_step_progress("nothing of this step had run: step() can be called again");
+            } else {
+                const plan_segment& last = plan_.segments[std::size_t(done - 1)];
+                const std::string_view last_stage = calls_[std::size_t(last.first_call + last.call_count - 1)].name;
+                e.set_step_progress("this step stopped there: its first " + std::to_string(done) + " of " +
+                                    std::to_string(plan_.segments.size()) + " segments had run (through '" + std::string(last_stage) +
+                                    "', " + std::string(phase_name(last.direction)) +
+                                    "), the rest had not; restore the model's state before another step, or use impl "
+                                    "transformer_engine, which captures every graph before a step runs");
+            }
             throw;
         }
     }
