@@ -109,7 +109,7 @@ input_result check_input(const input& in, const std::vector<std::string>& extra,
         return r;
     }
     r.report = validate(r.line.config);
-    r.status = r.report.valid() ? 0 : 1;
+    r.status = r.report.valid() && r.line.refused_inputs.empty() ? 0 : 1;
     return r;
 }
 
@@ -127,6 +127,13 @@ int offending_line(const input_result& r, const finding& f) {
 std::string verdict_line(const input_result& r) {
     if (r.status == 2) return r.path + ": USAGE ERROR: " + r.error;
     if (r.status == 0) return r.path + ": VALID";
+    const std::size_t problems = r.line.refused_inputs.size() + r.report.violations.size();
+    if (!r.line.refused_inputs.empty()) {
+        const auto& first = r.line.refused_inputs.front();
+        std::string s = fmt::format("{}: INVALID: [Megatron {}] {} -- fix: {}", r.path, first.where, first.message, first.fix);
+        if (problems > 1) s += fmt::format(" (+{} more)", problems - 1);
+        return s;
+    }
     const finding& first = r.report.violations.front();
     std::string s = fmt::format("{}: INVALID: [{}] {} -- fix: {}", r.path, first.rule->id, first.text(), first.rule->fix);
     if (r.report.violations.size() > 1) s += fmt::format(" (+{} more)", r.report.violations.size() - 1);
@@ -139,6 +146,16 @@ std::string github_annotation(const input_result& r) {
         return fmt::format("::error file={},line={},title={}::{}", escaped(r.path, true), std::max(r.error_line, 1),
                            escaped("capscope-check: usage error", true), escaped(r.error, false));
     std::string out;
+    for (const auto& refused : r.line.refused_inputs) {
+        int line = r.model_args_line; // the first key the message names
+        for (const auto& [flag, at] : r.key_lines)
+            if (refused.message.find(flag) != std::string::npos) {
+                line = at;
+                break;
+            }
+        out += fmt::format("::error file={},line={},title={}::{}\n", escaped(r.path, true), line,
+                           escaped("Megatron " + refused.where, true), escaped(refused.message + " -- fix: " + refused.fix, false));
+    }
     for (const finding& v : r.report.violations)
         out += fmt::format("::error file={},line={},title={}::{}\n", escaped(r.path, true), offending_line(r, v),
                            escaped("capscope rule " + std::string(v.rule->id), true),

@@ -158,5 +158,5 @@ int main(int argc, char** argv) {
     } else {
         std::cout << capscope::check::to_text(line, report, verbose) << capscope::check::inference_graphs_text(graphs);
     }
-    return report.valid() ? 0 : 1;
+    return report.valid() && line.refused_inputs.empty() ? 0 : 1;
 }

@@ -25,12 +25,22 @@ nlohmann::json findings_json(const std::vector<finding>& fs) {
 nlohmann::json to_json(const flags::megatron_command_line& line, const validation_report& report) {
     nlohmann::json normalized = nlohmann::json::object();
     for (const described_field& f : describe(report.normalized)) normalized[f.key] = field_json(f);
+    auto refused = nlohmann::json::array();
+    for (const auto& r : line.refused_inputs) refused.push_back({{"where", r.where}, {"message", r.message}, {"fix", r.fix}});
     return {
-        {"valid", report.valid()},
+        {"valid", report.valid() && line.refused_inputs.empty()},
+        {"refused_inputs", refused},
         {"normalized", report.later_stages_skipped ? nlohmann::json(nullptr) : normalized},
         {"violations", findings_json(report.violations)},
         {"notes", findings_json(report.notes)},
         {"later_stages_skipped", report.later_stages_skipped},
+        {"derived",
+         {{"params_dtype", line.derived.params_dtype},
+          {"pipeline_model_parallel_size", line.derived.pipeline_model_parallel_size},
+          {"virtual_pipeline_model_parallel_size", line.derived.virtual_pipeline_model_parallel_size
+                                                       ? nlohmann::json(*line.derived.virtual_pipeline_model_parallel_size)
+                                                       : nlohmann::json(nullptr)},
+          {"mtp_num_layers", line.derived.mtp_num_layers}}},
         {"read", line.read},
         {"ignored", line.ignored},
         {"unknown", line.unknown},
@@ -40,7 +50,15 @@ nlohmann::json to_json(const flags::megatron_command_line& line, const validatio
 std::string to_text(const flags::megatron_command_line& line, const validation_report& report, bool verbose) {
     // The verdict and what to fix first; the normalized configuration (45 lines) only when asked.
     std::string out;
-    if (report.valid()) out += "capscope-check: the configuration is VALID\n";
+    if (!line.refused_inputs.empty()) {
+        out += fmt::format("capscope-check: the configuration is INVALID: Megatron refuses {} input{} before the CUDA-graph rules\n",
+                           line.refused_inputs.size(), line.refused_inputs.size() == 1 ? "" : "s");
+        for (const auto& r : line.refused_inputs) out += fmt::format("  [{}] {}\n      fix: {}\n", r.where, r.message, r.fix);
+        out += "\n";
+    }
+    if (report.valid() && line.refused_inputs.empty()) out += "capscope-check: the configuration is VALID\n";
+    else if (!line.refused_inputs.empty())
+        out += fmt::format("the CUDA-graph rules: {} violation{}\n", report.violations.size(), report.violations.size() == 1 ? "" : "s");
     else out += fmt::format("capscope-check: the configuration is INVALID ({} violation{})\n", report.violations.size(),
                             report.violations.size() == 1 ? "" : "s");
     if (!report.violations.empty()) {

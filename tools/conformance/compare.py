@@ -2,9 +2,10 @@
 """Compares Megatron-LM's verdicts with capscope-check's, case by case, and writes the
 conformance report (Markdown) that docs/conformance.md holds.
 
-A case agrees when both accept with the same impl, modules and inference scope, or both
-reject: with the same rule (Megatron's message is mapped to capscope's rule id below), or
-both with a usage error. Megatron stops at its first failing check; capscope reports every
+A case agrees when both accept with the same impl, modules and inference scope (and, in the
+second set, the same rule inputs after validate_args's rewrites), or both reject: with the same
+rule (Megatron's message is mapped to capscope's rule id below), by refusing the same input
+before the rules (capscope quotes Megatron's message), or both with a usage error. Megatron stops at its first failing check; capscope reports every
 rule a configuration breaks, so agreement asks that Megatron's rule is among capscope's, and
 the report counts how often it is also capscope's first.
 
@@ -21,7 +22,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import capscope_verdicts  # noqa: E402
 
-BASE_ARGV = 26  # the generator's base model flags, left out of the examples
+import generate_cases  # noqa: E402
+
+
+
+def shown_argv(argv):
+    """The case without the leading base-model flags (both sets start with them)."""
+    base = generate_cases.BASE
+    n = 0
+    while n < len(argv) and n < len(base) and argv[n] == base[n]:
+        n += 1
+    return argv[n:]
 
 # Megatron's message (or, for bare asserts, where it was raised) -> capscope's rule id.
 MEGATRON_RULES = [
@@ -77,13 +88,21 @@ MEGATRON_RULES = [
 # Disagreements that are understood, with the reason. Each entry: (outcome, test, reason).
 EXPLAINED = [
     ("capscope rejects, Megatron accepts",
-     lambda m, c: set(c["rules"]) <= {"F1", "F2", "X10", "X11"},
+     lambda m, c: c["rules"] and set(c["rules"]) <= {"F1", "F2", "X10", "X11"} and not c.get("refused"),
      "Megatron-FSDP rules that Megatron does not check in these three calls. F1 and F2 come from "
      "Megatron PR #4232 (open, not in main at this commit): per-layer graphs with Megatron-FSDP "
      "need the double buffer and the persistent-buffer fallback, or replays read parameter "
      "buffers that have moved. X10 and X11 are Megatron's own checks, in "
      "mcore_fsdp_adapter.py when the model is wrapped, after core_transformer_config_from_args. "
      "capscope reports all four before launch."),
+    ("capscope rejects, Megatron accepts",
+     lambda m, c: not c["rules"] and any("gpt_layer_specs.py" in r or "moe_layer_pattern" in r
+                                         or "--moe-layer-freq" in r for r in c.get("refused", [])),
+     "The MoE layer pattern. Megatron reads --moe-layer-freq in parse_args and checks it only when "
+     "it builds the layers (get_gpt_decoder_block_spec in gpt_layer_specs.py, after these three "
+     "calls): a list whose length is not the layer count, an empty list and entries other than 0 "
+     "and 1 fail there, a frequency of 0 divides by zero, and -1 makes every layer MoE by "
+     "accident of Python's modulo. capscope refuses all of them before launch."),
     (None,
      lambda m, c: "supports MoE FP8 training, but your version is 0.0.0" in m.get("message", ""),
      "Environment: the conformance machine has no Transformer Engine, and Megatron's MoE fp8 "
@@ -96,6 +115,17 @@ EXPLAINED = [
      "valid neighbours; Megatron stops at FlashInfer before reaching A2. A2's breaking cases "
      "agree."),
 ]
+
+
+def refused_input(megatron):
+    """The words one of capscope's refused inputs must contain when Megatron refuses one of the
+    rules' inputs before the graph rules (validate_args_inputs.hpp), or None."""
+    if megatron.get("raised_at") == "megatron/training/arguments.py:1196":  # bare assert
+        return "--fp16 and --bf16 were both given"
+    if megatron.get("exception") == "ZeroDivisionError":
+        return "the model has no layers"
+    text = megatron.get("message", "")
+    return text.split(". ")[0].rstrip(".")[:90] or None
 
 
 def explanation(outcome, megatron, capscope):
@@ -120,26 +150,44 @@ def megatron_rule(verdict):
     return None
 
 
+def capscope_reason(capscope):
+    """capscope's rules, its first refused input, or 'usage' (a parse error)."""
+    if capscope.get("refused"):
+        return "refused: " + capscope["refused"][0][:70]
+    return "+".join(capscope["rules"]) or "usage"
+
+
 def classify(megatron, capscope):
     """(outcome, detail) where outcome is 'agree' or a disagreement kind."""
     if megatron["accepted"] and capscope["accepted"]:
         mine = (capscope["impl"], sorted(capscope["modules"]), capscope["inference_scope"])
         theirs = (megatron["impl"], sorted(megatron["modules"]), megatron["inference_scope"])
-        return ("agree", "accepted") if mine == theirs else ("normalized differently",
-                                                             f"{theirs} vs {mine}")
+        if mine != theirs:
+            return "normalized differently", f"{theirs} vs {mine}"
+        if "inputs" in megatron:  # the second set: the rewritten rule inputs agree too
+            differ = sorted(k for k, v in megatron["inputs"].items()
+                            if capscope.get("inputs", {}).get(k) != v)
+            if differ:
+                return "rule inputs differ", ", ".join(
+                    f"{k}: Megatron {megatron['inputs'][k]!r}, capscope "
+                    f"{capscope.get('inputs', {}).get(k)!r}" for k in differ)
+        return "agree", "accepted"
     if megatron["accepted"]:
-        return "capscope rejects, Megatron accepts", "+".join(capscope["rules"]) or "usage"
+        return "capscope rejects, Megatron accepts", capscope_reason(capscope)
     rule = megatron_rule(megatron)
+    refused = refused_input(megatron) if rule is None else None
+    if refused and any(refused in r for r in capscope.get("refused", [])):
+        return "agree", "input refused: " + refused[:60]
     if capscope["accepted"]:
         return "Megatron rejects, capscope accepts", rule or megatron["message"][:100]
     if rule == "usage":
-        return ("agree", "usage") if capscope["exit_code"] == 2 else (
-            "Megatron usage error, capscope rule", "+".join(capscope["rules"]))
+        return ("agree", "usage") if capscope.get("parse_error") else (
+            "Megatron usage error, capscope rule", capscope_reason(capscope))
     if rule is None:
         return "Megatron rejects for an unmapped reason", megatron["message"][:100]
     if rule in capscope["rules"]:
         return "agree", rule
-    return "different rule", f"Megatron {rule}, capscope {'+'.join(capscope['rules']) or 'usage'}"
+    return "different rule", f"Megatron {rule}, capscope {capscope_reason(capscope)}"
 
 
 def main():
@@ -180,7 +228,8 @@ def main():
         outcomes[outcome] += 1
         details[outcome][detail] += 1
         examples.setdefault((outcome, detail), number)
-        if outcome == "agree" and detail not in ("accepted", "usage"):
+        if outcome == "agree" and detail not in ("accepted", "usage") and \
+                not detail.startswith("input refused"):
             first[capscope[number]["rules"][0] == detail] += 1
 
     print(f"{len(cases)} cases: " + ", ".join(f"{n} {k}" for k, n in outcomes.most_common()))
@@ -193,7 +242,7 @@ def main():
         for detail, n in details[outcome].most_common():
             case = cases[examples[(outcome, detail)]]
             print(f"- **{n}** × {detail}. Example, case {case['id']}: "
-                  f"`{' '.join(case['argv'][BASE_ARGV:])}`")
+                  f"`{' '.join(shown_argv(case['argv']))}`")
             if (outcome, detail) in reasons:
                 print(f"  Why: {reasons[(outcome, detail)]}")
     agreed = details["agree"]

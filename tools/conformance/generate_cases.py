@@ -9,11 +9,19 @@ offloading, training checks, expert-parallel overlap, Megatron-FSDP), and spelli
 cases: a minimal breaking configuration and its nearest valid neighbour. The same seed gives
 the same cases.
 
-usage: generate_cases.py [--seed N] [--count N] > cases.jsonl
+`--set beyond` writes the second set instead (beyond_cases.py): flags outside the CUDA-graph
+options that validate_args reads or rewrites before the graph rules.
+
+usage: generate_cases.py [--set graph|beyond] [--seed N] [--count N] > cases.jsonl
 """
 import argparse
 import json
+import os
 import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import beyond_cases  # noqa: E402
 
 BASE = [
     "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "256",
@@ -248,6 +256,23 @@ TARGETED = {
 }
 TARGETED_DRAWS = 12
 
+# The second set's targeted pairs: a rewrite in validate_args decides a graph rule.
+TARGETED_BEYOND = {
+    "A1": ("--cuda-graph-impl full_iteration --fp16 --loss-scale 1024",
+           "--cuda-graph-impl full_iteration --fp16"),  # dynamic scaling turns the check off
+    "A6": ("--inference-batch-times-seqlen-threshold 512 --pipeline-model-parallel-size 2 "
+           "--cuda-graph-impl local --bf16",
+           "--inference-batch-times-seqlen-threshold 512 --pipeline-model-parallel-size 2 "
+           "--cuda-graph-impl none --bf16"),
+    "R1": ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+           "--cuda-graph-impl local --bf16",
+           "--recompute-activations --recompute-granularity full --cuda-graph-impl local --bf16"),
+    "S5": ("--num-experts 4 --moe-layer-freq [1]*4 --cuda-graph-impl local --cuda-graph-modules mlp "
+           "--bf16",
+           "--num-experts 4 --moe-layer-freq ([1]*3+[0]*1) --cuda-graph-impl local "
+           "--cuda-graph-modules mlp --bf16"),
+}
+
 
 def flag_groups(text):
     """'--a 1 --b --c x y' -> [['--a', '1'], ['--b'], ['--c', 'x', 'y']]"""
@@ -299,10 +324,10 @@ def satisfy_preconditions(groups):
     return groups
 
 
-def make_targeted_case(rng, number, text):
+def make_targeted_case(rng, number, text, base=BASE):
     groups = flag_groups(text)
     rng.shuffle(groups)
-    argv = list(BASE)
+    argv = list(base)
     for group in groups:
         argv += spell(rng, group)
     return {"id": number, "argv": argv}
@@ -323,17 +348,24 @@ def make_case(rng, number):
 
 def main():
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--set", choices=["graph", "beyond"], default="graph")
     cli.add_argument("--seed", type=int, default=20261122)
-    cli.add_argument("--count", type=int, default=4000)
+    cli.add_argument("--count", type=int, default=None, help="random cases (4000; beyond: 3000)")
     options = cli.parse_args()
     rng = random.Random(options.seed)
-    for number in range(options.count):
-        print(json.dumps(make_case(rng, number)))
-    number = options.count
-    for rule, pair in TARGETED.items():
+    beyond = options.set == "beyond"
+    count = options.count if options.count is not None else (3000 if beyond else 4000)
+    for number in range(count):
+        case = beyond_cases.make_case(rng, number, spell) if beyond else make_case(rng, number)
+        print(json.dumps(case))
+    number = count
+    targeted, base = ((TARGETED_BEYOND, beyond_cases.BASE_WITHOUT_PRECISION) if beyond
+                      else (TARGETED, BASE))
+    for rule, pair in targeted.items():
         for text in pair:
             for _ in range(TARGETED_DRAWS):
-                print(json.dumps({**make_targeted_case(rng, number, text), "around": rule}))
+                case = {**make_targeted_case(rng, number, text, base), "around": rule}
+                print(json.dumps({**case, "set": "beyond"} if beyond else case))
                 number += 1
 
 

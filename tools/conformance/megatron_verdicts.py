@@ -50,6 +50,23 @@ def measure_capability():
     return tuple(int(x) for x in text.split())
 
 
+def rule_inputs(args, config):
+    """The values the graph rules read after validate_args and TransformerConfig rewrote them
+    (the second conformance set compares these too)."""
+    freq = config.moe_layer_freq
+    return {
+        "check_for_nan_in_loss_and_grad": bool(args.check_for_nan_in_loss_and_grad),
+        "num_layers": config.num_layers,
+        "recompute_granularity": config.recompute_granularity,
+        "recompute_modules": (sorted(config.recompute_modules)
+                              if config.recompute_granularity == "selective" else []),
+        "moe_layer_freq": list(freq) if isinstance(freq, (list, tuple)) else freq,
+        "pipeline_model_parallel_size": config.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": config.virtual_pipeline_model_parallel_size,
+        "params_dtype": str(config.params_dtype).replace("torch.", ""),
+    }
+
+
 def run_case(case):
     """Runs one case in this (child) process; returns the verdict as a dict."""
     from megatron.training.arguments import (
@@ -83,6 +100,7 @@ def run_case(case):
             impl=config.cuda_graph_impl,
             modules=enum_names(config.cuda_graph_modules),
             inference_scope=getattr(config.inference_cuda_graph_scope, "name", None),
+            inputs=rule_inputs(args, config),
         )
     except SystemExit as e:
         sys.stderr = real_stderr

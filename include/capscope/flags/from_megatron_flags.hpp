@@ -8,11 +8,15 @@
 //! as values, and, when two spellings write one dest, the last one wins. The command line
 //! is read as Megatron reads it; *validation* is then `validate()`'s job, so a command line that
 //! Megatron's parser accepts but its config rejects gives violations (exit 1), and one that its
-//! parser rejects gives a `flag_error` (exit 2).
+//! parser rejects gives a `flag_error` (exit 2). Inputs of the rules that validate_args refuses
+//! first (precision, layer pattern, pipeline, recompute) are `refused_inputs` (validate_args_inputs.hpp).
 
+#include <capscope/flags/command_line.hpp>
 #include <capscope/flags/megatron_flag_table.hpp>
 #include <capscope/flags/moe_layer_freq.hpp>
+#include <capscope/flags/python_values.hpp>
 #include <capscope/flags/removed_flags.hpp>
+#include <capscope/flags/validate_args_inputs.hpp>
 #include <capscope/vocabulary/runtime_config.hpp>
 
 #include <algorithm>
@@ -28,36 +32,6 @@
 #include <vector>
 
 namespace capscope::flags {
-
-//! The command line is not one Megatron's parser accepts (argparse would exit 2).
-class flag_error : public std::invalid_argument {
-    using std::invalid_argument::invalid_argument;
-};
-
-struct parse_options {
-    bool ignore_unknown = false; //!< Megatron's `ignore_unknown_args`: report unknown flags instead of failing
-};
-
-struct megatron_command_line {
-    runtime_config config;
-    std::vector<std::string> read;     //!< flags the rules read
-    std::vector<std::string> ignored;  //!< known Megatron flags no rule reads
-    std::vector<std::string> unknown;  //!< with ignore_unknown: flags Megatron does not have
-
-    //! The last occurrence of a known flag: its spelling and values (checked against its type).
-    struct given_flag {
-        std::string flag;
-        std::vector<std::string> values;
-    };
-    //! Every known flag given, by dest (argparse's name), last occurrence winning.
-    std::vector<std::pair<std::string, given_flag>> given;
-    //! The flag given for `dest`, or nullptr.
-    const given_flag* find(std::string_view dest) const {
-        for (const auto& [d, g] : given)
-            if (d == dest) return &g;
-        return nullptr;
-    }
-};
 
 namespace detail {
 
@@ -81,56 +55,6 @@ inline bool is_negative_number(std::string_view t) {
     return digits;
 }
 inline bool looks_like_option(std::string_view t) { return t.size() > 1 && t[0] == '-' && !is_negative_number(t); }
-
-//! Python's int(text): surrounding whitespace, a sign, digits with single underscores between them.
-inline std::optional<long long> python_int(std::string_view v) {
-    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
-    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
-    bool negative = false;
-    if (!v.empty() && (v[0] == '+' || v[0] == '-')) {
-        negative = v[0] == '-';
-        v.remove_prefix(1);
-    }
-    std::string digits;
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        if (v[i] == '_' && i > 0 && i + 1 < v.size() && std::isdigit(static_cast<unsigned char>(v[i - 1])) &&
-            std::isdigit(static_cast<unsigned char>(v[i + 1])))
-            continue;
-        if (!std::isdigit(static_cast<unsigned char>(v[i]))) return std::nullopt;
-        digits += v[i];
-    }
-    if (digits.empty()) return std::nullopt;
-    long long out = 0;
-    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
-    if (ec != std::errc{} || p != digits.data() + digits.size()) return std::nullopt;
-    return negative ? -out : out;
-}
-
-//! Python's float(text): whitespace, a sign, decimal or exponent forms, inf/infinity/nan.
-inline std::optional<double> python_float(std::string_view v) {
-    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
-    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
-    std::string t;
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        if (v[i] == '_' && i > 0 && i + 1 < v.size() && std::isdigit(static_cast<unsigned char>(v[i - 1])) &&
-            std::isdigit(static_cast<unsigned char>(v[i + 1])))
-            continue;
-        t += static_cast<char>(std::tolower(static_cast<unsigned char>(v[i])));
-    }
-    std::string_view body = t;
-    bool negative = false;
-    if (!body.empty() && (body[0] == '+' || body[0] == '-')) {
-        negative = body[0] == '-';
-        body.remove_prefix(1);
-    }
-    if (body == "inf" || body == "infinity") return negative ? -HUGE_VAL : HUGE_VAL;
-    if (body == "nan") return std::nan("");
-    if (body.empty() || !(std::isdigit(static_cast<unsigned char>(body[0])) || body[0] == '.')) return std::nullopt;
-    double out = 0;
-    auto [p, ec] = std::from_chars(body.data(), body.data() + body.size(), out);
-    if (ec != std::errc{} || p != body.data() + body.size()) return std::nullopt;
-    return negative ? -out : out;
-}
 
 struct value_reader {
     std::string_view flag;
@@ -207,6 +131,7 @@ inline module_request read_modules(const std::vector<std::string>& values) {
 }
 
 struct pending {
+    std::string moe_layer_freq_refused; //!< what building the layers would refuse
     bool recompute_activations = false;
     bool moe_layer_recompute = false;
     bool megatron_fsdp = false;
@@ -228,9 +153,12 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
         {"--cuda-graph-warmup-steps", [](runtime_config& c, pending&, R r, V v) { c.warmup_steps = r.small_integer(v[0]); }},
         {"--num-layers", [](runtime_config& c, pending&, R r, V v) { c.num_layers = r.small_integer(v[0]); }},
         {"--num-experts", [](runtime_config& c, pending&, R r, V v) { c.num_experts = r.small_integer(v[0]); }},
-        {"--moe-layer-freq", [](runtime_config& c, pending&, R r, V v) {
-             try { c.moe_layers = parse_moe_layer_freq(v[0]); }
-             catch (const std::invalid_argument& e) { throw flag_error("argument " + std::string(r.flag) + ": " + e.what()); }
+        {"--moe-layer-freq", [](runtime_config& c, pending& p, R r, V v) {
+             try {
+                 read_moe_layer_freq_result freq = read_moe_layer_freq(v[0]);
+                 c.moe_layers = freq.layout;
+                 p.moe_layer_freq_refused = std::move(freq.refused);
+             } catch (const std::invalid_argument& e) { throw flag_error("argument " + std::string(r.flag) + ": " + e.what()); }
          }},
         {"--moe-expert-capacity-factor", [](runtime_config& c, pending&, R r, V v) { c.expert_capacity_factor = r.real(v[0]); }},
         {"--moe-pad-expert-input-to-capacity", [](runtime_config& c, pending&, R, V) { c.pad_expert_input_to_capacity = true; }},
@@ -385,7 +313,7 @@ inline megatron_command_line from_megatron_flags(std::span<const std::string> ar
         auto at = std::find_if(last.begin(), last.end(), [&](const auto& e) { return e.first == spec->dest; });
         if (at == last.end()) last.push_back({spec->dest, {spec, std::move(values)}});
         else at->second = {spec, std::move(values)};
-        remember(handlers.count(name) ? out.read : out.ignored, name);
+        remember(handlers.count(name) || detail::is_validate_args_input(name) ? out.read : out.ignored, name);
     }
     for (const auto& [dest, o] : last) {
         out.given.push_back({std::string(dest), {std::string(o.spec->flag), o.values}});
@@ -407,6 +335,7 @@ inline megatron_command_line from_megatron_flags(std::span<const std::string> ar
         out.config.recompute_modules = modules;
     }
     if (pending.megatron_fsdp) out.config.fsdp.mode = pending.megatron_fsdp_version == 2 ? fsdp_mode::v2 : fsdp_mode::v1;
+    apply_validate_args_inputs(out, pending.moe_layer_freq_refused);
     return out;
 }
 

@@ -4,6 +4,7 @@
 //! "([0]+[1]*23)" or "[1,1,1,0]*3" (only digits, commas, brackets, parentheses, + and * allowed).
 //! Megatron `eval`s the expression; this is a small evaluator for exactly that grammar.
 
+#include <capscope/flags/python_values.hpp>
 #include <capscope/vocabulary/moe.hpp>
 
 #include <cctype>
@@ -95,27 +96,57 @@ private:
 };
 } // namespace detail
 
-//! Parses a `--moe-layer-freq` value; throws std::invalid_argument with a clear message.
-inline moe_layer_layout parse_moe_layer_freq(std::string_view text) {
+//! A `--moe-layer-freq` value as Megatron's parser reads it, and what Megatron refuses only
+//! when it builds the layers (gpt_layer_specs.py): a frequency below 1, an empty pattern, entries
+//! other than 0 and 1. `layout` is then what Megatron's graph rules see (S5 asks `freq == 1 or 0
+//! not in list`): an integer below 1 as a mixed model, nonzero entries as MoE layers.
+struct read_moe_layer_freq_result {
+    moe_layer_layout layout;
+    std::string refused; //!< empty when the value is one the layers can be built from
+};
+
+//! Reads a `--moe-layer-freq` value; throws std::invalid_argument where Megatron's parser fails.
+inline read_moe_layer_freq_result read_moe_layer_freq(std::string_view text) {
+    if (text.find('[') == std::string_view::npos) {
+        // Megatron's moe_freq_type: without '[' the value goes to int(), which evaluates nothing.
+        const auto n = detail::python_int(text);
+        if (!n)
+            throw std::invalid_argument("invalid moe_freq_type value: '" + std::string(text) +
+                                        "' (without '[' Megatron reads the value with int(); write a number such as 2, "
+                                        "or a list pattern such as [1,0]*2)");
+        if (*n > (1 << 30)) throw std::invalid_argument("--moe-layer-freq " + std::string(text) + " is too large");
+        if (*n < 1)
+            return {moe_layer_layout::every(2),  // Megatron's graph rules read any integer but 1 as a mixed model
+                    "--moe-layer-freq " + std::to_string(*n) + " is not a positive frequency (Megatron builds layer i as MoE when i % " +
+                        std::to_string(*n) + " == 0: " +
+                        (*n == 0 ? "a division by zero" : "every layer, by accident of Python's modulo") + ")"};
+        return {moe_layer_layout::every(static_cast<int>(*n)), ""};
+    }
     for (char c : text)
         if (!(std::isdigit(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']' || c == '(' ||
               c == ')' || c == '+' || c == '*'))
             throw std::invalid_argument("invalid --moe-layer-freq '" + std::string(text) +
                                         "': only digits, commas, [ ] ( ) + * are allowed");
     auto v = detail::list_expression(text).parse();
-    if (text.find('[') == std::string_view::npos) {
-        if (v.is_list || v.number < 1) throw std::invalid_argument("--moe-layer-freq must be a positive integer or a list pattern");
-        return moe_layer_layout::every(static_cast<int>(v.number));
-    }
     if (!v.is_list) throw std::invalid_argument("--moe-layer-freq pattern must evaluate to a list");
     if (v.items.size() > static_cast<std::size_t>(moe_layer_layout::max_pattern_layers))
         throw std::invalid_argument("--moe-layer-freq pattern has more than 256 layers");
-    moe_layer_layout l;
+    if (v.items.empty()) return {moe_layer_layout::every(1), "Invalid length of moe_layer_pattern: 0 (--moe-layer-freq " + std::string(text) + ")"};
+    read_moe_layer_freq_result out;
     for (long long b : v.items) {
-        if (b != 0 && b != 1) throw std::invalid_argument("--moe-layer-freq pattern entries must be 0 (dense) or 1 (MoE)");
-        l.append(b == 1);
+        if (b != 0 && b != 1 && out.refused.empty())
+            out.refused = "Invalid layer pattern: --moe-layer-freq " + std::string(text) + " has entries other than 0 (dense) and 1 (MoE)";
+        out.layout.append(b != 0);
     }
-    return l;
+    return out;
+}
+
+//! Parses a `--moe-layer-freq` value that layers can be built from; throws std::invalid_argument
+//! with a clear message otherwise.
+inline moe_layer_layout parse_moe_layer_freq(std::string_view text) {
+    read_moe_layer_freq_result r = read_moe_layer_freq(text);
+    if (!r.refused.empty()) throw std::invalid_argument(r.refused);
+    return r.layout;
 }
 
 } // namespace capscope::flags

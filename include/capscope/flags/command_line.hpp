@@ -1,0 +1,64 @@
+#pragma once
+//! @file
+//! A Megatron-LM command line as read: the configuration the rules check, the flags given
+//! (by dest, last occurrence winning), and the values validate_args derives before the rules.
+
+#include <capscope/vocabulary/runtime_config.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace capscope::flags {
+
+//! The command line is not one Megatron's parser accepts (argparse would exit 2).
+class flag_error : public std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};
+
+struct parse_options {
+    bool ignore_unknown = false; //!< Megatron's `ignore_unknown_args`: report unknown flags instead of failing
+};
+
+struct megatron_command_line {
+    runtime_config config;
+    //! What validate_args derives from flags outside the CUDA-graph options before the rules
+    //! run (validate_args_inputs.hpp): they are shown, and some of them feed `config`.
+    struct derived_inputs {
+        std::string params_dtype = "float32";  //!< --fp16, --bf16
+        int pipeline_model_parallel_size = 1;
+        std::optional<int> virtual_pipeline_model_parallel_size;  //!< none when 1
+        int mtp_num_layers = 0;                 //!< from the hybrid pattern's / depths
+    } derived;
+    //! An input Megatron refuses before the CUDA-graph rules (validate_args_inputs.hpp): the
+    //! configuration is invalid (exit 1), and the rules are still checked and reported.
+    struct refused_input {
+        std::string where;   //!< "validate_args", "TransformerConfig", ...
+        std::string message; //!< Megatron's words
+        std::string fix;
+        std::string text() const { return "Megatron's " + where + " refuses: " + message + " -- fix: " + fix; }
+    };
+    std::vector<refused_input> refused_inputs; //!< in Megatron's order
+    std::vector<std::string> read;     //!< flags the rules read
+    std::vector<std::string> ignored;  //!< known Megatron flags no rule reads
+    std::vector<std::string> unknown;  //!< with ignore_unknown: flags Megatron does not have
+
+    //! The last occurrence of a known flag: its spelling and values (checked against its type).
+    struct given_flag {
+        std::string flag;
+        std::vector<std::string> values;
+    };
+    //! Every known flag given, by dest (argparse's name), last occurrence winning.
+    std::vector<std::pair<std::string, given_flag>> given;
+    //! The flag given for `dest`, or nullptr.
+    const given_flag* find(std::string_view dest) const {
+        for (const auto& [d, g] : given)
+            if (d == dest) return &g;
+        return nullptr;
+    }
+};
+
+} // namespace capscope::flags
