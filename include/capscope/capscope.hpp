@@ -37,3 +37,4 @@
 #include <capscope/validate.hpp>
 
 #include <capscope/plan.hpp>
+#include <capscope/hooks.hpp>

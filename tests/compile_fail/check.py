@@ -32,6 +32,8 @@ def main():
     is_plan_rule = rule[0] == "P" and rule[1:].isdigit()
     if rule == "SCHEMA":  # a layer schema's own declaration (regions<...>, stage_decl<...>)
         needle = "capscope schema rule:"
+    elif rule[0] == "H" and rule[1:].isdigit():  # the hook rules (capscope/hooks/)
+        needle = f"capscope hook rule {rule}:"
     else:
         needle = f"capscope plan rule {rule}:" if is_plan_rule else f"capscope rule {rule}:"
     if needle not in first_error:

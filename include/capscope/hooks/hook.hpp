@@ -1,0 +1,155 @@
+#pragma once
+//! @file
+//! A hook: a callable, the phase it runs in, and where it runs, all in its type.
+//!
+//!     auto reduce = hook<hook_phase::backward, capturable>([&](backward_context& c) { all_reduce(c.gradients(), c.stream()); });
+//!
+//! Placements:
+//! - `capturable`: only enqueues stream work (a kernel, a copy, an NCCL call); captured into the
+//!   segment's graph at its position, and run at the same position when eager;
+//! - `boundary`: host work around each replay of the segment that holds its layer, outside the graph;
+//! - `capture_time`: runs once, while the segment is captured (Transformer Engine's capture_time_hooks).
+//! The callable takes its phase's context (`backward_context&`, ...): the context decides what it
+//! can touch, and a context of another phase is rule H1. A capturable hook may not declare a host
+//! synchronization (H4).
+
+#include <capscope/hooks/hook_context.hpp>
+#include <capscope/stage/schema.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace capscope {
+
+struct capturable {};
+struct boundary {};
+struct capture_time {};
+
+template <class P>
+concept hook_placement = std::same_as<P, capturable> || std::same_as<P, boundary> || std::same_as<P, capture_time>;
+
+//! Hook option: the hook belongs to one capture region of its layer (`of_region<capture::attention>`,
+//! or a trainer's `region<"mixer">`), not the whole layer.
+template <class Region>
+struct of_region {
+    static constexpr region_set regions = [] {
+        region_set s;
+        detail::add_region<Region>(s);
+        return s;
+    }();
+};
+
+namespace detail {
+template <class F>
+constexpr int phase_taken() {
+    if constexpr (std::is_invocable_v<const F&, forward_pre_context&>) return int(hook_phase::forward_pre);
+    else if constexpr (std::is_invocable_v<const F&, forward_context&>) return int(hook_phase::forward);
+    else if constexpr (std::is_invocable_v<const F&, backward_pre_context&>) return int(hook_phase::backward_pre);
+    else if constexpr (std::is_invocable_v<const F&, backward_context&>) return int(hook_phase::backward);
+    else return -1;
+}
+template <class O>
+inline constexpr bool is_of_region = false;
+template <class R>
+inline constexpr bool is_of_region<of_region<R>> = true;
+
+template <hook_phase Declared, class F>
+struct checked_phase {
+    static constexpr int taken = phase_taken<F>();
+    static_assert(taken != -1,
+                  "capscope hook rule H1: a hook's callable takes its phase's context by reference (forward_pre_context&, "
+                  "forward_context&, backward_pre_context&, backward_context&) and this one takes none of them -- fix: "
+                  "write the parameter as the declared phase's context type");
+    static_assert(taken == -1 || taken == int(Declared) || taken != int(hook_phase::backward),
+                  "capscope hook rule H1: this hook takes backward_context (the layer's gradients, complete only after its "
+                  "backward) but is declared for another phase -- fix: declare it hook<hook_phase::backward, ...>");
+    static_assert(taken == -1 || taken == int(Declared) || taken != int(hook_phase::backward_pre),
+                  "capscope hook rule H1: this hook takes backward_pre_context but is declared for another phase -- fix: "
+                  "declare it hook<hook_phase::backward_pre, ...>");
+    static_assert(taken == -1 || taken == int(Declared) || taken != int(hook_phase::forward),
+                  "capscope hook rule H1: this hook takes forward_context but is declared for another phase -- fix: "
+                  "declare it hook<hook_phase::forward, ...>");
+    static_assert(taken == -1 || taken == int(Declared) || taken != int(hook_phase::forward_pre),
+                  "capscope hook rule H1: this hook takes forward_pre_context but is declared for another phase -- fix: "
+                  "declare it hook<hook_phase::forward_pre, ...>");
+    static constexpr bool checked = true;
+};
+
+template <class Placement, class... Options>
+struct checked_placement {
+    static_assert(hook_placement<Placement>,
+                  "capscope hook rule H0: a hook's placement is capturable, boundary or capture_time -- fix: write "
+                  "hook<phase, capturable>, hook<phase, boundary> or hook<phase, capture_time>");
+    static_assert(!(std::same_as<Placement, capturable> && (std::same_as<Options, synchronizes_with_host> || ...)),
+                  "capscope hook rule H4: a capturable hook is captured into the segment's graph, where a host "
+                  "synchronization invalidates the capture (or would stall every replay) -- fix: declare it "
+                  "hook<phase, boundary> (host work around each replay) or hook<phase, capture_time>");
+    static_assert(((std::same_as<Options, synchronizes_with_host> || is_of_region<Options>) && ...),
+                  "capscope hook rule H0: a hook's options are synchronizes_with_host and of_region<R> -- fix: drop the other options");
+    static constexpr bool checked = true;
+};
+} // namespace detail
+
+template <hook_phase Phase, class Placement, class F, class... Options>
+class layer_hook {
+    static_assert(detail::checked_placement<Placement, Options...>::checked);
+    static_assert(detail::checked_phase<Phase, F>::checked);
+
+public:
+    static constexpr hook_phase phase = Phase;
+    using placement = Placement;
+    static constexpr bool synchronizes_host = (std::same_as<Options, synchronizes_with_host> || ...);
+    //! The regions it belongs to; empty = the whole layer.
+    static constexpr region_set regions = [] {
+        region_set s;
+        ([&] {
+            if constexpr (detail::is_of_region<Options>) s.insert_all(Options::regions);
+        }(), ...);
+        return s;
+    }();
+
+    constexpr layer_hook(std::string_view name, F fn) : name_(name), fn_(std::move(fn)) {}
+    void operator()(hook_context<Phase>& context) const { fn_(context); }
+    //! For the plan: "grad all-reduce".
+    constexpr std::string_view name() const noexcept { return name_; }
+
+private:
+    std::string_view name_;
+    F fn_;
+};
+
+//! Declares a hook: `hook<hook_phase::backward, capturable>("grad all-reduce", [](backward_context& c) { ... })`.
+//! The name is shown in the plan; it must outlive the hook (a literal).
+template <hook_phase Phase, class Placement, class... Options, class F>
+constexpr layer_hook<Phase, Placement, F, Options...> hook(std::string_view name, F fn) {
+    return layer_hook<Phase, Placement, F, Options...>(name, std::move(fn));
+}
+
+enum class warmup_point : std::uint8_t { before, after };
+
+//! Runs once before, or once after, the eager warmup steps (`warmup_context&`).
+template <warmup_point When, class F>
+class warmup_hook {
+    static_assert(std::is_invocable_v<const F&, warmup_context&>,
+                  "capscope hook rule H1: a warmup hook's callable takes warmup_context& -- fix: write the parameter as warmup_context&");
+
+public:
+    static constexpr warmup_point when = When;
+    constexpr warmup_hook(std::string_view name, F fn) : name_(name), fn_(std::move(fn)) {}
+    void operator()(warmup_context& context) const { fn_(context); }
+    constexpr std::string_view name() const noexcept { return name_; }
+
+private:
+    std::string_view name_;
+    F fn_;
+};
+
+template <warmup_point When, class F>
+constexpr warmup_hook<When, F> on_warmup(std::string_view name, F fn) {
+    return warmup_hook<When, F>(name, std::move(fn));
+}
+
+} // namespace capscope

@@ -1,0 +1,49 @@
+// Compile-fail cases of the hook rules (capscope/hooks/): H1 (a hook's callable takes another
+// phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
+// whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook). As
+// is, every valid twin must compile; with -DCASE_<ID>[__variant] the first error must read
+// "capscope hook rule <ID>:" and say the fix (check.py).
+#include <capscope/capscope.hpp>
+
+using namespace capscope;
+
+constexpr auto reduce_gradients = [](backward_context& c) { (void)c.gradients(); };
+constexpr auto gather_parameters = [](forward_pre_context& c) { (void)c.parameters(); };
+constexpr auto log_step = [](forward_context&) {};
+
+// H1: the gradients are complete only after the layer's backward.
+constexpr auto reduce = hook<hook_phase::backward, capturable>("grad all-reduce", reduce_gradients);
+#ifdef CASE_H1
+constexpr auto reduce_too_early = hook<hook_phase::forward_pre, capturable>("grad all-reduce", reduce_gradients);
+#endif
+constexpr auto gather = hook<hook_phase::forward_pre, capturable>("param all-gather", gather_parameters);
+#ifdef CASE_H1__backward_pre
+constexpr auto gather_late = hook<hook_phase::backward_pre, capturable>("param all-gather", gather_parameters);
+#endif
+#ifdef CASE_H1__no_context
+constexpr auto wrong_signature = hook<hook_phase::forward, boundary>("log", [](int) {});
+#endif
+
+// H4: a capturable hook is inside the graph; a host synchronization belongs at the boundary.
+constexpr auto log_boundary = hook<hook_phase::forward, boundary, synchronizes_with_host>("log", log_step);
+#ifdef CASE_H4
+constexpr auto log_captured = hook<hook_phase::forward, capturable, synchronizes_with_host>("log", log_step);
+#endif
+
+// H2: the whole step is one graph; there is no boundary for host work.
+using per_layer = config<impl::ahead_of_time_per_layer>;
+using whole_step = config<impl::whole_iteration, no_nan_check>;
+static_assert(hooks_fit<per_layer, hook_pipeline<decltype(reduce), decltype(log_boundary)>>);
+static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(gather)>>);
+#ifdef CASE_H2
+static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(log_boundary)>>);
+#endif
+
+// H0: a pipeline holds hooks, not bare callables.
+constexpr hook_pipeline<decltype(reduce), decltype(gather)> pipeline{reduce, gather};
+#ifdef CASE_H0
+using bare = hook_pipeline<decltype(reduce_gradients)>;
+constexpr bare not_hooks{};
+#endif
+
+int main() {}
