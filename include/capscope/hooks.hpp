@@ -8,3 +8,4 @@
 #include <capscope/hooks/hook_phase.hpp>
 #include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/hooks/hooks_fit.hpp>
+#include <capscope/hooks/with_hooks.hpp>

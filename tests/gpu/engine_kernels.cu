@@ -5,6 +5,10 @@
 namespace engine_kernels {
 namespace {
 __global__ void add_one_kernel(int* c) { *c += 1; }
+__global__ void append_kernel(int* log, int* length, int capacity, int id) {
+    if (*length < capacity) log[*length] = id;
+    *length += 1;
+}
 __global__ void fill_kernel(int* out, const int* counter, int offset, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = *counter + offset;
@@ -44,5 +48,9 @@ void slow_copy(int* out, const int* in, int n, unsigned spin_ns, cudaStream_t s)
 void add(int* out, const int* a, const int* b, int n, cudaStream_t s) {
     add_kernel<<<blocks(n), 256, 0, s>>>(out, a, b, n);
     CAPSCOPE_CHECK_LAUNCH("add_kernel");
+}
+void append(int* log, int* length, int capacity, int id, cudaStream_t s) {
+    append_kernel<<<1, 1, 0, s>>>(log, length, capacity, id);
+    CAPSCOPE_CHECK_LAUNCH("append_kernel");
 }
 } // namespace engine_kernels

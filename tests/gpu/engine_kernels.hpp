@@ -16,4 +16,6 @@ void scale(int* out, const int* in, int factor, int n, cudaStream_t s);
 void slow_copy(int* out, const int* in, int n, unsigned spin_ns, cudaStream_t s);
 //! out[i] = a[i] + b[i]
 void add(int* out, const int* a, const int* b, int n, cudaStream_t s);
+//! log[*length] = id (while it fits), then *length += 1: a device-side record of call order.
+void append(int* log, int* length, int capacity, int id, cudaStream_t s);
 } // namespace engine_kernels

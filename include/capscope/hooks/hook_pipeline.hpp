@@ -64,6 +64,13 @@ public:
         (count<hook_phase::forward_pre, boundary> + count<hook_phase::forward, boundary> +
          count<hook_phase::backward_pre, boundary> + count<hook_phase::backward, boundary>) > 0;
 
+    //! The I-th hook, in declaration order.
+    template <std::size_t I>
+    constexpr const auto& at() const noexcept {
+        return std::get<I>(hooks_);
+    }
+    using hook_types = std::tuple<Hooks...>;
+
     //! Runs the hooks of phase P and this placement that belong to `site`, in declaration order.
     template <hook_phase P, class Placement>
     void run(hook_context<P>& context, const hook_site& site = {}) const {

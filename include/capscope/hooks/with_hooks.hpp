@@ -1,0 +1,140 @@
+#pragma once
+//! @file
+//! Hooks become stages of the training program, so every impl runs them where their type says,
+//! eager or captured, with no code of their own in the runner:
+//! - a capturable hook is a stage in its layer's capture region, next to the stages it hooks:
+//!   captured into the same graph at its position, and run at that position when eager;
+//! - a boundary hook is a stage that synchronizes with the host, outside every layer, so it is
+//!   an eager island between graphs: host work around the replay of its layer's segment. A
+//!   boundary hook of a region in the middle of a fused segment splits the segment there (the
+//!   plan shows the two graphs and the island between them).
+//! Positions, for the stages the hook belongs to (its layer's, or those of its region):
+//! forward_pre before the first (forward only), forward after the last (forward only),
+//! backward_pre after the last (backward only: the backward runs the list in reverse, so it runs
+//! before their backward), backward before the first (after their backward). Hooks of one phase
+//! and site run in declaration order; a region's hooks nest inside the layer's (a layer's
+//! forward_pre runs before its attention region's, the region's forward hook before the layer's).
+//! The stage names are "layerN.hook.<name>".
+
+#include <capscope/hooks/hook_pipeline.hpp>
+#include <capscope/stage/program.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace capscope {
+
+namespace detail {
+
+template <class Hook>
+stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* tensors, const region_set& regions) {
+    constexpr hook_phase p = Hook::phase;
+    constexpr bool host = std::is_same_v<typename Hook::placement, boundary>;
+    stage s;
+    s.name = "layer" + std::to_string(layer) + ".hook." + std::string(h.name());
+    s.kind = stage_kind_id("hook");
+    s.layer = host ? -1 : layer; // a boundary hook is outside the layers, so no capture contains it
+    s.captured_by = host ? region_set{} : regions;
+    s.synchronizes_with_host = host;
+    const stream_fn fn = stream_fn::from([hook = &h, tensors, layer, microbatch](stream_handle stream) {
+        hook_context<p> context(stream, layer, microbatch, *tensors);
+        (*hook)(context);
+    });
+    (pass_of(p) == phase::forward ? s.forward : s.backward) = fn;
+    for (const tensor_ref& t : tensors->parameters) s.inputs.push_back(t);
+    if constexpr (p == hook_phase::backward)
+        for (const tensor_ref& t : tensors->gradients) s.inputs.push_back(t);
+    s.buffers_declared = true;
+    return s;
+}
+
+//! The [first, last] stages of `list` a hook of `regions` belongs to in `layer`, or {-1, -1}.
+inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, const region_set& regions) {
+    int first = -1, last = -1;
+    for (int i = 0; i < int(list.size()); ++i) {
+        const stage& s = list[std::size_t(i)];
+        if (s.layer != layer || (!regions.empty() && !s.captured_by.intersects(regions))) continue;
+        if (first < 0) first = i;
+        last = i;
+    }
+    return {first, last};
+}
+
+//! Hook stages next to one stage, each list in execution order.
+struct hook_slot {
+    std::vector<stage> forward_before, forward_after, backward_before, backward_after;
+};
+
+//! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
+//! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its parent's.
+template <class Pipeline, std::size_t... I>
+void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, const Pipeline& hooks, int microbatch,
+               std::span<const layer_tensors> tensors, int round, std::index_sequence<I...>) {
+    for (int layer = 0; layer < int(tensors.size()); ++layer) {
+        (
+            [&] {
+                using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
+                if constexpr (is_layer_hook<H> && !std::is_same_v<typename H::placement, capture_time>) {
+                    constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
+                    if ((pre == H::regions.empty()) != (round == 0)) return;
+                    const auto [first, last] = hook_span(list, layer, H::regions);
+                    if (first < 0) return;
+                    const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
+                    const int at = at_first ? first : last;
+                    const stage& next_to = list[std::size_t(at)];
+                    stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
+                    s.lane = next_to.lane;
+                    hook_slot& slot = slots[std::size_t(at)];
+                    const bool forward = pass_of(H::phase) == phase::forward;
+                    (at_first ? (forward ? slot.forward_before : slot.backward_before)
+                              : (forward ? slot.forward_after : slot.backward_after))
+                        .push_back(std::move(s));
+                }
+            }(),
+            ...);
+    }
+}
+
+template <class Pipeline>
+std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hooks, int microbatch, std::span<const layer_tensors> tensors) {
+    std::vector<hook_slot> slots(list.size());
+    for (int round = 0; round < 2; ++round)
+        add_round(slots, list, hooks, microbatch, tensors, round, std::make_index_sequence<Pipeline::size>{});
+    // List order: forward passes run the list forwards, backward passes backwards.
+    std::vector<stage> out;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        hook_slot& slot = slots[i];
+        for (auto it = slot.backward_before.rbegin(); it != slot.backward_before.rend(); ++it) out.push_back(std::move(*it));
+        for (stage& s : slot.forward_before) out.push_back(std::move(s));
+        out.push_back(list[i]);
+        for (stage& s : slot.forward_after) out.push_back(std::move(s));
+        for (auto it = slot.backward_after.rbegin(); it != slot.backward_after.rend(); ++it) out.push_back(std::move(*it));
+    }
+    return out;
+}
+
+} // namespace detail
+
+//! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
+//! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
+//! the hooks). Capture-time and warmup hooks are not stages: the runner does not run them yet.
+template <class... Hooks>
+training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
+                            std::span<const layer_tensors> tensors) {
+    static_assert((hook_pipeline<Hooks...>::template count<hook_phase::forward_pre, capture_time> +
+                   hook_pipeline<Hooks...>::template count<hook_phase::forward, capture_time> +
+                   hook_pipeline<Hooks...>::template count<hook_phase::backward_pre, capture_time> +
+                   hook_pipeline<Hooks...>::template count<hook_phase::backward, capture_time>) == 0,
+                  "capscope: capture_time hooks are not run by the runner yet (issue 14); run them from the trainer");
+    training_program out;
+    out.step_begin = program.step_begin;
+    out.step_end = program.step_end;
+    for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
+        out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
+    return out;
+}
+
+} // namespace capscope

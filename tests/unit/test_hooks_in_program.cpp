@@ -1,0 +1,112 @@
+// Hooks as stages of the training program (hooks/with_hooks.hpp): where each phase runs, in
+// declaration order, eager on the host (an eager step makes no CUDA call), and how the plan
+// places them: capturable hooks inside their layer's graph, boundary hooks as eager islands.
+
+#include "fake_program.hpp"
+
+#include <capscope/capscope.hpp>
+#include <capscope/engine.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+using namespace capscope;
+
+namespace {
+int not_a_stream = 0;
+const auto fake_stream = reinterpret_cast<cudaStream_t>(&not_a_stream);
+
+template <class Context>
+std::string where(const char* what, const Context& c) {
+    return std::string(what) + " L" + std::to_string(c.layer()) + " mb" + std::to_string(c.microbatch());
+}
+
+//! The calls of layer 0 in microbatch 0 (its forward and backward come before microbatch 1's).
+std::vector<std::string> layer0_of_microbatch0(const std::vector<std::string>& log) {
+    std::vector<std::string> out;
+    for (const auto& e : log) {
+        if (e.find("mb1") != std::string::npos) break;
+        if (e.find("L0 mb0") != std::string::npos || e.rfind("layer0.", 0) == 0) out.push_back(e);
+    }
+    return out;
+}
+std::string fmt_log(const std::vector<std::string>& log) {
+    std::string s;
+    for (const auto& e : log) s += e + " | ";
+    return s;
+}
+} // namespace
+
+TEST_CASE("hooks run where their phase says, in declaration order, eager and under every impl's warmup") {
+    fake::model m;
+    auto& log = m.log;
+    hook_pipeline hooks{
+        hook<hook_phase::forward_pre, capturable>("gather", [&log](forward_pre_context& c) { log.push_back(where("gather", c)); }),
+        hook<hook_phase::backward, capturable>("reduce A", [&log](backward_context& c) { log.push_back(where("reduce A", c)); }),
+        hook<hook_phase::backward, capturable>("reduce B", [&log](backward_context& c) { log.push_back(where("reduce B", c)); }),
+        hook<hook_phase::backward_pre, capturable>("regather", [&log](backward_pre_context& c) { log.push_back(where("regather", c)); }),
+        hook<hook_phase::forward, boundary>("log", [&log](forward_context& c) { log.push_back(where("host log", c)); }),
+        hook<hook_phase::forward, capturable, of_region<capture::mlp>>("after mlp", [&log](forward_context& c) { log.push_back(where("after mlp", c)); }),
+    };
+    const layer_tensors tensors[2] = {};
+    const training_program program = with_hooks(m.program("DD", false, 2), hooks, tensors);
+
+    const std::vector<std::string> want = {
+        "gather L0 mb0", "layer0.attention.fwd", "layer0.mlp.fwd", "after mlp L0 mb0", "host log L0 mb0",         // forward (the region's hook first)
+        "regather L0 mb0", "layer0.mlp.bwd", "layer0.attention.bwd", "reduce A L0 mb0", "reduce B L0 mb0"};       // backward
+    runner<config<impl::eager>> eager(program);
+    eager.step(fake_stream);
+    INFO(fmt_log(log));
+    CHECK(layer0_of_microbatch0(log) == want);
+    CHECK(std::count(log.begin(), log.end(), "reduce B L1 mb1") == 1);
+
+    log.clear();
+    runner<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>> warmup(program);
+    warmup.step(fake_stream); // the warmup step: eager, in the order captured mode uses
+    CHECK(layer0_of_microbatch0(log) == want);
+    CHECK(warmup.counters().captures == 0);
+}
+
+TEST_CASE("the plan: capturable hooks inside their layer's graph; a boundary hook an eager island that splits a fused segment") {
+    fake::model m;
+    hook_pipeline hooks{
+        hook<hook_phase::backward, capturable>("grad all-reduce", [](backward_context&) {}),
+        hook<hook_phase::forward_pre, boundary, of_region<capture::mlp>>("host check", [](forward_pre_context&) {}),
+    };
+    const layer_tensors tensors[1] = {};
+    const training_program program = with_hooks(m.program("D", false, 1), hooks, tensors);
+    const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{}}, 1, program);
+
+    auto segment_of = [&](const std::string& stage_name, phase dir) -> const plan_segment* {
+        for (const plan_segment& s : plan.segments)
+            for (int k = 0; k < s.call_count; ++k) {
+                const stage_call& c = plan.calls[std::size_t(s.first_call + k)];
+                if (c.direction == dir && stage_of(program, c).name == stage_name) return &s;
+            }
+        return nullptr;
+    };
+    const plan_segment* reduce = segment_of("layer0.hook.grad all-reduce", phase::backward);
+    const plan_segment* attention_bwd = segment_of("layer0.attention", phase::backward);
+    REQUIRE(reduce);
+    CHECK(reduce->graphed);
+    CHECK(reduce == attention_bwd); // captured in the same backward graph as the layer's first stage
+
+    const plan_segment* check = segment_of("layer0.hook.host check", phase::forward);
+    REQUIRE(check);
+    CHECK_FALSE(check->graphed); // host work between the replays
+    const plan_segment* attention = segment_of("layer0.attention", phase::forward);
+    const plan_segment* mlp = segment_of("layer0.mlp", phase::forward);
+    REQUIRE((attention && mlp));
+    CHECK(attention != mlp); // the whole-layer graph is split at the hook: attention | host check | mlp
+    CHECK(attention->graphed);
+    CHECK(mlp->graphed);
+
+    // The plan's text and DOT name every hook where it runs.
+    for (const std::string& shown : {to_text(plan, program), to_dot(plan, program)}) {
+        CHECK(shown.find("layer0.hook.grad all-reduce") != std::string::npos);
+        CHECK(shown.find("layer0.hook.host check") != std::string::npos);
+    }
+}
