@@ -2,7 +2,7 @@
 # Installs the Debian packages capscope builds with, if missing (run as root or with sudo).
 # The CUDA Toolkit itself is expected at /usr/local/cuda (it is not a Debian package here).
 set -euo pipefail
-packages=(meson ninja-build g++ cmake pkg-config python3 libboost-dev doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libyaml-cpp-dev)
+packages=(meson ninja-build g++ cmake pkg-config python3 libboost-dev doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libyaml-cpp-dev libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

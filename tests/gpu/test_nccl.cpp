@@ -67,3 +67,39 @@ TEST_CASE("an all-reduce that is not the identity, eagerly and inside a captured
     CAPSCOPE_CHECK(ncclRedOpDestroy(times3, comm.get()));
     std::printf("  one-rank all-reduce (premultiplied by 3) of %zu floats: eager and 3 replays correct\n", n);
 }
+
+TEST_CASE("one process, every GPU: communicators from ncclCommInitAll all-reduce across the devices") {
+    int devices = 0;
+    CAPSCOPE_CHECK(cudaGetDeviceCount(&devices));
+    std::vector<int> ids(static_cast<std::size_t>(devices));
+    for (int d = 0; d < devices; ++d) ids[std::size_t(d)] = d;
+    auto comms = cuda::nccl_communicator::for_devices(ids);
+    REQUIRE(int(comms.size()) == devices);
+    constexpr std::size_t n = 4096;
+    std::vector<cuda::device_buffer<float>> x;
+    std::vector<cuda::stream> streams;
+    for (int d = 0; d < devices; ++d) {
+        CAPSCOPE_CHECK(cudaSetDevice(d));
+        CHECK(comms[std::size_t(d)].rank() == d);
+        CHECK(comms[std::size_t(d)].size() == devices);
+        streams.emplace_back();
+        x.emplace_back(n);
+        std::vector<float> host(n, float(d + 1));
+        x.back().copy_from_host(host, streams.back());
+    }
+    CAPSCOPE_CHECK(ncclGroupStart());
+    for (int d = 0; d < devices; ++d)
+        CAPSCOPE_CHECK(ncclAllReduce(x[std::size_t(d)].data(), x[std::size_t(d)].data(), n, ncclFloat, ncclSum,
+                                     comms[std::size_t(d)].get(), streams[std::size_t(d)]));
+    CAPSCOPE_CHECK(ncclGroupEnd());
+    const float want = float(devices * (devices + 1) / 2); // 1 + 2 + ... + devices
+    for (int d = 0; d < devices; ++d) {
+        CAPSCOPE_CHECK(cudaSetDevice(d));
+        std::vector<float> back(n);
+        x[std::size_t(d)].copy_to_host(back, streams[std::size_t(d)]);
+        streams[std::size_t(d)].synchronize();
+        CHECK(back == std::vector<float>(n, want));
+    }
+    CAPSCOPE_CHECK(cudaSetDevice(0));
+    std::printf("  ncclCommInitAll over %d GPU(s): the sum of 1..%d on every device\n", devices, devices);
+}

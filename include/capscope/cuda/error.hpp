@@ -15,13 +15,14 @@
 namespace capscope::cuda {
 
 //! The library a failed call belongs to.
-enum class library { cuda, cublas, nccl };
+enum class library { cuda, cublas, nccl, mpi };
 
 constexpr std::string_view library_name(library l) {
     switch (l) {
     case library::cuda: return "CUDA";
     case library::cublas: return "cuBLAS";
     case library::nccl: return "NCCL";
+    case library::mpi: return "MPI";
     }
     return "?";
 }

@@ -1,11 +1,23 @@
 #pragma once
 //! @file
-//! NCCL: checked calls (the same `CAPSCOPE_CHECK` as CUDA and cuBLAS) and a move-only communicator.
+//! NCCL: checked calls (the same `CAPSCOPE_CHECK` as CUDA and cuBLAS), a move-only communicator
+//! (one rank of a communicator, or every GPU of this process with `ncclCommInitAll`), and the
+//! check that every rank planned the same step, so that they capture the same collectives in
+//! the same order: a mismatch is an error on every rank, never a hang.
 
+#include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/detail/unique_handle.hpp>
 
 #include <nccl.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace capscope::cuda::detail {
 inline void check_status(ncclResult_t status, const char* call, const char* file, int line) {
@@ -17,12 +29,71 @@ namespace capscope::cuda {
 
 class nccl_communicator {
 public:
+    //! Rank `rank` of `ranks`, joined through `id` (from rank 0's `ncclGetUniqueId`). The current
+    //! device is the rank's GPU.
     nccl_communicator(int ranks, const ncclUniqueId& id, int rank) { CAPSCOPE_CHECK(ncclCommInitRank(comm_.out(), ranks, id, rank)); }
 
+    //! One communicator per device of this process (`ncclCommInitAll`): several GPUs without MPI.
+    static std::vector<nccl_communicator> for_devices(std::span<const int> devices) {
+        std::vector<ncclComm_t> raw(devices.size());
+        CAPSCOPE_CHECK(ncclCommInitAll(raw.data(), int(devices.size()), devices.data()));
+        std::vector<nccl_communicator> out;
+        out.reserve(raw.size());
+        for (ncclComm_t c : raw) out.push_back(nccl_communicator(c));
+        return out;
+    }
+
     ncclComm_t get() const noexcept { return comm_.get(); }
+    int rank() const {
+        int r = 0;
+        CAPSCOPE_CHECK(ncclCommUserRank(comm_.get(), &r));
+        return r;
+    }
+    int size() const {
+        int n = 0;
+        CAPSCOPE_CHECK(ncclCommCount(comm_.get(), &n));
+        return n;
+    }
 
 private:
+    explicit nccl_communicator(ncclComm_t adopted) { *comm_.out() = adopted; }
     capscope::detail::unique_handle<ncclComm_t, &ncclCommDestroy> comm_;
 };
+
+//! Ranks that would capture different collectives (their plans differ).
+class plan_mismatch : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+//! A 64-bit FNV-1a hash, for plan fingerprints.
+constexpr std::uint64_t fingerprint(std::string_view text) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return h;
+}
+
+//! Compares `plan_hash` across the ranks of `comm` with one all-reduce (every rank makes the same
+//! call whatever its plan, so this cannot hang), and throws `plan_mismatch` on every rank when
+//! two ranks differ. Set-up, not replay: it synchronizes `s`.
+inline void require_same_plan(const nccl_communicator& comm, std::uint64_t plan_hash, cudaStream_t s) {
+    // min(h) over the ranks and min(~h) = ~max(h): equal everywhere iff min == max.
+    const std::uint64_t mine[2] = {plan_hash, ~plan_hash};
+    std::uint64_t all[2] = {0, 0};
+    device_buffer<std::uint64_t> buffer(2);
+    buffer.copy_from_host(std::span<const std::uint64_t>(mine), s);
+    CAPSCOPE_CHECK(ncclAllReduce(buffer.data(), buffer.data(), 2, ncclUint64, ncclMin, comm.get(), s));
+    buffer.copy_to_host(std::span<std::uint64_t>(all), s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const std::uint64_t low = all[0], high = ~all[1];
+    if (low != high) {
+        char text[240];
+        std::snprintf(text, sizeof text,
+                      "the ranks planned different steps (this rank %d: plan %016llx; plans range from %016llx to %016llx), "
+                      "so they would capture different collectives -- fix: build the same program and config on every rank",
+                      comm.rank(), static_cast<unsigned long long>(plan_hash), static_cast<unsigned long long>(low),
+                      static_cast<unsigned long long>(high));
+        throw plan_mismatch(text);
+    }
+}
 
 } // namespace capscope::cuda
