@@ -110,3 +110,39 @@ TEST_CASE("the plan: capturable hooks inside their layer's graph; a boundary hoo
         CHECK(shown.find("layer0.hook.host check") != std::string::npos);
     }
 }
+
+TEST_CASE("warmup hooks run before the first warmup step and after the last, and again after reset()") {
+    fake::model m;
+    auto& log = m.log;
+    hook_pipeline hooks{
+        on_warmup<warmup_point::before>("register", [&log](warmup_context&) { log.push_back("warmup before"); }),
+        on_warmup<warmup_point::after>("pin", [&log](warmup_context&) { log.push_back("warmup after"); }),
+    };
+    const layer_tensors tensors[1] = {};
+    runner<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<2>>> r(with_hooks(m.program("D", false, 1), hooks, tensors));
+    r.set_warmup_hooks(hooks);
+    auto marks = [&] {
+        std::vector<std::string> out;
+        for (std::size_t i = 0; i < log.size(); ++i)
+            if (log[i].rfind("warmup", 0) == 0) out.push_back(log[i] + " @" + std::to_string(i));
+        return out;
+    };
+    r.step(fake_stream); // warmup step 1 (eager)
+    const std::size_t per_step = log.size() - 1;
+    r.step(fake_stream); // warmup step 2 (eager), then the after hook
+    CHECK(marks() == std::vector<std::string>{"warmup before @0", "warmup after @" + std::to_string(1 + 2 * per_step)});
+    r.reset();
+    log.clear();
+    r.step(fake_stream);
+    CHECK(marks() == std::vector<std::string>{"warmup before @0"});
+
+    fake::model eager_model;
+    runner<config<impl::eager, warmup_steps<0>>> eager(eager_model.program("D", false, 1));
+    int before = 0, after = 0;
+    hook_pipeline counted{on_warmup<warmup_point::before>("b", [&](warmup_context&) { ++before; }),
+                          on_warmup<warmup_point::after>("a", [&](warmup_context&) { ++after; })};
+    eager.set_warmup_hooks(counted);
+    eager.step(fake_stream);
+    eager.step(fake_stream);
+    CHECK((before == 1 && after == 1)); // no warmup: both once, before the first step
+}

@@ -77,21 +77,23 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
         (
             [&] {
                 using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
-                if constexpr (is_layer_hook<H> && !std::is_same_v<typename H::placement, capture_time>) {
-                    constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
-                    if ((pre == H::regions.empty()) != (round == 0)) return;
-                    const auto [first, last] = hook_span(list, layer, H::regions);
-                    if (first < 0) return;
-                    const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
-                    const int at = at_first ? first : last;
-                    const stage& next_to = list[std::size_t(at)];
-                    stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
-                    s.lane = next_to.lane;
-                    hook_slot& slot = slots[std::size_t(at)];
-                    const bool forward = pass_of(H::phase) == phase::forward;
-                    (at_first ? (forward ? slot.forward_before : slot.backward_before)
-                              : (forward ? slot.forward_after : slot.backward_after))
-                        .push_back(std::move(s));
+                if constexpr (is_layer_hook<H>) {
+                    if constexpr (!std::is_same_v<typename H::placement, capture_time>) {
+                        constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
+                        if ((pre == H::regions.empty()) != (round == 0)) return;
+                        const auto [first, last] = hook_span(list, layer, H::regions);
+                        if (first < 0) return;
+                        const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
+                        const int at = at_first ? first : last;
+                        const stage& next_to = list[std::size_t(at)];
+                        stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
+                        s.lane = next_to.lane;
+                        hook_slot& slot = slots[std::size_t(at)];
+                        const bool forward = pass_of(H::phase) == phase::forward;
+                        (at_first ? (forward ? slot.forward_before : slot.backward_before)
+                                  : (forward ? slot.forward_after : slot.backward_after))
+                            .push_back(std::move(s));
+                    }
                 }
             }(),
             ...);
@@ -120,7 +122,8 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
 
 //! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
 //! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
-//! the hooks). Capture-time and warmup hooks are not stages: the runner does not run them yet.
+//! the hooks). Warmup hooks are not stages: `runner::set_warmup_hooks` runs them. Capture-time hooks
+//! are not run yet (refused below).
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
                             std::span<const layer_tensors> tensors) {

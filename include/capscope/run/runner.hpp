@@ -19,6 +19,7 @@
 #include <capscope/config/config.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
 #include <capscope/plan/model_facts.hpp>
@@ -95,6 +96,11 @@ public:
     //! legacy default stream cannot be captured, which is said at the first step.
     void step(cudaStream_t s) {
         if (plan_.graph_count > 0) detail::require_capturable_stream(s);
+        if (!warmup_started_) {
+            warmup_started_ = true;
+            run_warmup_hooks(warmup_point::before, s);
+            if (plan_.warmup_steps == 0) run_warmup_hooks(warmup_point::after, s);
+        }
         scratch_scope scratch(executor_.scratch());
         lane_streams& lanes = executor_.lanes();
         const bool replaying = Config::impl != graph_impl::eager && warm_steps_ >= plan_.warmup_steps;
@@ -114,7 +120,21 @@ public:
         }
         if (lanes.pending()) lanes.join(s);
         detail::count_one(executor_.counters().steps);
-        if (warm_steps_ < plan_.warmup_steps) ++warm_steps_;
+        if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
+    }
+
+    //! The pipeline's warmup hooks (`on_warmup<warmup_point::before / after>`) run on the step's
+    //! stream before the first warmup step and after the last one (both before the first step when
+    //! there is no warmup), and again after `reset()`. The pipeline must outlive the runner.
+    template <class... Hooks>
+    void set_warmup_hooks(const hook_pipeline<Hooks...>& hooks) noexcept {
+        warmup_hooks_ = &hooks;
+        warmup_run_ = [](const void* h, warmup_point when, cudaStream_t stream) {
+            warmup_context context{stream};
+            const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(h);
+            if (when == warmup_point::before) pipeline.template run_warmup<warmup_point::before>(context);
+            else pipeline.template run_warmup<warmup_point::after>(context);
+        };
     }
 
     //! Frees every graph and returns to the state after construction: eager until the warmup
@@ -122,6 +142,7 @@ public:
     void reset() {
         release_graphs();
         warm_steps_ = 0;
+        warmup_started_ = false;
         captured_ahead_ = false;
     }
 
@@ -221,7 +242,14 @@ private:
     std::vector<unsigned char> run_eagerly_;
     std::vector<int> first_segment_;
     int warm_steps_ = 0; //!< steps since construction or reset(), up to the warmup
+    bool warmup_started_ = false;
     bool captured_ahead_ = false;
+    const void* warmup_hooks_ = nullptr; //!< the pipeline of set_warmup_hooks, type-erased: no allocation
+    void (*warmup_run_)(const void*, warmup_point, cudaStream_t) = nullptr;
+
+    void run_warmup_hooks(warmup_point when, cudaStream_t s) const {
+        if (warmup_run_) warmup_run_(warmup_hooks_, when, s);
+    }
 };
 
 } // namespace capscope
