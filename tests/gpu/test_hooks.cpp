@@ -164,3 +164,32 @@ TEST_CASE("a boundary hook runs on the host around every replay of its layer's g
     }
     CHECK(r.counters().replays > 0);
 }
+
+namespace {
+template <class Config>
+void check_capture_time(const char* impl, int per_capture_round) {
+    cuda::stream s;
+    logged_model m;
+    int at_capture = 0;
+    hook_pipeline hooks{
+        hook<hook_phase::forward_pre, capture_time>("register", [&](forward_pre_context&) { ++at_capture; }),
+        hook<hook_phase::backward, capturable>("reduce", logging_hook<hook_phase::backward>(m, 4)),
+    };
+    const layer_tensors tensors[2] = {};
+    runner<Config> r(with_hooks(m.program(), hooks, tensors));
+    for (int step = 0; step < Config::warmup_steps + 3; ++step) r.step(s);
+    CHECK_MESSAGE(at_capture == per_capture_round, impl); // once per capture of each hooked segment, never eagerly or replayed
+    r.reset();
+    for (int step = 0; step < Config::warmup_steps + 2; ++step) r.step(s);
+    CHECK_MESSAGE(at_capture == 2 * per_capture_round, impl, ": again once per capture after reset()");
+}
+} // namespace
+
+TEST_CASE("a capture-time hook runs once per capture of its segment: never eagerly, never on a replay") {
+    // 2 layers x 2 microbatches: four hooked forward segments (per-layer impls), all in one graph
+    // (whole_iteration), none captured (eager).
+    check_capture_time<config<impl::eager>>("none", 0);
+    check_capture_time<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>, warmup_steps<1>>>("local", 4);
+    check_capture_time<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine", 4);
+    check_capture_time<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration", 4);
+}

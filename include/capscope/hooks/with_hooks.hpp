@@ -4,6 +4,8 @@
 //! eager or captured, with no code of their own in the runner:
 //! - a capturable hook is a stage in its layer's capture region, next to the stages it hooks:
 //!   captured into the same graph at its position, and run at that position when eager;
+//! - a capture-time hook is a stage in its layer's region that runs only while its segment is
+//!   captured (`stage::capture_only`): once per capture, never eagerly, never replayed;
 //! - a boundary hook is a stage that synchronizes with the host, outside every layer, so it is
 //!   an eager island between graphs: host work around the replay of its layer's segment. A
 //!   boundary hook of a region in the middle of a fused segment splits the segment there (the
@@ -33,12 +35,14 @@ template <class Hook>
 stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* tensors, const region_set& regions) {
     constexpr hook_phase p = Hook::phase;
     constexpr bool host = std::is_same_v<typename Hook::placement, boundary>;
+    constexpr bool at_capture = std::is_same_v<typename Hook::placement, capture_time>;
     stage s;
     s.name = "layer" + std::to_string(layer) + ".hook." + std::string(h.name());
     s.kind = stage_kind_id("hook");
     s.layer = host ? -1 : layer; // a boundary hook is outside the layers, so no capture contains it
     s.captured_by = host ? region_set{} : regions;
     s.synchronizes_with_host = host;
+    s.capture_only = at_capture;
     const stream_fn fn = stream_fn::from([hook = &h, tensors, layer, microbatch](stream_handle stream) {
         hook_context<p> context(stream, layer, microbatch, *tensors);
         (*hook)(context);
@@ -78,22 +82,20 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
             [&] {
                 using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
                 if constexpr (is_layer_hook<H>) {
-                    if constexpr (!std::is_same_v<typename H::placement, capture_time>) {
-                        constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
-                        if ((pre == H::regions.empty()) != (round == 0)) return;
-                        const auto [first, last] = hook_span(list, layer, H::regions);
-                        if (first < 0) return;
-                        const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
-                        const int at = at_first ? first : last;
-                        const stage& next_to = list[std::size_t(at)];
-                        stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
-                        s.lane = next_to.lane;
-                        hook_slot& slot = slots[std::size_t(at)];
-                        const bool forward = pass_of(H::phase) == phase::forward;
-                        (at_first ? (forward ? slot.forward_before : slot.backward_before)
-                                  : (forward ? slot.forward_after : slot.backward_after))
-                            .push_back(std::move(s));
-                    }
+                    constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
+                    if ((pre == H::regions.empty()) != (round == 0)) return;
+                    const auto [first, last] = hook_span(list, layer, H::regions);
+                    if (first < 0) return;
+                    const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
+                    const int at = at_first ? first : last;
+                    const stage& next_to = list[std::size_t(at)];
+                    stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
+                    s.lane = next_to.lane;
+                    hook_slot& slot = slots[std::size_t(at)];
+                    const bool forward = pass_of(H::phase) == phase::forward;
+                    (at_first ? (forward ? slot.forward_before : slot.backward_before)
+                              : (forward ? slot.forward_after : slot.backward_after))
+                        .push_back(std::move(s));
                 }
             }(),
             ...);
@@ -122,16 +124,10 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
 
 //! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
 //! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
-//! the hooks). Warmup hooks are not stages: `runner::set_warmup_hooks` runs them. Capture-time hooks
-//! are not run yet (refused below).
+//! the hooks). Warmup hooks are not stages: `runner::set_warmup_hooks` runs them.
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
                             std::span<const layer_tensors> tensors) {
-    static_assert((hook_pipeline<Hooks...>::template count<hook_phase::forward_pre, capture_time> +
-                   hook_pipeline<Hooks...>::template count<hook_phase::forward, capture_time> +
-                   hook_pipeline<Hooks...>::template count<hook_phase::backward_pre, capture_time> +
-                   hook_pipeline<Hooks...>::template count<hook_phase::backward, capture_time>) == 0,
-                  "capscope: capture_time hooks are not run by the runner yet (issue 14); run them from the trainer");
     training_program out;
     out.step_begin = program.step_begin;
     out.step_end = program.step_end;

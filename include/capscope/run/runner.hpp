@@ -53,7 +53,8 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
     calls.reserve(plan.calls.size());
     for (const stage_call& c : plan.calls) {
         const stage& st = stage_of(program, c);
-        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, st.waits_for, st.forks_to});
+        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, st.waits_for, st.forks_to,
+                         st.capture_only});
     }
     return calls;
 }

@@ -55,6 +55,7 @@ struct bound_call {
     int lane = 0;
     std::uint32_t waits_for = 0;
     std::span<const stream_handle> forks_to;
+    bool capture_only = false; //!< run while capturing only (stage::capture_only)
 };
 
 constexpr bool is_capture_rule_code(int code) {
@@ -102,7 +103,7 @@ public:
     void run_eagerly(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane) {
         scratch_.begin_segment(false);
         int running = -1;
-        execute(calls, origin, origin_lane, running);
+        execute(calls, origin, origin_lane, running, false);
         scratch_.end_segment(calls.front().name);
         detail::count_one(counters_.eager_segment_runs);
     }
@@ -120,7 +121,7 @@ public:
             scratch_.begin_segment(true);
             CAPSCOPE_CHECK(cudaStreamBeginCapture(origin, detail::cuda_capture_mode(mode_)));
             try {
-                execute(calls, origin, origin_lane, running);
+                execute(calls, origin, origin_lane, running, true);
                 running = -1;
             } catch (...) {
                 if (cudaStreamIsCapturing(origin, &status) != cudaSuccess) status = cudaStreamCaptureStatusNone;
@@ -203,11 +204,12 @@ private:
     //! back into it at the end. `running` is the call running (for failure messages).
     //! Waits are for lanes forked here only: a runner orders its segments' lanes itself, before
     //! the segment, where no capture is in progress.
-    void execute(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running) {
+    void execute(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running, bool capturing) {
         forked_here_ = 0;
         for (std::size_t i = 0; i < calls.size(); ++i) {
             running = int(i);
             const detail::bound_call& c = calls[i];
+            if (c.capture_only && !capturing) continue;
             scope_label label(c.name);
             if (c.lane == origin_lane) {
                 if (c.waits_for & forked_here_) lanes_.wait(c.waits_for & forked_here_, origin);

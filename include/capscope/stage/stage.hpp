@@ -73,6 +73,9 @@ struct stage {
     //! graph captured for one binding replay another: microbatches share graphs, and a rebind
     //! keeps graphs, only for stages that say so.
     bool buffers_declared = false;
+    //! Runs only while its segment is captured, once per capture, never in eager runs or replays
+    //! (a capture-time hook, hooks/with_hooks.hpp): host work that sets up what the graph needs.
+    bool capture_only = false;
     //! Streams the stage forks work onto and joins back before it returns.
     std::vector<stream_handle> forks_to;
 
