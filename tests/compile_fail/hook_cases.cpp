@@ -1,9 +1,11 @@
 // Compile-fail cases of the hook rules (capscope/hooks/): H1 (a hook's callable takes another
 // phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
-// whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook). As
+// whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook); and
+// of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static). As
 // is, every valid twin must compile; with -DCASE_<ID>[__variant] the first error must read
 // "capscope hook rule <ID>:" and say the fix (check.py).
 #include <capscope/capscope.hpp>
+#include <capscope/parallel/sharding.hpp>
 
 using namespace capscope;
 
@@ -44,6 +46,17 @@ constexpr hook_pipeline<decltype(reduce), decltype(gather)> pipeline{reduce, gat
 #ifdef CASE_H0
 using bare = hook_pipeline<decltype(reduce_gradients)>;
 constexpr bare not_hooks{};
+#endif
+
+// F1, F2: per-layer graphs replay on fixed addresses, so gathered parameters need static buffers.
+static_assert(sharding_fits<per_layer, sharded<static_double_buffer, persistent_buffer>>);
+static_assert(sharding_fits<whole_step, sharded<dynamic_gather_buffer, dynamic_buffer>>); // one graph, gathers inside it
+static_assert(sharding_fits<config<impl::eager>, sharded<dynamic_gather_buffer, dynamic_buffer>>);
+#ifdef CASE_F1__sharded
+static_assert(sharding_fits<per_layer, sharded<dynamic_gather_buffer, persistent_buffer>>);
+#endif
+#ifdef CASE_F2__sharded
+static_assert(sharding_fits<config<impl::lazy_per_layer>, sharded<static_double_buffer, dynamic_buffer>>);
 #endif
 
 int main() {}
