@@ -1,4 +1,5 @@
-// Data parallelism on hooks, one process per GPU (`mpirun -np 2`; alone it is one rank): each
+// Data parallelism on hooks, replicated and sharded, one process per GPU (`mpirun -np 2`; alone it
+// is one rank): each
 // rank runs its own data through two layers and two microbatches, accumulating integer
 // gradients; the data-parallel hook sums them across the ranks after the last microbatch's
 // backward; the optimizer adds them to the parameters. Integers, so every result is exact: the
@@ -14,6 +15,8 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 #include <capscope/parallel/data_parallel.hpp>
+#include <capscope/parallel/sharded.hpp>
+#include <capscope/parallel/sharding.hpp>
 
 #include <doctest/doctest.h>
 
@@ -167,4 +170,143 @@ TEST_CASE("ranks that planned different steps get a clear error on every rank, n
         if (mpi().rank() == 0) std::printf("  %s\n", e.what());
         CHECK(std::string(e.what()).find("the ranks planned different steps") != std::string::npos);
     }
+}
+
+// ---- sharded: all-gather before each layer's forward, reduce-scatter after its backward ----------
+
+namespace {
+
+//! The same step as dp_model, with each layer's parameters sharded: a forward copies the gathered
+//! parameters it sees into `seen` (so the test can tell that the gather ran, and when), the
+//! backward accumulates full gradients, and the optimizer adds the reduced shard to the shard.
+struct sharded_model {
+    int rank, ranks;
+    shard_layout layout;
+    ints counter{1};
+    std::vector<ints> act, seen, param_shard, grad_full, grad_shard;
+    ints full[2] = {ints(n), ints(n)}; // the static double buffer: layer l gathers into full[l % 2]
+    std::vector<sharded_layer_buffers> buffers;
+
+    struct begin_fns {
+        sharded_model* m;
+        void forward(cudaStream_t s) {
+            k::add_one(m->counter.data(), s);
+            for (auto& g : m->grad_full) g.fill_bytes(0, s);
+        }
+    } begin{this};
+    struct layer_fns {
+        sharded_model* m;
+        int mb, l;
+        void forward(cudaStream_t s) {
+            const int i = mb * layers + l;
+            k::fill_from(m->act[std::size_t(i)].data(), m->counter.data(), 10 * l + 100 * m->rank + 1000 * mb, n, s);
+            k::scale(m->seen[std::size_t(i)].data(), m->full[l % 2].data(), 1, n, s);
+        }
+        void backward(cudaStream_t s) {
+            k::scale(m->tmp.data(), m->act[std::size_t(mb * layers + l)].data(), 2, n, s);
+            k::add(m->grad_full[std::size_t(l)].data(), m->grad_full[std::size_t(l)].data(), m->tmp.data(), n, s);
+        }
+    };
+    ints tmp{n};
+    std::vector<layer_fns> fns;
+    struct end_fns {
+        sharded_model* m;
+        void forward(cudaStream_t s) {
+            for (int l = 0; l < layers; ++l)
+                k::add(m->param_shard[std::size_t(l)].data(), m->param_shard[std::size_t(l)].data(), m->grad_shard[std::size_t(l)].data(),
+                       int(m->layout.parameters[std::size_t(l)].shard), s);
+        }
+    } end{this};
+
+    sharded_model(int r, int size, cudaStream_t s) : rank(r), ranks(size), layout(make_shard_layout({n, n}, size, 64)) {
+        REQUIRE(layout.parameters[0].padded == std::size_t(n)); // n divides into aligned shards: no padding here
+        for (int i = 0; i < microbatches * layers; ++i) {
+            act.emplace_back(n);
+            seen.emplace_back(n);
+        }
+        for (int l = 0; l < layers; ++l) {
+            const std::size_t shard = layout.parameters[std::size_t(l)].shard;
+            param_shard.emplace_back(shard);
+            grad_shard.emplace_back(shard);
+            grad_full.emplace_back(n);
+            param_shard.back().fill_bytes(0, s);
+        }
+        counter.fill_bytes(0, s);
+        for (int l = 0; l < layers; ++l)
+            buffers.push_back({param_shard[std::size_t(l)].data(), full[l % 2].data(), grad_full[std::size_t(l)].data(),
+                               grad_shard[std::size_t(l)].data(), layout.parameters[std::size_t(l)].shard, ncclInt32});
+        fns.reserve(microbatches * layers);
+    }
+
+    training_program program() {
+        training_program p;
+        stage b;
+        b.name = "step_begin";
+        b.forward = stream_fn::of<&begin_fns::forward>(&begin);
+        p.step_begin.push_back(b);
+        for (int mb = 0; mb < microbatches; ++mb) {
+            std::vector<stage> list;
+            for (int l = 0; l < layers; ++l) {
+                fns.push_back({this, mb, l});
+                stage st;
+                st.name = "layer" + std::to_string(l) + ".mlp";
+                st.layer = l;
+                st.captured_by = region_set{capture_module::mlp};
+                st.forward = stream_fn::of<&layer_fns::forward>(&fns.back());
+                st.backward = stream_fn::of<&layer_fns::backward>(&fns.back());
+                list.push_back(st);
+            }
+            p.microbatches.push_back(std::move(list));
+        }
+        stage e;
+        e.name = "optimizer";
+        e.forward = stream_fn::of<&end_fns::forward>(&end);
+        p.step_end.push_back(e);
+        return p;
+    }
+};
+
+template <class Config>
+void check_sharded(const char* impl) {
+    comm();
+    using policy = sharded<static_double_buffer, persistent_buffer, keep_for_backward>;
+    static_assert(sharding_fits<Config, policy>);
+    cuda::stream s;
+    sharded_model m(mpi().rank(), mpi().size(), s);
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, microbatches, ncclSum)};
+    static_assert(hooks_fit<Config, decltype(hooks)>);
+    const layer_tensors tensors[layers] = {};
+    runner<Config> r(with_hooks(m.program(), hooks, tensors));
+    cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
+    for (int step = 1; step <= Config::warmup_steps + 4; ++step) {
+        r.step(s);
+        for (int l = 0; l < layers; ++l) {
+            // The forward of every microbatch saw the full parameters of the step before (gathered).
+            for (int mb = 0; mb < microbatches; ++mb) {
+                const auto seen = support::download(m.seen[std::size_t(mb * layers + l)].data(), n, s);
+                const int want_seen = expected_param(l, step - 1, mpi().size());
+                CHECK_MESSAGE(std::count(seen.begin(), seen.end(), want_seen) == n, impl, ", rank ", mpi().rank(), ", step ", step,
+                              ", layer ", l, ", microbatch ", mb, ": gathered ", seen.front(), " != ", want_seen);
+            }
+            // The shard holds its part of the reduced update.
+            const std::size_t shard = m.layout.parameters[std::size_t(l)].shard;
+            const auto mine = support::download(m.param_shard[std::size_t(l)].data(), shard, s);
+            const int want = expected_param(l, step, mpi().size());
+            CHECK_MESSAGE(std::count(mine.begin(), mine.end(), want) == long(shard), impl, ", rank ", mpi().rank(), ", step ", step,
+                          ", layer ", l, ": shard ", mine.front(), " != ", want);
+        }
+    }
+    if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);
+    if (mpi().rank() == 0)
+        std::printf("  sharded, %s: %d ranks, %zu of %d elements per layer on each rank, %d steps exact\n", impl, mpi().size(),
+                    m.layout.parameters[0].shard, n, Config::warmup_steps + 4);
+}
+
+} // namespace
+
+TEST_CASE("sharded data parallel: all-gather before each layer's forward, reduce-scatter after its backward, under every impl") {
+    check_sharded<config<impl::eager>>("none");
+    check_sharded<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>>("local");
+    check_sharded<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
+    check_sharded<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
 }

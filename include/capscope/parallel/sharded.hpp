@@ -1,0 +1,74 @@
+#pragma once
+//! @file
+//! Sharded data parallelism on hooks (FSDP / ZeRO-3 style), with NCCL: every rank keeps a shard of
+//! each layer's parameters and gradients; a forward-pre hook all-gathers the layer's parameters
+//! into a static full buffer (parallel/sharding.hpp: F1, F2), and a backward hook reduce-scatters
+//! the layer's full gradients into the rank's gradient shard after the last microbatch. The
+//! optimizer then steps the shard only. Both hooks are capturable: captured into the layer's
+//! graphs, or the step's.
+
+#include <capscope/cuda/nccl.hpp>
+#include <capscope/hooks/hook.hpp>
+#include <capscope/parallel/data_parallel.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace capscope {
+
+//! One layer's buffers under sharding: `shard` elements per rank of type `type`.
+struct sharded_layer_buffers {
+    void* parameter_shard = nullptr; //!< this rank's shard (what the optimizer steps)
+    void* parameter_full = nullptr;  //!< the gathered parameters: static (a double buffer, or its own)
+    void* gradient_full = nullptr;   //!< the layer's gradients, accumulated over microbatches
+    void* gradient_shard = nullptr;  //!< this rank's reduced shard of them
+    std::size_t shard = 0;
+    ncclDataType_t type = ncclFloat32;
+};
+
+namespace detail {
+struct parameter_gather {
+    ncclComm_t comm;
+    std::span<const sharded_layer_buffers> layers;
+    void operator()(forward_pre_context& c) const {
+        const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
+        CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.type, comm, c.stream()));
+    }
+};
+struct parameter_regather {
+    ncclComm_t comm;
+    std::span<const sharded_layer_buffers> layers;
+    void operator()(backward_pre_context& c) const {
+        const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
+        CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.type, comm, c.stream()));
+    }
+};
+struct gradient_scatter {
+    ncclComm_t comm;
+    std::span<const sharded_layer_buffers> layers;
+    int last_microbatch;
+    ncclRedOp_t op;
+    void operator()(backward_context& c) const {
+        if (c.microbatch() != last_microbatch) return; // earlier microbatches accumulate into gradient_full
+        const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
+        CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.type, op, comm, c.stream()));
+    }
+};
+} // namespace detail
+
+//! The forward-pre hook: all-gathers layer L's parameter shards into its full buffer.
+inline auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
+    return hook<hook_phase::forward_pre, capturable>("param all-gather", detail::parameter_gather{comm.get(), layers});
+}
+//! The backward-pre hook of `sharded<..., regather_for_backward>`: gathers them again before the
+//! layer's backward (when the full buffer was reused by another layer in between).
+inline auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
+    return hook<hook_phase::backward_pre, capturable>("param re-gather", detail::parameter_regather{comm.get(), layers});
+}
+//! The backward hook: reduce-scatters layer L's gradients into this rank's shard, after the last microbatch.
+inline auto gradient_reduce_scatter(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers,
+                                    int microbatches, ncclRedOp_t op = ncclAvg) {
+    return hook<hook_phase::backward, capturable>("grad reduce-scatter", detail::gradient_scatter{comm.get(), layers, microbatches - 1, op});
+}
+
+} // namespace capscope
