@@ -16,7 +16,8 @@
 
 namespace capscope {
 
-//! One layer's buffers under sharding: `shard` elements per rank of type `type`.
+//! One layer's buffers under sharding: `shard` elements per rank of type `type`. The hooks index
+//! a span of these by layer; the trainer keeps the span's storage (and the buffers) alive.
 struct sharded_layer_buffers {
     void* parameter_shard = nullptr; //!< this rank's shard (what the optimizer steps)
     void* parameter_full = nullptr;  //!< the gathered parameters: static (a double buffer, or its own)
