@@ -42,6 +42,39 @@ cuda::nccl_communicator& comm() {
     return c;
 }
 
+//! Both models' step: `Model::begin` at step begin, per microbatch one mlp stage per layer running
+//! `Model::layer_fns{model, mb, l}` (kept in `Model::fns`, reserved), and `Model::end` at step end.
+//! `extra_stage`: one more stage in each microbatch (a rank that planned differently).
+template <class Model>
+training_program synthetic_program(Model& m, bool extra_stage = false) {
+    using layer_fns = typename Model::layer_fns;
+    training_program p;
+    stage b;
+    b.name = "step_begin";
+    b.forward = stream_fn::of<&decltype(m.begin)::forward>(&m.begin);
+    p.step_begin.push_back(b);
+    for (int mb = 0; mb < microbatches; ++mb) {
+        std::vector<stage> list;
+        for (int l = 0; l < layers; ++l) {
+            m.fns.push_back({&m, mb, l});
+            stage st;
+            st.name = "layer" + std::to_string(l) + ".mlp";
+            st.layer = l;
+            st.captured_by = region_set{capture_module::mlp};
+            st.forward = stream_fn::of<&layer_fns::forward>(&m.fns.back());
+            st.backward = stream_fn::of<&layer_fns::backward>(&m.fns.back());
+            list.push_back(st);
+        }
+        if (extra_stage) list.push_back(list.back());
+        p.microbatches.push_back(std::move(list));
+    }
+    stage e;
+    e.name = "optimizer";
+    e.forward = stream_fn::of<&decltype(m.end)::forward>(&m.end);
+    p.step_end.push_back(e);
+    return p;
+}
+
 //! step_begin: counter += 1, grads = 0. Layer l of microbatch mb: forward act = counter + offset
 //! (offset = 10 l + 100 rank + 1000 mb); backward grad[l] += 2 act. step_end: param[l] += grad[l].
 struct dp_model {
@@ -86,33 +119,7 @@ struct dp_model {
         fns.reserve(microbatches * layers);
     }
 
-    training_program program(bool extra_stage = false) {
-        training_program p;
-        stage b;
-        b.name = "step_begin";
-        b.forward = stream_fn::of<&begin_fns::forward>(&begin);
-        p.step_begin.push_back(b);
-        for (int mb = 0; mb < microbatches; ++mb) {
-            std::vector<stage> list;
-            for (int l = 0; l < layers; ++l) {
-                fns.push_back({this, mb, l});
-                stage st;
-                st.name = "layer" + std::to_string(l) + ".mlp";
-                st.layer = l;
-                st.captured_by = region_set{capture_module::mlp};
-                st.forward = stream_fn::of<&layer_fns::forward>(&fns.back());
-                st.backward = stream_fn::of<&layer_fns::backward>(&fns.back());
-                list.push_back(st);
-            }
-            if (extra_stage) list.push_back(list.back()); // a rank that plans one more stage
-            p.microbatches.push_back(std::move(list));
-        }
-        stage e;
-        e.name = "optimizer";
-        e.forward = stream_fn::of<&end_fns::forward>(&end);
-        p.step_end.push_back(e);
-        return p;
-    }
+    training_program program(bool extra_stage = false) { return synthetic_program(*this, extra_stage); }
 };
 
 //! The parameters every rank must hold after `steps` steps: sum over steps k, ranks r and
@@ -238,32 +245,7 @@ struct sharded_model {
         fns.reserve(microbatches * layers);
     }
 
-    training_program program() {
-        training_program p;
-        stage b;
-        b.name = "step_begin";
-        b.forward = stream_fn::of<&begin_fns::forward>(&begin);
-        p.step_begin.push_back(b);
-        for (int mb = 0; mb < microbatches; ++mb) {
-            std::vector<stage> list;
-            for (int l = 0; l < layers; ++l) {
-                fns.push_back({this, mb, l});
-                stage st;
-                st.name = "layer" + std::to_string(l) + ".mlp";
-                st.layer = l;
-                st.captured_by = region_set{capture_module::mlp};
-                st.forward = stream_fn::of<&layer_fns::forward>(&fns.back());
-                st.backward = stream_fn::of<&layer_fns::backward>(&fns.back());
-                list.push_back(st);
-            }
-            p.microbatches.push_back(std::move(list));
-        }
-        stage e;
-        e.name = "optimizer";
-        e.forward = stream_fn::of<&end_fns::forward>(&end);
-        p.step_end.push_back(e);
-        return p;
-    }
+    training_program program() { return synthetic_program(*this); }
 };
 
 template <class Config>

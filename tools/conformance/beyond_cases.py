@@ -19,6 +19,7 @@ along each of four dimensions:
 Invalid draws are kept on purpose, at a lower weight: capscope-check must refuse what Megatron
 refuses before the graph rules, not only agree on the graph rules.
 """
+from draws import pick
 
 BASE_WITHOUT_PRECISION = [
     "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "256",
@@ -40,16 +41,6 @@ MOE_FREQ = [(6, "1"), (6, "2"), (3, "3"), (2, "4"), (1, "8"), (6, "([1]*3+[0]*1)
 # Hybrid layer patterns: M mamba, * attention, - MLP, E MoE, | pipeline stage, / MTP depth.
 HYBRID = [(5, "M*-E"), (4, "M-M-"), (3, "MMMM"), (3, "*-*-*-"), (3, "M*M*M*M*"), (3, "M*|-E"),
           (2, "M*-|M*-|M*-|M*-"), (2, "M*-E/M-"), (1, "M*-E/M-/M-"), (1, "M*X-"), (1, "")]
-
-
-def pick(rng, weighted):
-    total = sum(w for w, _ in weighted)
-    x = rng.uniform(0, total)
-    for w, v in weighted:
-        x -= w
-        if x <= 0:
-            return v
-    return weighted[-1][1]
 
 
 def precision_group(rng):

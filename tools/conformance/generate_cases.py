@@ -22,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import beyond_cases  # noqa: E402
+from draws import pick  # noqa: E402
 
 BASE = [
     "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "256",
@@ -38,17 +39,6 @@ RECOMPUTE_MODULES = ["core_attn", "mlp", "moe", "layernorm", "shared_experts", "
 OFFLOAD_MODULES = ["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
                    "expert_fc1", "moe_act", "fused_group_mlp"]
 MOE_FREQ = ["1", "2", "([1]*3+[0]*1)", "[1,1,1,1]", "[0,1,0,1]"]
-
-
-def pick(rng, weighted):
-    """weighted: list of (weight, value)."""
-    total = sum(w for w, _ in weighted)
-    x = rng.uniform(0, total)
-    for w, v in weighted:
-        x -= w
-        if x <= 0:
-            return v
-    return weighted[-1][1]
 
 
 def subset(rng, items, low, high):

@@ -12,6 +12,7 @@
 //! first (precision, layer pattern, pipeline, recompute) are `refused_inputs` (validate_args_inputs.hpp).
 
 #include <capscope/flags/command_line.hpp>
+#include <capscope/flags/find_flag.hpp>
 #include <capscope/flags/megatron_flag_table.hpp>
 #include <capscope/flags/moe_layer_freq.hpp>
 #include <capscope/flags/python_values.hpp>
@@ -34,14 +35,6 @@
 namespace capscope::flags {
 
 namespace detail {
-
-//! The flag's entry in the generated table (binary search), or nullptr.
-inline const flag_spec* find_flag(std::string_view name) {
-    const auto* first = std::begin(megatron_flag_table);
-    const auto* last = std::end(megatron_flag_table);
-    const auto* it = std::lower_bound(first, last, name, [](const flag_spec& f, std::string_view n) { return f.flag < n; });
-    return it != last && it->flag == name ? it : nullptr;
-}
 
 //! argparse's test: "-5" and "-.5" are values, not options (Megatron has no flag like them).
 inline bool is_negative_number(std::string_view t) {

@@ -11,7 +11,7 @@
 //! docs/conformance.md compares every check here with Megatron itself (the second case set).
 
 #include <capscope/flags/command_line.hpp>
-#include <capscope/flags/megatron_flag_table.hpp>
+#include <capscope/flags/find_flag.hpp>
 #include <capscope/flags/python_values.hpp>
 
 #include <algorithm>
@@ -46,9 +46,8 @@ public:
     bool on(std::string_view dest, bool otherwise = false) const {
         const auto* g = line_.find(dest);
         if (!g) return otherwise;
-        const auto* it = std::find_if(std::begin(megatron_flag_table), std::end(megatron_flag_table),
-                                      [&](const flag_spec& f) { return f.flag == g->flag; });
-        return it == std::end(megatron_flag_table) || it->action != flag_action::store_false;
+        const flag_spec* spec = find_flag(g->flag);
+        return !spec || spec->action != flag_action::store_false;
     }
     std::optional<long long> integer(std::string_view dest) const {
         const auto* g = line_.find(dest);

@@ -28,18 +28,12 @@ struct sharded_layer_buffers {
 };
 
 namespace detail {
+//! All-gathers the layer's parameter shards into its full buffer, before its forward or its backward.
+template <hook_phase P>
 struct parameter_gather {
     ncclComm_t comm;
     std::span<const sharded_layer_buffers> layers;
-    void operator()(forward_pre_context& c) const {
-        const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
-        CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.type, comm, c.stream()));
-    }
-};
-struct parameter_regather {
-    ncclComm_t comm;
-    std::span<const sharded_layer_buffers> layers;
-    void operator()(backward_pre_context& c) const {
+    void operator()(hook_context<P>& c) const {
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
         CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.type, comm, c.stream()));
     }
@@ -59,12 +53,12 @@ struct gradient_scatter {
 
 //! The forward-pre hook: all-gathers layer L's parameter shards into its full buffer.
 inline auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
-    return hook<hook_phase::forward_pre, capturable>("param all-gather", detail::parameter_gather{comm.get(), layers});
+    return hook<hook_phase::forward_pre, capturable>("param all-gather", detail::parameter_gather<hook_phase::forward_pre>{comm.get(), layers});
 }
 //! The backward-pre hook of `sharded<..., regather_for_backward>`: gathers them again before the
 //! layer's backward (when the full buffer was reused by another layer in between).
 inline auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
-    return hook<hook_phase::backward_pre, capturable>("param re-gather", detail::parameter_regather{comm.get(), layers});
+    return hook<hook_phase::backward_pre, capturable>("param re-gather", detail::parameter_gather<hook_phase::backward_pre>{comm.get(), layers});
 }
 //! The backward hook: reduce-scatters layer L's gradients into this rank's shard, after the last microbatch.
 inline auto gradient_reduce_scatter(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers,
