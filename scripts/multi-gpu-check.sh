@@ -2,8 +2,10 @@
 # The multi-GPU batch for the 2-GPU machine (device kind nvidia-h200-x2): build the data-parallel
 # test (release), run it as one rank and as two (mpirun -np 2, one process per GPU), run it under
 # compute-sanitizer (memory errors; NCCL's own probing of kernels built for other GPUs shows as
-# API errors it handles, not reported), and run the fork-launcher experiment of docs/multi_gpu.md with NCCL_DEBUG=INFO.
-# Logs go to $OUT.
+# API errors it handles, not reported), run tutorial 08 on two ranks, the data-parallel bench on
+# one GPU and on two (table: $OUT/bench-data-parallel.md), and the fork-launcher experiment of
+# docs/multi_gpu.md with NCCL_DEBUG=INFO. Logs go to $OUT.
+#   scripts/multi-gpu-check.sh [tests] [bench] [fork]     (default: all three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -14,22 +16,36 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_nccl >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+parts=("$@")
 echo "build: ok"
 rc=0
 run() { # name, command...
   local name=$1; shift
-  timeout 150 "$@" >"$OUT/$name.log" 2>&1; local r=$?
-  echo "== $name: exit $r"; grep -E "data parallel|planned different|test cases|assertions|Status|ERROR SUMMARY|RACECHECK|error" "$OUT/$name.log" | head -20
+  timeout 240 "$@" >"$OUT/$name.log" 2>&1; local r=$?
+  echo "== $name: exit $r"; grep -E "data parallel|sharded|example model|ranks x|planned different|test cases|assertions|Status|ERROR SUMMARY|RACECHECK|error|step time|counters|weights" "$OUT/$name.log" | head -24
   [ $r -eq 0 ] || rc=1
 }
-run one-rank ./build-mpi/tests/gpu_test_data_parallel
-run two-ranks mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE ./build-mpi/tests/gpu_test_data_parallel
-run two-ranks-memcheck mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
-g++ -std=c++20 -O1 -I/usr/local/cuda/include tools/launch_probe/fork_probe.cpp -L/usr/local/cuda/lib64 -lcudart -lnccl -o build-mpi/fork_probe
-for v in clean cuda id; do
-  NCCL_DEBUG=INFO timeout 60 ./build-mpi/fork_probe $v >"$OUT/fork-$v.log" 2>&1
-  echo "== fork $v: exit $?"; grep -E "fork_probe|rank [01]:|WARN|error" "$OUT/fork-$v.log" | tail -8
-done
+mpi2=(mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE)
+is_part() { [ ${#parts[@]} -eq 0 ] || [[ " ${parts[*]} " == *" $1 "* ]]; }
+if is_part tests; then
+  run one-rank ./build-mpi/tests/gpu_test_data_parallel
+  run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel
+  run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
+  run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
+fi
+if is_part bench; then
+  rm -f "$OUT/bench-data-parallel.csv"
+  run bench-1gpu mpirun --allow-run-as-root -np 1 -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
+  run bench-2gpu "${mpi2[@]}" ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
+  python3 bench/data_parallel_table.py "$OUT/bench-data-parallel.csv" >"$OUT/bench-data-parallel.md" && cat "$OUT/bench-data-parallel.md"
+fi
+if is_part fork; then
+  g++ -std=c++20 -O1 -I/usr/local/cuda/include tools/launch_probe/fork_probe.cpp -L/usr/local/cuda/lib64 -lcudart -lnccl -o build-mpi/fork_probe
+  for v in clean cuda id; do
+    NCCL_DEBUG=INFO timeout 60 ./build-mpi/fork_probe $v >"$OUT/fork-$v.log" 2>&1
+    echo "== fork $v: exit $?"; grep -E "fork_probe|rank [01]:|WARN|error" "$OUT/fork-$v.log" | tail -8
+  done
+fi
 echo "multi-gpu-check exit $rc"
 exit $rc

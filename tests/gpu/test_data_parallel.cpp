@@ -8,10 +8,10 @@
 // gives other numbers. Ranks with different plans get the same clear error, not a hang.
 
 #include "engine_kernels.hpp"
+#include "mpi_support.hpp"
 #include "support.hpp"
 
 #include <capscope/capscope.hpp>
-#include <capscope/cuda/mpi_bootstrap.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 #include <capscope/parallel/data_parallel.hpp>
@@ -33,14 +33,8 @@ namespace {
 constexpr int n = 1024, layers = 2, microbatches = 2;
 using ints = cuda::device_buffer<int>;
 
-cuda::mpi_session& mpi() {
-    static cuda::mpi_session session;
-    return session;
-}
-cuda::nccl_communicator& comm() {
-    static cuda::nccl_communicator c = cuda::communicator_from_mpi(mpi());
-    return c;
-}
+using support::comm;
+using support::mpi;
 
 //! Both models' step: `Model::begin` at step begin, per microbatch one mlp stage per layer running
 //! `Model::layer_fns{model, mb, l}` (kept in `Model::fns`, reserved), and `Model::end` at step end.
@@ -137,7 +131,7 @@ void check_data_parallel(const char* impl) {
     comm(); // takes this rank's GPU before any stream or buffer is made
     cuda::stream s;
     dp_model m(mpi().rank(), s);
-    hook_pipeline hooks{gradient_all_reduce(comm(), microbatches, ncclInt32, ncclSum)};
+    hook_pipeline hooks{gradient_all_reduce(comm(), ncclInt32, ncclSum)};
     static_assert(hooks_fit<Config, decltype(hooks)>);
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
@@ -168,7 +162,7 @@ TEST_CASE("ranks that planned different steps get a clear error on every rank, n
     comm();
     cuda::stream s;
     dp_model m(mpi().rank(), s);
-    hook_pipeline hooks{gradient_all_reduce(comm(), microbatches, ncclInt32, ncclSum)};
+    hook_pipeline hooks{gradient_all_reduce(comm(), ncclInt32, ncclSum)};
     runner<config<impl::ahead_of_time_per_layer>> r(with_hooks(m.program(mpi().rank() == 1), hooks, m.tensors));
     try {
         cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
@@ -241,7 +235,7 @@ struct sharded_model {
         counter.fill_bytes(0, s);
         for (int l = 0; l < layers; ++l)
             buffers.push_back({param_shard[std::size_t(l)].data(), full[l % 2].data(), grad_full[std::size_t(l)].data(),
-                               grad_shard[std::size_t(l)].data(), layout.parameters[std::size_t(l)].shard, ncclInt32});
+                               grad_shard[std::size_t(l)].data(), layout.parameters[std::size_t(l)].shard, ncclInt32, ncclInt32});
         fns.reserve(microbatches * layers);
     }
 
@@ -255,7 +249,7 @@ void check_sharded(const char* impl) {
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     sharded_model m(mpi().rank(), mpi().size(), s);
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, microbatches, ncclSum)};
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
     static_assert(hooks_fit<Config, decltype(hooks)>);
     const layer_tensors tensors[layers] = {};
     runner<Config> r(with_hooks(m.program(), hooks, tensors));

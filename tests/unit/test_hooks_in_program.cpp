@@ -111,6 +111,51 @@ TEST_CASE("the plan: capturable hooks inside their layer's graph; a boundary hoo
     }
 }
 
+TEST_CASE("a hook on a lane runs in a graph of its own on that side stream; last_microbatch_only gives one stage per step") {
+    fake::model m;
+    hook_pipeline hooks{
+        hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce", [](backward_context&) {}),
+        hook<hook_phase::forward_pre, capturable, on_lane<2>>("gather", [](forward_pre_context&) {}),
+    };
+    const layer_tensors tensors[2] = {};
+    const training_program program = with_hooks(m.program("DD", false, 2), hooks, tensors);
+    for (const stage& s : program.microbatches[0])
+        if (s.name == "layer1.attention") CHECK(s.waits_for == 1u << 2); // reads what the gather on lane 2 brought
+    auto count = [](const std::vector<stage>& list, const std::string& name) {
+        return std::count_if(list.begin(), list.end(), [&](const stage& s) { return s.name == name; });
+    };
+    CHECK(count(program.microbatches[0], "layer1.hook.grad all-reduce") == 1); // in every list, so the lists stay alike,
+    CHECK(count(program.microbatches[0], "layer1.hook.gather") == 1);
+    int reduce_calls = 0;
+    CHECK(program.step_end.front().waits_for == ((1u << 1) | (1u << 2))); // the optimizer waits for both lanes
+    CHECK(program.microbatches[1].front().waits_for == 1u << 2); // microbatch 0 used lane 2 (gathers), not lane 1
+
+    const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{}}, 1, program);
+    for (const stage_call& c : plan.calls) reduce_calls += stage_of(program, c).name == "layer1.hook.grad all-reduce";
+    CHECK(reduce_calls == 1); // but called in the last microbatch only: earlier microbatches accumulate
+    const plan_segment* reduce = nullptr;
+    const plan_segment* layer1 = nullptr;
+    for (const plan_segment& s : plan.segments)
+        for (int k = 0; k < s.call_count; ++k) {
+            const stage_call& c = plan.calls[std::size_t(s.first_call + k)];
+            if (c.microbatch != 1 || c.direction != phase::backward) continue;
+            if (stage_of(program, c).name == "layer1.hook.grad all-reduce") reduce = &s;
+            if (stage_of(program, c).name == "layer1.attention") layer1 = &s;
+        }
+    REQUIRE((reduce && layer1));
+    CHECK(reduce != layer1);
+    CHECK((reduce->graphed && reduce->lane == 1 && reduce->call_count == 1));
+    CHECK(layer1->lane == 0);
+    CHECK(reduce > layer1);                                              // right after the layer's backward graph
+    const plan_segment& optimizer = plan.segments.back();
+    CHECK(optimizer.waits_for == ((1u << 1) | (1u << 2)));
+    CHECK(to_text(plan, program).find("layer1.hook.grad all-reduce") != std::string::npos);
+    // Microbatch 1's other graphs are still microbatch 0's (the segments are matched by position).
+    int shared = 0;
+    for (const plan_segment& s : plan.segments) shared += s.shared;
+    CHECK(shared > 0);
+}
+
 TEST_CASE("warmup hooks run before the first warmup step and after the last, and again after reset()") {
     fake::model m;
     auto& log = m.log;

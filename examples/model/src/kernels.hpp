@@ -95,7 +95,7 @@ template <class T>
 void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, int batch, int seq, int inner, cudaStream_t s);
 
 // AdamW. The step count and the hyperparameters live on the device: the step count is advanced by
-// the same call, and the hyperparameters are set by a launch of their own, so a step replayed
+// the same call (by the first of a step's calls, when several arenas are stepped), and the hyperparameters are set by a launch of their own, so a step replayed
 // from a graph follows both (bias corrections, a learning-rate schedule).
 struct adamw_hyperparameters {
     float lr, beta1, beta2, eps, weight_decay;
@@ -103,6 +103,6 @@ struct adamw_hyperparameters {
 void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperparameters& values, cudaStream_t s);
 template <class T>
 void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
-           cudaStream_t s);
+           cudaStream_t s, bool advance_step = true);
 
 } // namespace gpt::kernels

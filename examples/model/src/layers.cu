@@ -39,6 +39,7 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
     for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
         const std::string name = "layer" + std::to_string(i);
         const int layer = static_cast<int>(i);
+        params.begin_layer(layer); // the layer's parameters form one group (sharded data parallelism shards it)
         switch (c.layer_pattern[i]) {
         case 'D':
             m.blocks.push_back(std::make_unique<attention_block<T>>(sh, params, blas, name, layer, attention_kind::causal));
@@ -51,6 +52,7 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
         default: m.blocks.push_back(std::make_unique<mamba_block<T>>(sh, params, blas, name, layer)); break;
         }
     }
+    params.begin_layer(-1);
     m.final_norm = params.declare("final_norm", c.hidden, init_kind::ones);
     m.head_w = params.declare("lm_head", std::size_t(c.hidden) * c.vocab, init_kind::normal, c.init_stddev);
     return m;

@@ -15,7 +15,7 @@ using capscope::cuda::device_buffer;
 using detail::gemm;
 
 template <class T>
-gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
+gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<store_sharding> sharding)
     : cfg_(detail::validated(cfg)), rng_(1) {
     kernels::set_rng(rng_.data(), cfg.seed, 0, s);
     detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, rng_.data());
@@ -45,7 +45,9 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s)
     tokens_.fill_bytes(0, s); // a valid token id until the first set_batch
     labels_.fill_bytes(0xff, s);
     loss_.fill_bytes(0, s);
-    params_.allocate(cfg.seed, s);
+    if (sharding) params_.allocate_sharded(cfg.seed, s, *sharding);
+    else params_.allocate(cfg.seed, s);
+    arenas_ = params_.optimizer_arenas();
     set_optimizer(adamw_config{}, s);
 
     const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
@@ -116,9 +118,12 @@ template <class T> void gpt_model<T>::set_optimizer(const adamw_config& o, cudaS
 }
 
 template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s) {
-    kernels::adamw(params_.masters(), params_.values(), params_.grads(), params_.first_moment(), params_.second_moment(),
-                   long(params_.total()), device_step_.data(),
-                   reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s);
+    bool first = true; // one arena, or (sharded) the replicated one and this rank's shard: one step count
+    for (const optimizer_arena<T>& a : arenas_) {
+        kernels::adamw(a.master, a.value, a.grad, a.first_moment, a.second_moment, long(a.count), device_step_.data(),
+                       reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s, first);
+        first = false;
+    }
 }
 
 template <class T> capscope::training_program gpt_model<T>::training_program() const {
@@ -129,7 +134,7 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     zero.kind = stage_kind::other;
     zero.buffers_declared = true;
     zero.forward = stream_fn::of<&gpt_model::zero_grad_stage>(self);
-    zero.outputs = {{"gradients", params_.grads(), params_.total() * sizeof(float)}};
+    zero.outputs = params_.gradient_arenas();
     p.step_begin.push_back(std::move(zero));
     p.microbatches = stages_;
     stage opt;
@@ -137,7 +142,7 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     opt.kind = stage_kind::optimizer;
     opt.buffers_declared = true;
     opt.forward = stream_fn::of<static_cast<void (gpt_model::*)(cudaStream_t)>(&gpt_model::optimizer_step)>(self);
-    opt.inputs = {{"gradients", params_.grads(), params_.total() * sizeof(float)}};
+    opt.inputs = params_.gradient_arenas();
     p.step_end.push_back(std::move(opt));
     return p;
 }

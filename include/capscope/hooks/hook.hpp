@@ -31,6 +31,15 @@ struct capture_time {};
 template <class P>
 concept hook_placement = std::same_as<P, capturable> || std::same_as<P, boundary> || std::same_as<P, capture_time>;
 
+//! Hook option: the hook runs only in the step's last microbatch (a gradient reduction: earlier
+//! microbatches accumulate locally). The other microbatches get no stage for it at all.
+struct last_microbatch_only {};
+
+//! Hook option `on_lane<K>` (capscope/stage/schema.hpp): the hook's stage runs on the runner's
+//! side stream K, forked from the step's stream at the hook's position, so it overlaps the stages
+//! after it (a gradient reduction beside the backward of earlier layers). `with_hooks` makes the
+//! step's last stages wait for the lanes its hooks use.
+
 //! Hook option: the hook belongs to one capture region of its layer (`of_region<capture::attention>`,
 //! or a trainer's `region<"mixer">`), not the whole layer.
 template <class Region>
@@ -55,6 +64,10 @@ template <class O>
 inline constexpr bool is_of_region = false;
 template <class R>
 inline constexpr bool is_of_region<of_region<R>> = true;
+template <class O>
+inline constexpr bool is_on_lane = false;
+template <int K>
+inline constexpr bool is_on_lane<on_lane<K>> = true;
 
 template <hook_phase Declared, class F>
 struct checked_phase {
@@ -87,8 +100,14 @@ struct checked_placement {
                   "capscope hook rule H4: a capturable hook is captured into the segment's graph, where a host "
                   "synchronization invalidates the capture (or would stall every replay) -- fix: declare it "
                   "hook<phase, boundary> (host work around each replay) or hook<phase, capture_time>");
-    static_assert(((std::same_as<Options, synchronizes_with_host> || is_of_region<Options>) && ...),
-                  "capscope hook rule H0: a hook's options are synchronizes_with_host and of_region<R> -- fix: drop the other options");
+    static_assert(((std::same_as<Options, synchronizes_with_host> || std::same_as<Options, last_microbatch_only> ||
+                    is_of_region<Options> || is_on_lane<Options>) && ...),
+                  "capscope hook rule H0: a hook's options are synchronizes_with_host, of_region<R>, on_lane<K> and "
+                  "last_microbatch_only -- fix: drop the other options");
+    static_assert((int(is_on_lane<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook runs on one lane -- fix: keep one on_lane<K>");
+    static_assert(!std::same_as<Placement, boundary> || !(is_on_lane<Options> || ...),
+                  "capscope hook rule H0: a boundary hook is host work on the step's stream, not on a lane -- fix: drop on_lane<K>, "
+                  "or make the hook capturable");
     static constexpr bool checked = true;
 };
 } // namespace detail
@@ -102,6 +121,15 @@ public:
     static constexpr hook_phase phase = Phase;
     using placement = Placement;
     static constexpr bool synchronizes_host = (std::same_as<Options, synchronizes_with_host> || ...);
+    static constexpr bool last_microbatch = (std::same_as<Options, last_microbatch_only> || ...);
+    //! The side stream it runs on; 0: that of the stages it hooks.
+    static constexpr int lane = [] {
+        int k = 0;
+        ([&] {
+            if constexpr (detail::is_on_lane<Options>) k = Options::lane;
+        }(), ...);
+        return k;
+    }();
     //! The regions it belongs to; empty = the whole layer.
     static constexpr region_set regions = [] {
         region_set s;

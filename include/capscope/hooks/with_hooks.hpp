@@ -16,12 +16,15 @@
 //! before their backward), backward before the first (after their backward). Hooks of one phase
 //! and site run in declaration order; a region's hooks nest inside the layer's (a layer's
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
-//! The stage names are "layerN.hook.<name>".
+//! The stage names are "layerN.hook.<name>". A hook on a side lane (`on_lane<K>`) is a stage on
+//! that lane; when it runs before its stages (forward_pre, backward_pre), the stage it precedes
+//! waits for the lane, so it reads what the hook brought (an all-gather on the communication lane).
 
 #include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/stage/program.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
@@ -43,6 +46,7 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
     s.captured_by = host ? region_set{} : regions;
     s.synchronizes_with_host = host;
     s.capture_only = at_capture;
+    s.last_microbatch_only = Hook::last_microbatch;
     const stream_fn fn = stream_fn::from([hook = &h, tensors, layer, microbatch](stream_handle stream) {
         hook_context<p> context(stream, layer, microbatch, *tensors);
         (*hook)(context);
@@ -70,6 +74,7 @@ inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, 
 //! Hook stages next to one stage, each list in execution order.
 struct hook_slot {
     std::vector<stage> forward_before, forward_after, backward_before, backward_after;
+    std::uint32_t waits_for = 0; //!< lanes of pre-phase hooks whose work the stage reads
 };
 
 //! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
@@ -90,8 +95,9 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
                     const int at = at_first ? first : last;
                     const stage& next_to = list[std::size_t(at)];
                     stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
-                    s.lane = next_to.lane;
+                    s.lane = H::lane ? H::lane : next_to.lane;
                     hook_slot& slot = slots[std::size_t(at)];
+                    if (pre && H::lane) slot.waits_for |= std::uint32_t{1} << H::lane; // it reads what the hook brings
                     const bool forward = pass_of(H::phase) == phase::forward;
                     (at_first ? (forward ? slot.forward_before : slot.backward_before)
                               : (forward ? slot.forward_after : slot.backward_after))
@@ -114,25 +120,47 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
         for (auto it = slot.backward_before.rbegin(); it != slot.backward_before.rend(); ++it) out.push_back(std::move(*it));
         for (stage& s : slot.forward_before) out.push_back(std::move(s));
         out.push_back(list[i]);
+        out.back().waits_for |= slot.waits_for;
         for (stage& s : slot.forward_after) out.push_back(std::move(s));
         for (auto it = slot.backward_after.rbegin(); it != slot.backward_after.rend(); ++it) out.push_back(std::move(*it));
     }
     return out;
 }
 
+//! The lanes (bits, as `stage::waits_for`) that the hooks run on; with `every_microbatch`, only
+//! those of hooks that run in every microbatch (not `last_microbatch_only`).
+template <class... Hooks>
+constexpr std::uint32_t hook_lanes(bool every_microbatch) {
+    std::uint32_t lanes = 0;
+    ([&] {
+        if constexpr (is_layer_hook<Hooks>)
+            if (Hooks::lane && !(every_microbatch && Hooks::last_microbatch)) lanes |= std::uint32_t{1} << Hooks::lane;
+    }(), ...);
+    return lanes;
+}
+
 } // namespace detail
 
 //! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
 //! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
-//! the hooks). Warmup hooks are not stages: `runner::set_warmup_hooks` runs them.
+//! the hooks). Warmup hooks are not stages: `runner::set_warmup_hooks` runs them. What hooks on a
+//! lane (`on_lane<K>`) write is waited for by the step's first end stage (the optimizer) and, for
+//! hooks that run in every microbatch, by the next microbatch's first stage, so nothing reads it
+//! early; the runner joins every lane at the end of the step anyway.
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
                             std::span<const layer_tensors> tensors) {
+    constexpr std::uint32_t lanes = detail::hook_lanes<Hooks...>(false), every = detail::hook_lanes<Hooks...>(true);
     training_program out;
     out.step_begin = program.step_begin;
     out.step_end = program.step_end;
-    for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
+    if (!out.step_end.empty()) out.step_end.front().waits_for |= lanes;
+    const std::size_t count = program.microbatches.size();
+    for (std::size_t mb = 0; mb < count; ++mb) {
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
+        // Every microbatch's (the lists stay alike, P3); in the first, nothing is pending.
+        if (!out.microbatches.back().empty()) out.microbatches.back().front().waits_for |= every;
+    }
     return out;
 }
 

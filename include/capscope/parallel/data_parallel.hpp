@@ -3,8 +3,10 @@
 //! Data parallelism on hooks: every rank holds all parameters and runs its share of the batch;
 //! a backward hook per layer reduces the layer's gradients across the ranks after the layer's
 //! backward of the last microbatch (earlier microbatches accumulate locally), one NCCL call per
-//! bucket (gradients adjacent in memory, up to a size). The hook is capturable: it is captured
-//! into the layer's backward graph (per-layer impls) or the step's graph (whole_iteration), and
+//! bucket (gradients adjacent in memory, up to a size), on a side stream (lane 1) so that it
+//! overlaps the backward of the layers before it. The hook is capturable: under per-layer impls
+//! it is a graph of its own per layer, launched on that side stream right after the layer's
+//! backward graph; under whole_iteration, a branch of the step's graph; and
 //! every rank captures the same calls in the same order (`require_same_plan` checks the plans).
 //! The plan also fingerprints the ranks' programs: `plan_fingerprint`.
 
@@ -14,7 +16,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace capscope {
 
@@ -29,38 +35,83 @@ constexpr std::size_t nccl_type_bytes(ncclDataType_t t) {
     }
 }
 
+//! All-reduces `gradients` in place, one call per bucket (tensors adjacent in memory, up to
+//! `bucket_bytes`; a tensor larger than that is its own bucket).
+inline void all_reduce_buckets(ncclComm_t comm, std::span<const tensor_ref> gradients, ncclDataType_t type, ncclRedOp_t op,
+                               std::size_t bucket_bytes, cudaStream_t s) {
+    const std::size_t element = nccl_type_bytes(type);
+    for (std::size_t i = 0; i < gradients.size();) {
+        auto* start = static_cast<std::byte*>(gradients[i].data);
+        std::size_t bytes = gradients[i].bytes;
+        std::size_t j = i + 1;
+        while (j < gradients.size() && static_cast<std::byte*>(gradients[j].data) == start + bytes &&
+               bytes + gradients[j].bytes <= bucket_bytes)
+            bytes += gradients[j++].bytes;
+        CAPSCOPE_CHECK(ncclAllReduce(start, start, bytes / element, type, op, comm, s));
+        i = j;
+    }
+}
+
 struct gradient_reduction {
     ncclComm_t comm;
-    int last_microbatch;
     std::size_t bucket_bytes;
     ncclDataType_t type;
     ncclRedOp_t op;
-
-    void operator()(backward_context& c) const {
-        if (c.microbatch() != last_microbatch) return; // the earlier microbatches accumulate locally
-        const auto grads = c.gradients();
-        const std::size_t element = nccl_type_bytes(type);
-        for (std::size_t i = 0; i < grads.size();) {
-            auto* start = static_cast<std::byte*>(grads[i].data);
-            std::size_t bytes = grads[i].bytes;
-            std::size_t j = i + 1;
-            while (j < grads.size() && static_cast<std::byte*>(grads[j].data) == start + bytes && bytes + grads[j].bytes <= bucket_bytes)
-                bytes += grads[j++].bytes;
-            CAPSCOPE_CHECK(ncclAllReduce(start, start, bytes / element, type, op, comm, c.stream()));
-            i = j;
-        }
-    }
+    void operator()(backward_context& c) const { all_reduce_buckets(comm, c.gradients(), type, op, bucket_bytes, c.stream()); }
 };
+
+inline void check_type(ncclDataType_t type, const char* who) {
+    if (nccl_type_bytes(type) == 0) throw std::invalid_argument(std::string(who) + ": unsupported NCCL data type " + std::to_string(int(type)));
+}
 } // namespace detail
 
 //! The data-parallel backward hook: reduces (`op`, by default the average) each layer's gradients
-//! of type `type` across the ranks of `comm`, after the backward of microbatch `microbatches - 1`.
-inline auto gradient_all_reduce(const cuda::nccl_communicator& comm, int microbatches, ncclDataType_t type = ncclFloat32,
-                                ncclRedOp_t op = ncclAvg, std::size_t bucket_bytes = std::size_t(40) << 20) {
-    if (detail::nccl_type_bytes(type) == 0) throw std::invalid_argument("gradient_all_reduce: unsupported NCCL data type");
-    return hook<hook_phase::backward, capturable>(
-        "grad all-reduce", detail::gradient_reduction{comm.get(), microbatches - 1, bucket_bytes, type, op});
+//! of type `type` across the ranks of `comm`, after the layer's backward in the step's last
+//! microbatch, on the runner's side stream `Lane` (so it overlaps the backward of the layers
+//! before it; the optimizer waits for it).
+template <int Lane = 1>
+auto gradient_all_reduce(const cuda::nccl_communicator& comm, ncclDataType_t type = ncclFloat32, ncclRedOp_t op = ncclAvg,
+                         std::size_t bucket_bytes = std::size_t(40) << 20) {
+    detail::check_type(type, "gradient_all_reduce");
+    return hook<hook_phase::backward, capturable, on_lane<Lane>, last_microbatch_only>(
+        "grad all-reduce", detail::gradient_reduction{comm.get(), bucket_bytes, type, op});
 }
+
+//! The reduction of gradients outside the layers (an embedding, a head), once per step: a stage
+//! for the step's end, before the optimizer, on side stream `lane` (the optimizer must wait for
+//! it: `with_hooks` makes the first end stage wait for the hooks' lanes, and this is the same lane
+//! as theirs by default). It keeps the list of gradients, so it must outlive the stage.
+class step_gradient_all_reduce {
+public:
+    step_gradient_all_reduce(const cuda::nccl_communicator& comm, std::vector<tensor_ref> gradients, ncclDataType_t type = ncclFloat32,
+                             ncclRedOp_t op = ncclAvg, std::size_t bucket_bytes = std::size_t(40) << 20)
+        : comm_(comm.get()), gradients_(std::move(gradients)), type_(type), op_(op), bucket_bytes_(bucket_bytes) {
+        detail::check_type(type, "step_gradient_all_reduce");
+    }
+    step_gradient_all_reduce(const step_gradient_all_reduce&) = delete; // its stage points to it
+    step_gradient_all_reduce& operator=(const step_gradient_all_reduce&) = delete;
+
+    void run(cudaStream_t s) { detail::all_reduce_buckets(comm_, gradients_, type_, op_, bucket_bytes_, s); }
+    //! A step-level stage (outside the layers: captured only by the whole iteration) named `name`.
+    stage to_stage(std::string name = "grad all-reduce (outside the layers)", int lane = 1) {
+        stage st;
+        st.name = std::move(name);
+        st.kind = stage_kind_id("collective");
+        st.lane = lane;
+        st.forward = stream_fn::of<&step_gradient_all_reduce::run>(this);
+        st.inputs = gradients_;
+        st.outputs = gradients_;
+        st.buffers_declared = true;
+        return st;
+    }
+
+private:
+    ncclComm_t comm_;
+    std::vector<tensor_ref> gradients_;
+    ncclDataType_t type_;
+    ncclRedOp_t op_;
+    std::size_t bucket_bytes_;
+};
 
 //! A fingerprint of a training plan and its program (segments, graphs, stage names and kinds):
 //! equal on ranks that will capture the same collectives in the same order.

@@ -3,9 +3,13 @@
 //! Sharded data parallelism on hooks (FSDP / ZeRO-3 style), with NCCL: every rank keeps a shard of
 //! each layer's parameters and gradients; a forward-pre hook all-gathers the layer's parameters
 //! into a static full buffer (parallel/sharding.hpp: F1, F2), and a backward hook reduce-scatters
-//! the layer's full gradients into the rank's gradient shard after the last microbatch. The
-//! optimizer then steps the shard only. Both hooks are capturable: captured into the layer's
-//! graphs, or the step's.
+//! the layer's full gradients into the rank's gradient shard after the last microbatch, on a side
+//! stream. The optimizer then steps the shard only. The hooks are capturable: under per-layer
+//! impls each is a graph of its own on the side stream, beside the layer's; under the whole
+//! iteration, a branch of the step's graph. Every collective goes on the same side stream (lane
+//! 1 by default), so they run one after another in the order issued, the same on every rank: NCCL
+//! orders the collectives of one communicator when they are launched eagerly, but graphs launched
+//! on different streams would not be ordered against each other.
 
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/hooks/hook.hpp>
@@ -23,8 +27,9 @@ struct sharded_layer_buffers {
     void* parameter_full = nullptr;  //!< the gathered parameters: static (a double buffer, or its own)
     void* gradient_full = nullptr;   //!< the layer's gradients, accumulated over microbatches
     void* gradient_shard = nullptr;  //!< this rank's reduced shard of them
-    std::size_t shard = 0;
-    ncclDataType_t type = ncclFloat32;
+    std::size_t shard = 0;                      //!< elements per rank, of both parameters and gradients
+    ncclDataType_t parameter_type = ncclFloat32; //!< the working copy's type (bf16 under mixed precision)
+    ncclDataType_t gradient_type = ncclFloat32;
 };
 
 namespace detail {
@@ -35,35 +40,41 @@ struct parameter_gather {
     std::span<const sharded_layer_buffers> layers;
     void operator()(hook_context<P>& c) const {
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
-        CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.type, comm, c.stream()));
+        CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.parameter_type, comm, c.stream()));
     }
 };
 struct gradient_scatter {
     ncclComm_t comm;
     std::span<const sharded_layer_buffers> layers;
-    int last_microbatch;
     ncclRedOp_t op;
     void operator()(backward_context& c) const {
-        if (c.microbatch() != last_microbatch) return; // earlier microbatches accumulate into gradient_full
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
-        CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.type, op, comm, c.stream()));
+        CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.gradient_type, op, comm, c.stream()));
     }
 };
 } // namespace detail
 
-//! The forward-pre hook: all-gathers layer L's parameter shards into its full buffer.
-inline auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
-    return hook<hook_phase::forward_pre, capturable>("param all-gather", detail::parameter_gather<hook_phase::forward_pre>{comm.get(), layers});
+//! The forward-pre hook: all-gathers layer L's parameter shards into its full buffer, on side
+//! stream `Lane` (the layer's forward waits for it there).
+template <int Lane = 1>
+auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
+    return hook<hook_phase::forward_pre, capturable, on_lane<Lane>>("param all-gather",
+                                                                    detail::parameter_gather<hook_phase::forward_pre>{comm.get(), layers});
 }
 //! The backward-pre hook of `sharded<..., regather_for_backward>`: gathers them again before the
-//! layer's backward (when the full buffer was reused by another layer in between).
-inline auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
-    return hook<hook_phase::backward_pre, capturable>("param re-gather", detail::parameter_gather<hook_phase::backward_pre>{comm.get(), layers});
+//! layer's backward (when the full buffer was reused by another layer in between), on `Lane`.
+template <int Lane = 1>
+auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
+    return hook<hook_phase::backward_pre, capturable, on_lane<Lane>>("param re-gather",
+                                                                     detail::parameter_gather<hook_phase::backward_pre>{comm.get(), layers});
 }
-//! The backward hook: reduce-scatters layer L's gradients into this rank's shard, after the last microbatch.
-inline auto gradient_reduce_scatter(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers,
-                                    int microbatches, ncclRedOp_t op = ncclAvg) {
-    return hook<hook_phase::backward, capturable>("grad reduce-scatter", detail::gradient_scatter{comm.get(), layers, microbatches - 1, op});
+//! The backward hook: reduce-scatters layer L's gradients into this rank's shard, in the step's
+//! last microbatch (earlier ones accumulate into `gradient_full`), on side stream `Lane` (so it
+//! overlaps the backward of the layers before it; the optimizer waits for it).
+template <int Lane = 1>
+auto gradient_reduce_scatter(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, ncclRedOp_t op = ncclAvg) {
+    return hook<hook_phase::backward, capturable, on_lane<Lane>, last_microbatch_only>("grad reduce-scatter",
+                                                                                      detail::gradient_scatter{comm.get(), layers, op});
 }
 
 } // namespace capscope

@@ -150,9 +150,10 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
     plan.warmup_steps = warmup_steps;
     plan.microbatches = static_cast<int>(program.microbatches.size());
 
-    // The graphed segments of microbatch 0, in order, to share with later microbatches.
-    std::vector<int> first_microbatch_segments;
-    int graphed_index = 0;
+    // Microbatch 0's graphed segments, by direction and first stage (the lists are alike, P3),
+    // to share with the same segments of later microbatches.
+    std::vector<int> first_microbatch_segments[2];
+    for (auto& v : first_microbatch_segments) v.assign(program.microbatches.front().size(), -1);
 
     auto add_list = [&](step_part part, int mb, phase dir) {
         const auto& list = stage_list(program, part, mb);
@@ -172,6 +173,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
                 const int i = dir == phase::forward ? r.first + k : r.first + r.count - 1 - k;
                 const stage& st = list[std::size_t(i)];
                 if (!(dir == phase::forward ? st.forward : st.backward)) continue;
+                if (st.last_microbatch_only && part == step_part::microbatch && mb + 1 != plan.microbatches) continue;
                 plan.calls.push_back({part, mb, i, dir});
                 seg.waits_for |= st.waits_for;
             }
@@ -179,8 +181,9 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
             if (seg.call_count == 0) continue;
             seg.graphed = r.graphed && scope.impl != graph_impl::whole_iteration;
             if (seg.graphed) {
-                if (part == step_part::microbatch && mb > 0) {
-                    const plan_segment& twin = plan.segments[std::size_t(first_microbatch_segments[std::size_t(graphed_index)])];
+                int* twin_at = part == step_part::microbatch ? &first_microbatch_segments[dir == phase::forward ? 0 : 1][std::size_t(r.first)] : nullptr;
+                if (twin_at && mb > 0 && *twin_at >= 0) {
+                    const plan_segment& twin = plan.segments[std::size_t(*twin_at)];
                     bool same = twin.call_count == seg.call_count;
                     for (int k = 0; same && k < seg.call_count; ++k) {
                         const stage& a = stage_of(program, plan.calls[std::size_t(twin.first_call + k)]);
@@ -192,9 +195,8 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
                     seg.shared = same;
                 } else {
                     seg.graph = plan.graph_count++;
-                    if (part == step_part::microbatch) first_microbatch_segments.push_back(static_cast<int>(plan.segments.size()));
+                    if (twin_at && mb == 0) *twin_at = static_cast<int>(plan.segments.size());
                 }
-                if (part == step_part::microbatch) ++graphed_index;
             }
             plan.segments.push_back(seg);
         }
@@ -202,7 +204,6 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
 
     add_list(step_part::step_begin, -1, phase::forward);
     for (int mb = 0; mb < plan.microbatches; ++mb) {
-        graphed_index = 0;
         add_list(step_part::microbatch, mb, phase::forward);
         add_list(step_part::microbatch, mb, phase::backward);
     }

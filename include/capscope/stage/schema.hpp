@@ -78,10 +78,12 @@ struct shapes_depend_on_data {
 struct passes_host_values {
     static constexpr void apply(stage_facts& f) { f.passes_host_values = true; }
 };
-//! The stage runs on the runner's side stream `Lane` (capscope/stage/stage.hpp).
+//! The stage runs on the runner's side stream `Lane` (capscope/stage/stage.hpp); also a hook
+//! option (capscope/hooks/hook.hpp).
 template <int Lane>
 struct on_lane {
     static_assert(Lane >= 1 && Lane <= max_lanes, "capscope::on_lane<k>: lanes are numbered 1..capscope::max_lanes (0 is the step's stream)");
+    static constexpr int lane = Lane;
     static constexpr void apply(stage_facts& f) { f.lane = Lane; }
 };
 //! Before the stage, wait for the work issued on lane `Lane` so far.

@@ -76,6 +76,10 @@ struct stage {
     //! Runs only while its segment is captured, once per capture, never in eager runs or replays
     //! (a capture-time hook, hooks/with_hooks.hpp): host work that sets up what the graph needs.
     bool capture_only = false;
+    //! Runs in the step's last microbatch only (a gradient reduction: earlier microbatches
+    //! accumulate locally). The stage is in every microbatch's list, so the lists stay alike;
+    //! the plan leaves out its calls in the others.
+    bool last_microbatch_only = false;
     //! Streams the stage forks work onto and joins back before it returns.
     std::vector<stream_handle> forks_to;
 

@@ -18,6 +18,7 @@
 #include <capscope/stage/program.hpp>
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,7 +31,9 @@ struct adamw_config {
 template <class T>
 class gpt_model {
 public:
-    gpt_model(const model_config& cfg, cudaStream_t setup_stream);
+    //! With `sharding`, this rank keeps a shard of each layer's parameters and optimizer state
+    //! (parameters.hpp; sharded data parallelism, gpt/data_parallel.hpp). The layers are the same.
+    gpt_model(const model_config& cfg, cudaStream_t setup_stream, std::optional<store_sharding> sharding = std::nullopt);
     gpt_model(const gpt_model&) = delete;
     gpt_model& operator=(const gpt_model&) = delete;
 
@@ -98,6 +101,7 @@ private:
     model_config cfg_;
     capscope::cuda::blas_handle blas_;
     parameter_store<T> params_;
+    std::vector<optimizer_arena<T>> arenas_; //!< what optimizer_step steps, found once
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;

@@ -131,9 +131,11 @@ void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperp
 }
 template <class T>
 void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
-           cudaStream_t s) {
-    advance_step_k<<<1, 1, 0, s>>>(step);
-    CHECKED("advance_step");
+           cudaStream_t s, bool advance_step) {
+    if (advance_step) {
+        advance_step_k<<<1, 1, 0, s>>>(step);
+        CHECKED("advance_step");
+    }
     adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, hyper);
     CHECKED("adamw");
 }
@@ -146,7 +148,7 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
     template void gelu_backward<T>(const T*, const T*, T*, long, cudaStream_t); \
     template void dropout_add_forward<T>(const T*, const T*, T*, unsigned char*, rng_state*, float, long, cudaStream_t); \
     template void dropout_backward<T>(const T*, const unsigned char*, T*, float, long, cudaStream_t); \
-    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t);
+    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t, bool);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
 

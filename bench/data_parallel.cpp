@@ -1,0 +1,178 @@
+// Data parallel and sharded training of the example model on 1 and 2 GPUs (weak scaling: the same
+// batch per GPU), one process per GPU:
+//
+//   mpirun -np 1 data_parallel --csv FILE     then     mpirun -np 2 data_parallel --csv FILE
+//   python3 bench/data_parallel_table.py FILE > table.md
+//
+// bf16, hidden 1024, 16 heads, ffn 4096, seq 512, batch 4 per GPU, 2 microbatches, 8 dense
+// layers, vocab 256. Variants: data parallel and sharded (re-gather for backward), each under
+// `none` (eager, collectives too), `transformer_engine` (per-layer graphs, collectives captured
+// in them) and `full_iteration` (the whole step one graph). Per variant: device time per step
+// (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
+// call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
+// after its warmup and captures: parameters, optimizer state, activations, graphs), and the
+// parameter and optimizer-state bytes per rank. All variants are built first and run
+// round-robin, so drift hits them alike. Exits 77 without a GPU.
+
+#include <gpt/data_parallel.hpp>
+
+#include <capscope/capscope.hpp>
+#include <capscope/cuda/device.hpp>
+#include <capscope/cuda/event.hpp>
+#include <capscope/cuda/mpi_bootstrap.hpp>
+#include <capscope/cuda/stream.hpp>
+#include <capscope/engine.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using T = __nv_bfloat16;
+using namespace capscope;
+
+struct variant {
+    std::string mode, impl;
+    std::function<void(cudaStream_t)> step;
+    double device_bytes = 0, state_bytes = 0;
+    std::vector<float> device_ms, host_us;
+};
+
+double median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+std::size_t device_used() {
+    std::size_t free = 0, total = 0;
+    CAPSCOPE_CHECK(cudaMemGetInfo(&free, &total));
+    return total - free;
+}
+
+gpt::model_config bench_model() {
+    gpt::model_config c;
+    c.vocab = 256;
+    c.hidden = 1024;
+    c.heads = 16;
+    c.ffn_hidden = 4096;
+    c.seq_len = 512;
+    c.batch = 4;
+    c.microbatches = 2;
+    c.layer_pattern = "DDDDDDDD";
+    return c;
+}
+
+using none_cfg = config<impl::eager>;
+using te_cfg = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>;
+using full_cfg = config<impl::whole_iteration, no_nan_check, warmup_steps<1>>;
+using sharded_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
+
+//! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
+//! steps, captures), and measures what it holds.
+template <class Config, class Mode>
+void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
+         const char* impl, int rank, cudaStream_t s) {
+    const gpt::model_config c = bench_model();
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const std::size_t before = device_used();
+    auto t = std::make_shared<gpt::data_parallel_trainer<T, Config, Mode>>(c, comm, s);
+    std::mt19937 rng(7 + unsigned(rank));
+    std::uniform_int_distribution<int> tok(0, c.vocab - 1);
+    std::vector<int> tokens(std::size_t(c.tokens())), labels(tokens.size());
+    for (int mb = 0; mb < c.microbatches; ++mb) {
+        for (auto& x : tokens) x = tok(rng);
+        for (std::size_t i = 0; i < tokens.size(); ++i) labels[i] = (i + 1) % std::size_t(c.seq_len) ? tokens[i + 1] : -1;
+        t->model().set_batch(mb, tokens, labels, s);
+    }
+    for (int i = 0; i < 3; ++i) t->step(s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    variant v{mode, impl, [p = t.get()](cudaStream_t st) { p->step(st); }, double(device_used() - before),
+              double(t->model().parameters().device_bytes()), {}, {}};
+    out.push_back(std::move(v));
+    keep.push_back(std::move(t));
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    int rounds = 10, steps_per_round = 5;
+    std::string csv;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+        else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
+        else {
+            std::fprintf(stderr, "usage: data_parallel [--csv FILE] [--rounds R]\n");
+            return 2;
+        }
+    }
+    if (cuda::usable_device_count() == 0) {
+        std::printf("no CUDA device: skipped\n");
+        return cuda::skip_exit_code;
+    }
+    cuda::mpi_session mpi;
+    const cuda::nccl_communicator comm = cuda::communicator_from_mpi(mpi);
+    cuda::stream s;
+    std::vector<variant> v;
+    std::vector<std::shared_ptr<void>> keep;
+    const int r = mpi.rank();
+    add<none_cfg, gpt::replicated>(v, keep, comm, "data parallel", "none", r, s);
+    add<te_cfg, gpt::replicated>(v, keep, comm, "data parallel", "transformer_engine", r, s);
+    add<full_cfg, gpt::replicated>(v, keep, comm, "data parallel", "full_iteration", r, s);
+    add<none_cfg, sharded_mode>(v, keep, comm, "sharded", "none", r, s);
+    add<te_cfg, sharded_mode>(v, keep, comm, "sharded", "transformer_engine", r, s);
+    add<full_cfg, sharded_mode>(v, keep, comm, "sharded", "full_iteration", r, s);
+
+    std::vector<cuda::event> marks;
+    for (int i = 0; i <= steps_per_round; ++i) marks.push_back(cuda::event::timing());
+    for (int round = 0; round < rounds; ++round)
+        for (auto& x : v) {
+            marks[0].record(s);
+            for (int i = 0; i < steps_per_round; ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                x.step(s);
+                const auto t1 = std::chrono::steady_clock::now();
+                marks[std::size_t(i) + 1].record(s);
+                x.host_us.push_back(float(std::chrono::duration<double, std::micro>(t1 - t0).count()));
+            }
+            marks[std::size_t(steps_per_round)].synchronize();
+            for (int i = 0; i < steps_per_round; ++i)
+                x.device_ms.push_back(cuda::event::elapsed_ms(marks[std::size_t(i)], marks[std::size_t(i) + 1]));
+        }
+
+    cudaDeviceProp prop{};
+    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::FILE* out = nullptr;
+    if (r == 0 && !csv.empty()) {
+        std::FILE* existing = std::fopen(csv.c_str(), "r");
+        const bool fresh = existing == nullptr;
+        if (existing) std::fclose(existing);
+        out = std::fopen(csv.c_str(), "a");
+        if (!out) {
+            std::fprintf(stderr, "data_parallel: cannot write %s\n", csv.c_str());
+            return 1;
+        }
+        if (fresh) std::fprintf(out, "gpus,mode,impl,step_ms,host_us,device_mib_per_rank,state_mib_per_rank,tokens_per_s,device\n");
+    }
+    const gpt::model_config c = bench_model();
+    for (auto& x : v) {
+        // The slowest rank's median step, the largest memory of any rank.
+        double per[4] = {median(x.device_ms), median(x.host_us), x.device_bytes / 1048576.0, x.state_bytes / 1048576.0};
+        CAPSCOPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, per, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+        const double tokens_per_s = double(c.tokens()) * c.microbatches * mpi.size() / (per[0] / 1000.0);
+        if (r != 0) continue;
+        std::printf("%d GPU(s) %-14s %-19s step %8.3f ms  host %8.1f us  device %8.1f MiB/rank  state %7.1f MiB/rank  %9.0f tokens/s\n",
+                    mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3], tokens_per_s);
+        if (out)
+            std::fprintf(out, "%d,%s,%s,%.4f,%.2f,%.1f,%.1f,%.0f,%s\n", mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3],
+                         tokens_per_s, prop.name);
+    }
+    if (out) std::fclose(out);
+    return 0;
+}

@@ -1,0 +1,140 @@
+#pragma once
+//! @file
+//! The example model on several GPUs, one process per GPU, the parallelism chosen by type:
+//!
+//!     gpt::data_parallel_trainer<T, Config, gpt::replicated>            // every rank holds every parameter
+//!     gpt::data_parallel_trainer<T, Config, capscope::sharded<>>        // every rank a shard of each layer
+//!
+//! Replicated: a backward hook per layer all-reduces the layer's gradients in the last microbatch
+//! (capscope/parallel/data_parallel.hpp). Sharded: the store keeps this rank's shard of each layer
+//! (gpt/parameters.hpp); a forward-pre hook all-gathers the layer into a static buffer, a
+//! backward-pre hook gathers it again (`regather_for_backward`, into a double buffer) or the
+//! forward's copy is kept (`keep_for_backward`, one buffer per layer), and a backward hook
+//! reduce-scatters the layer's gradients into the shard (capscope/parallel/sharded.hpp). Both
+//! reduce the gradients outside the layers (embeddings, final norm, head) once per step, before
+//! the optimizer. One model, one layer code: only the store's layout and the hooks differ.
+
+#include <gpt/model.hpp>
+
+#include <capscope/cuda/nccl.hpp>
+#include <capscope/hooks.hpp>
+#include <capscope/parallel/data_parallel.hpp>
+#include <capscope/parallel/sharded.hpp>
+#include <capscope/parallel/sharding.hpp>
+#include <capscope/run/runner.hpp>
+
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace gpt {
+
+//! Data parallelism with every parameter on every rank.
+struct replicated {};
+
+namespace detail {
+template <class Mode>
+inline constexpr bool is_sharded = false;
+template <class G, class P, class B>
+inline constexpr bool is_sharded<capscope::sharded<G, P, B>> = true;
+
+//! Sharded modes: F1/F2 against the config, and the static gather buffers this model implements.
+template <class Config, class Mode>
+constexpr bool mode_fits() {
+    if constexpr (is_sharded<Mode>) {
+        static_assert(capscope::sharding_fits<Config, Mode>);
+        static_assert(std::is_same_v<typename Mode::gather_into, capscope::static_double_buffer>,
+                      "gpt::data_parallel_trainer gathers into static buffers (a double buffer, or one per layer with "
+                      "keep_for_backward) -- fix: use capscope::sharded<capscope::static_double_buffer, ...>");
+    }
+    return true;
+}
+
+template <class T>
+constexpr ncclDataType_t nccl_type_of() {
+    return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
+}
+
+template <class Mode>
+auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::span<const capscope::sharded_layer_buffers> layers) {
+    using namespace capscope;
+    if constexpr (!is_sharded<Mode>) return hook_pipeline{gradient_all_reduce(comm)};
+    else if constexpr (std::is_same_v<typename Mode::backward, regather_for_backward>)
+        return hook_pipeline{parameter_all_gather(comm, layers), parameter_regather(comm, layers), gradient_reduce_scatter(comm, layers)};
+    else return hook_pipeline{parameter_all_gather(comm, layers), gradient_reduce_scatter(comm, layers)};
+}
+
+template <class Mode>
+std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicator& comm) {
+    if constexpr (!is_sharded<Mode>) return std::nullopt;
+    else {
+        const bool keep = std::is_same_v<typename Mode::backward, capscope::keep_for_backward>;
+        return store_sharding{comm.rank(), comm.size(), keep ? store_sharding::gathered::one_per_layer : store_sharding::gathered::double_buffer};
+    }
+}
+} // namespace detail
+
+//! Trains `gpt_model<T>` under `Config` on the ranks of `comm` (`Mode`: `replicated` or
+//! `capscope::sharded<...>`). Each rank feeds its own batch (`model().set_batch`) and calls
+//! `step`; the constructor checks that every rank planned the same step.
+template <class T, class Config, class Mode = replicated>
+class data_parallel_trainer {
+    static constexpr bool is_sharded = detail::is_sharded<Mode>;
+    static_assert(is_sharded || std::is_same_v<Mode, replicated>,
+                  "gpt::data_parallel_trainer: the mode is gpt::replicated or capscope::sharded<...>");
+    static_assert(detail::mode_fits<Config, Mode>());
+
+public:
+    using hooks_type = decltype(detail::data_parallel_hooks<Mode>(std::declval<const capscope::cuda::nccl_communicator&>(), {}));
+    static_assert(capscope::hooks_fit<Config, hooks_type>);
+
+    data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s)
+        : model_(cfg, s, detail::store_layout<Mode>(comm)), tensors_(layer_tensors_of(model_.parameters(), grad_refs_, buffers_)),
+          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_)),
+          outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)) {
+        capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);
+    }
+    data_parallel_trainer(const data_parallel_trainer&) = delete; // the program points into it
+    data_parallel_trainer& operator=(const data_parallel_trainer&) = delete;
+
+    void step(cudaStream_t s) { runner_.step(s); }
+    gpt_model<T>& model() { return model_; }
+    const gpt_model<T>& model() const { return model_; }
+    capscope::runner<Config>& runner() { return runner_; }
+    const capscope::runner<Config>& runner() const { return runner_; }
+
+private:
+    static std::vector<capscope::layer_tensors> layer_tensors_of(const parameter_store<T>& p, std::vector<capscope::tensor_ref>& grads,
+                                                                 std::vector<capscope::sharded_layer_buffers>& buffers) {
+        grads.reserve(std::size_t(p.layers())); // the spans below point into it
+        std::vector<capscope::layer_tensors> out;
+        for (int l = 0; l < p.layers(); ++l) {
+            grads.push_back(p.layer_gradients(l));
+            out.push_back({{}, std::span<const capscope::tensor_ref>(&grads.back(), 1)});
+            if constexpr (is_sharded) {
+                const layer_shard<T> sh = p.shard_of(l);
+                buffers.push_back({sh.value_shard, sh.value_full, sh.grad_full, sh.grad_shard, sh.shard, detail::nccl_type_of<T>(), ncclFloat32});
+            }
+        }
+        return out;
+    }
+    static capscope::training_program program_of(const gpt_model<T>& m, const hooks_type& hooks, const std::vector<capscope::layer_tensors>& t,
+                                                 capscope::step_gradient_all_reduce& outside) {
+        capscope::training_program p = capscope::with_hooks(m.training_program(), hooks, t);
+        // Before the optimizer, which waits for the hooks' lane: the reduction is on it too.
+        p.step_end.insert(p.step_end.begin(), outside.to_stage());
+        return p;
+    }
+
+    gpt_model<T> model_;
+    std::vector<capscope::tensor_ref> grad_refs_;
+    std::vector<capscope::sharded_layer_buffers> buffers_;
+    std::vector<capscope::layer_tensors> tensors_;
+    hooks_type hooks_;
+    capscope::step_gradient_all_reduce outside_;
+    capscope::runner<Config> runner_;
+};
+
+} // namespace gpt

@@ -1,0 +1,203 @@
+// The example model on several GPUs (gpt/data_parallel.hpp), one process per GPU (`mpirun -np 2`;
+// alone it is one rank): data parallel and sharded, chosen by type.
+// - Every impl replays what eager execution of the same distributed program computes: losses, the
+//   optimizer's arenas (masters, both moments) and the working copy, bit for bit, on every rank.
+// - Sharding changes where the numbers live, not the numbers: each rank's shard equals its slice
+//   of the replicated run, bit for bit (two ranks: every element is one sum of two values).
+// - Two ranks on half batches match one rank on the whole batch, within a stated tolerance (the
+//   summation order of the gradients differs: averages of two half-batch means against one mean).
+
+#include "mpi_support.hpp"
+#include "support.hpp"
+
+#include <capscope/capscope.hpp>
+#include <capscope/engine.hpp>
+#include <gpt/data_parallel.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+using namespace capscope;
+using support::comm;
+using support::mpi;
+
+namespace {
+
+constexpr int steps = 5;
+
+gpt::model_config model_for_data_parallel(const char* pattern) {
+    gpt::model_config c = support::small_model(pattern, gpt::moe_mode::drop_and_pad, 1.0);
+    c.microbatches = 2;
+    return c;
+}
+
+//! A step's batch for `rank` (of `ranks`): sequences [rank * batch, (rank + 1) * batch) of one
+//! global batch of ranks * batch sequences, the same on every rank.
+support::batch slice(const gpt::model_config& c, int ranks, int rank, int step, int mb) {
+    const auto global = support::random_batch(c.batch * ranks, c.seq_len, c.vocab, 7000 + 10 * std::uint64_t(step) + std::uint64_t(mb));
+    const std::size_t per = std::size_t(c.tokens()), at = per * std::size_t(rank);
+    return {{global.tokens.begin() + std::ptrdiff_t(at), global.tokens.begin() + std::ptrdiff_t(at + per)},
+            {global.labels.begin() + std::ptrdiff_t(at), global.labels.begin() + std::ptrdiff_t(at + per)}};
+}
+
+template <class T>
+struct trained {
+    std::vector<float> losses;                      // this rank's, per step
+    std::vector<std::vector<float>> masters, m, v;  // per optimizer arena
+    std::vector<std::vector<T>> values;
+};
+
+template <class T>
+trained<T> state_after(gpt::gpt_model<T>& model, std::vector<float> losses, cudaStream_t s) {
+    trained<T> t{std::move(losses), {}, {}, {}, {}};
+    for (const auto& a : model.parameters().optimizer_arenas()) {
+        t.masters.push_back(support::download(a.master, a.count, s));
+        t.m.push_back(support::download(a.first_moment, a.count, s));
+        t.v.push_back(support::download(a.second_moment, a.count, s));
+        t.values.push_back(support::download(a.value, a.count, s));
+    }
+    return t;
+}
+
+template <class T, class Config, class Mode>
+trained<T> train(const gpt::model_config& c) {
+    comm(); // takes this rank's GPU before any stream or buffer is made
+    cuda::stream s;
+    gpt::data_parallel_trainer<T, Config, Mode> trainer(c, comm(), s);
+    std::vector<float> losses;
+    for (int step = 0; step < steps; ++step) {
+        for (int mb = 0; mb < c.microbatches; ++mb) {
+            const auto b = slice(c, mpi().size(), mpi().rank(), step, mb);
+            trainer.model().set_batch(mb, b.tokens, b.labels, s);
+        }
+        trainer.step(s);
+        losses.push_back(trainer.model().loss(s));
+    }
+    if constexpr (Config::impl != graph_impl::eager) CHECK(trainer.runner().counters().replays > 0);
+    return state_after(trainer.model(), std::move(losses), s);
+}
+
+template <class T>
+void check_identical(const trained<T>& got, const trained<T>& want, const char* what) {
+    INFO(what, ", rank ", mpi().rank());
+    CHECK(support::same_bits(got.losses, want.losses));
+    REQUIRE(got.masters.size() == want.masters.size());
+    for (std::size_t a = 0; a < got.masters.size(); ++a) {
+        CHECK(support::same_bits(got.masters[a], want.masters[a]));
+        CHECK(support::same_bits(got.m[a], want.m[a]));
+        CHECK(support::same_bits(got.v[a], want.v[a]));
+        CHECK(support::same_bits(got.values[a], want.values[a]));
+    }
+}
+
+using dp_facts = model<experts<4>, moe_pattern<0, 1, 0, 0>, capacity_factor<1.0>, pad_to_capacity>;
+using eager_config = config<impl::eager, dp_facts>;
+using local_config = config<impl::lazy_per_layer, modules<capture::attention, capture::mlp, capture::moe>, dp_facts, warmup_steps<1>>;
+using te_config = config<impl::ahead_of_time_per_layer, modules<>, dp_facts, warmup_steps<1>>;
+using full_config = config<impl::whole_iteration, no_nan_check, dp_facts, warmup_steps<1>>;
+using regather = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
+using keep = sharded<static_double_buffer, persistent_buffer, keep_for_backward>;
+
+template <class T, class Mode>
+void check_every_impl(const char* mode) {
+    const gpt::model_config c = model_for_data_parallel("DEMD");
+    const trained<T> eager = train<T, eager_config, Mode>(c);
+    check_identical(train<T, local_config, Mode>(c), eager, "local");
+    check_identical(train<T, te_config, Mode>(c), eager, "transformer_engine");
+    check_identical(train<T, full_config, Mode>(c), eager, "full_iteration");
+    if (mpi().rank() == 0)
+        std::printf("  example model %s %s: %d ranks, %d steps x 2 microbatches, local / transformer_engine / full_iteration "
+                    "bitwise equal to eager (loss %.6f -> %.6f on rank 0)\n",
+                    support::precision_name<T>, mode, mpi().size(), steps, double(eager.losses.front()), double(eager.losses.back()));
+}
+
+} // namespace
+
+TEST_CASE("the example model, data parallel and sharded: every impl bitwise equal to eager on every rank") {
+    check_every_impl<float, gpt::replicated>("data parallel");
+    check_every_impl<float, regather>("sharded (re-gather for backward)");
+    check_every_impl<float, keep>("sharded (keep for backward)");
+    check_every_impl<__nv_bfloat16, regather>("sharded (re-gather for backward)");
+}
+
+TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's shard is its slice of the replicated run") {
+    const gpt::model_config c = model_for_data_parallel("DEMD");
+    const trained<float> rep = train<float, te_config, gpt::replicated>(c);
+    const trained<float> sh = train<float, te_config, regather>(c);
+    CHECK(support::same_bits(sh.losses, rep.losses));
+
+    // Where each parameter of the replicated arena went: the sharded store's layout, rebuilt here.
+    comm();
+    cuda::stream s;
+    gpt::gpt_model<float> layout_model(c, s, gpt::store_sharding{mpi().rank(), mpi().size()});
+    const auto& store = layout_model.parameters();
+    const shard_layout& layout = *store.layout();
+    std::size_t compared = 0, differing = 0;
+    for (const auto& p : store.list()) {
+        for (std::size_t i = 0; i < p.count; ++i) {
+            const float want = rep.masters[0][p.offset + i];
+            if (p.layer < 0) {
+                differing += std::memcmp(&sh.masters[0][p.in_group + i], &want, sizeof want) != 0;
+                ++compared;
+                continue;
+            }
+            const sharded_parameter& g = layout.parameters[std::size_t(p.layer)];
+            const std::size_t at = p.in_group + i, first = std::size_t(mpi().rank()) * g.shard;
+            if (at < first || at >= first + g.shard) continue; // another rank's
+            differing += std::memcmp(&sh.masters[1][g.offset_in_shard + at - first], &want, sizeof want) != 0;
+            ++compared;
+        }
+    }
+    CHECK(differing == 0);
+    CHECK(compared >= store.total() / std::size_t(mpi().size()));
+    if (mpi().rank() == 0)
+        std::printf("  sharded vs data parallel: rank 0 holds %zu of %zu parameters; masters after %d steps: %zu differ\n", compared,
+                    store.total(), steps, differing);
+}
+
+TEST_CASE("two ranks on half batches match one rank on the whole batch, within the stated tolerance") {
+    // No MoE here: drop-and-pad capacity depends on the tokens per batch, so halves would drop others.
+    gpt::model_config half = model_for_data_parallel("DMD");
+    half.batch = 2;
+    using dense_te = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>;
+    const trained<float> dp = train<float, dense_te, gpt::replicated>(half);
+
+    gpt::model_config whole = half;
+    whole.batch = half.batch * mpi().size();
+    cuda::stream s;
+    gpt::gpt_model<float> one(whole, s);
+    runner<config<impl::eager>> r(one.training_program());
+    std::vector<float> losses;
+    for (int step = 0; step < steps; ++step) {
+        for (int mb = 0; mb < whole.microbatches; ++mb) {
+            const auto b = slice(whole, 1, 0, step, mb);
+            one.set_batch(mb, b.tokens, b.labels, s);
+        }
+        r.step(s);
+        losses.push_back(one.loss(s));
+    }
+    const trained<float> ref = state_after(one, std::move(losses), s);
+
+    // Every rank has the same number of labelled tokens, so the mean of the ranks' losses is the
+    // whole batch's loss.
+    double loss_error = 0, master_error = 0;
+    for (int step = 0; step < steps; ++step) {
+        double mean = dp.losses[std::size_t(step)];
+        CAPSCOPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+        mean /= mpi().size();
+        loss_error = std::max(loss_error, std::abs(mean - double(ref.losses[std::size_t(step)])) / std::abs(double(ref.losses[std::size_t(step)])));
+    }
+    for (std::size_t i = 0; i < ref.masters[0].size(); ++i)
+        master_error = std::max(master_error, double(std::abs(dp.masters[0][i] - ref.masters[0][i])));
+    // Stated tolerance: the loss within 1e-5 relative and every master weight within 1e-4 absolute
+    // (learning rate 1e-3: a weight moves at most about 1e-3 a step; the two runs round differently).
+    CHECK(loss_error <= 1e-5);
+    CHECK(master_error <= 1e-4);
+    if (mpi().rank() == 0)
+        std::printf("  %d ranks x batch %d vs 1 rank x batch %d, %d steps: loss rel. error %.2e, master weights max abs. error %.2e\n",
+                    mpi().size(), half.batch, whole.batch, steps, loss_error, master_error);
+}
