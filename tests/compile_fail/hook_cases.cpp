@@ -1,6 +1,7 @@
 // Compile-fail cases of the hook rules (capscope/hooks/): H1 (a hook's callable takes another
 // phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
-// whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook); and
+// whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook, two
+// lanes, a boundary hook on a lane); and
 // of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static). As
 // is, every valid twin must compile; with -DCASE_<ID>[__variant] the first error must read
 // "capscope hook rule <ID>:" and say the fix (check.py).
@@ -46,6 +47,14 @@ constexpr hook_pipeline<decltype(reduce), decltype(gather)> pipeline{reduce, gat
 #ifdef CASE_H0
 using bare = hook_pipeline<decltype(reduce_gradients)>;
 constexpr bare not_hooks{};
+#endif
+// H0: a hook's options: one lane (a side stream), and none for host work at the boundary.
+constexpr auto reduce_on_lane = hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce", reduce_gradients);
+#ifdef CASE_H0__two_lanes
+constexpr auto reduce_on_two = hook<hook_phase::backward, capturable, on_lane<1>, on_lane<2>>("grad all-reduce", reduce_gradients);
+#endif
+#ifdef CASE_H0__boundary_on_lane
+constexpr auto log_on_lane = hook<hook_phase::forward, boundary, on_lane<1>>("log", log_step);
 #endif
 
 // F1, F2: per-layer graphs replay on fixed addresses, so gathered parameters need static buffers.
