@@ -14,6 +14,8 @@
 // parameter and optimizer-state bytes per rank. All variants are built first and run
 // round-robin, so drift hits them alike. Exits 77 without a GPU.
 
+#include "round_robin.hpp"
+
 #include <gpt/data_parallel.hpp>
 
 #include <capscope/capscope.hpp>
@@ -45,10 +47,7 @@ struct variant {
     std::vector<float> device_ms, host_us;
 };
 
-double median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
+using bench::median;
 
 std::size_t device_used() {
     std::size_t free = 0, total = 0;
@@ -129,22 +128,7 @@ int main(int argc, char** argv) {
     add<te_cfg, sharded_mode>(v, keep, comm, "sharded", "transformer_engine", r, s);
     add<full_cfg, sharded_mode>(v, keep, comm, "sharded", "full_iteration", r, s);
 
-    std::vector<cuda::event> marks;
-    for (int i = 0; i <= steps_per_round; ++i) marks.push_back(cuda::event::timing());
-    for (int round = 0; round < rounds; ++round)
-        for (auto& x : v) {
-            marks[0].record(s);
-            for (int i = 0; i < steps_per_round; ++i) {
-                const auto t0 = std::chrono::steady_clock::now();
-                x.step(s);
-                const auto t1 = std::chrono::steady_clock::now();
-                marks[std::size_t(i) + 1].record(s);
-                x.host_us.push_back(float(std::chrono::duration<double, std::micro>(t1 - t0).count()));
-            }
-            marks[std::size_t(steps_per_round)].synchronize();
-            for (int i = 0; i < steps_per_round; ++i)
-                x.device_ms.push_back(cuda::event::elapsed_ms(marks[std::size_t(i)], marks[std::size_t(i) + 1]));
-        }
+    bench::time_round_robin(v, rounds, steps_per_round, s);
 
     cudaDeviceProp prop{};
     CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -9,6 +9,8 @@
 //
 //   inference [--rounds R] [--markdown FILE]        Exits 77 without a GPU.
 
+#include "round_robin.hpp"
+
 #include <gpt/inference.hpp>
 
 #include <capscope/capscope.hpp>
@@ -33,10 +35,7 @@ using T = __nv_bfloat16;
 using namespace capscope;
 using clock_type = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
+using bench::median;
 template <class F> double host_us(F&& f) {
     const auto t0 = clock_type::now();
     f();

@@ -11,6 +11,7 @@
 // Exits 77 without a GPU.
 
 #include "api_counter.hpp"
+#include "round_robin.hpp"
 
 #include <gpt/model.hpp>
 
@@ -45,10 +46,7 @@ struct variant {
     bench::api_calls api;
 };
 
-double median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
+using bench::median;
 
 //! Hand-written per-layer graphs: one graph per layer for its forward, one for its backward,
 //! captured with raw CUDA calls; embedding, head, zeroing and the optimizer run eagerly.
@@ -201,22 +199,7 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
         for (int i = 0; i < 4; ++i) x.step(s);
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
 
-    const int k = o.steps_per_round;
-    std::vector<capscope::cuda::event> marks;
-    for (int i = 0; i <= k; ++i) marks.push_back(capscope::cuda::event::timing());
-    for (int round = 0; round < o.rounds; ++round)
-        for (auto& x : v) {
-            marks[0].record(s);
-            for (int i = 0; i < k; ++i) {
-                const auto t0 = std::chrono::steady_clock::now();
-                x.step(s);
-                const auto t1 = std::chrono::steady_clock::now();
-                marks[std::size_t(i) + 1].record(s);
-                x.host_us.push_back(float(std::chrono::duration<double, std::micro>(t1 - t0).count()));
-            }
-            marks[std::size_t(k)].synchronize();
-            for (int i = 0; i < k; ++i) x.device_ms.push_back(capscope::cuda::event::elapsed_ms(marks[std::size_t(i)], marks[std::size_t(i) + 1]));
-        }
+    bench::time_round_robin(v, o.rounds, o.steps_per_round, s);
     bench::api_counter counter;
     for (auto& x : v) {
         x.api = counter.count([&] { x.step(s); });

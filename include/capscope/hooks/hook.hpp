@@ -32,13 +32,14 @@ template <class P>
 concept hook_placement = std::same_as<P, capturable> || std::same_as<P, boundary> || std::same_as<P, capture_time>;
 
 //! Hook option: the hook runs only in the step's last microbatch (a gradient reduction: earlier
-//! microbatches accumulate locally). The other microbatches get no stage for it at all.
+//! microbatches accumulate locally). Its stage stays in every microbatch's list, so the lists stay
+//! alike (plan rule P3); the plan calls it in the last microbatch only.
 struct last_microbatch_only {};
 
 //! Hook option `on_lane<K>` (capscope/stage/schema.hpp): the hook's stage runs on the runner's
 //! side stream K, forked from the step's stream at the hook's position, so it overlaps the stages
 //! after it (a gradient reduction beside the backward of earlier layers). `with_hooks` makes the
-//! step's last stages wait for the lanes its hooks use.
+//! stages that read its work wait for the lane (capscope/hooks/with_hooks.hpp).
 
 //! Hook option: the hook belongs to one capture region of its layer (`of_region<capture::attention>`,
 //! or a trainer's `region<"mixer">`), not the whole layer.
