@@ -36,14 +36,25 @@ struct sharded {
 };
 
 namespace detail {
+//! The policy as the Megatron-FSDP flags it stands for, on `Config`: the table's rules F1 and F2
+//! decide, as they do for a Megatron command line.
+template <class Config, class Policy>
+constexpr runtime_config as_fsdp_flags() {
+    runtime_config c = Config::normalized;
+    c.fsdp.mode = fsdp_mode::v1;
+    c.fsdp.double_buffer = std::is_same_v<typename Policy::gather_into, static_double_buffer>;                // --fsdp-double-buffer
+    c.fsdp.persistent_buffer_on_alloc_fail = std::is_same_v<typename Policy::on_pool_miss, persistent_buffer>; // --fsdp-db-use-persist-buf-on-alloc-fail
+    return c;
+}
+
 template <class Config, class Policy>
 struct checked_sharding {
-    static constexpr bool per_layer = is_per_layer(Config::impl);
-    static_assert(!per_layer || std::is_same_v<typename Policy::gather_into, static_double_buffer>,
+    static constexpr runtime_config flags = as_fsdp_flags<Config, Policy>();
+    static_assert(!rules::F1::info.fires(flags),
                   "capscope rule F1: per-layer CUDA graphs with sharded data parallelism need static gather buffers "
                   "(otherwise parameter buffer addresses change between iterations and replay reads stale memory) -- fix: "
                   "use sharded<static_double_buffer, ...> (Megatron: --fsdp-double-buffer)");
-    static_assert(!per_layer || std::is_same_v<typename Policy::on_pool_miss, persistent_buffer>,
+    static_assert(!rules::F2::info.fires(flags),
                   "capscope rule F2: per-layer CUDA graphs with sharded data parallelism need a persistent buffer when a "
                   "gather misses the double-buffer pool (a dynamic one is an illegal memory access on replay) -- fix: use "
                   "sharded<static_double_buffer, persistent_buffer> (Megatron: --fsdp-db-use-persist-buf-on-alloc-fail)");
