@@ -38,3 +38,4 @@
 
 #include <capscope/plan.hpp>
 #include <capscope/hooks.hpp>
+#include <capscope/offload.hpp>

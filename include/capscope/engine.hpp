@@ -3,6 +3,7 @@
 //! capscope's engine: the stage seam, the plan (pure host) and the runner (CUDA). Include
 //! <capscope/plan.hpp> alone for the host-only part.
 
+#include <capscope/offload/activation_store.hpp>
 #include <capscope/plan.hpp>
 #include <capscope/run/bucket_runner.hpp>
 #include <capscope/run/capture_failed.hpp>

@@ -11,6 +11,7 @@
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
 #include <capscope/plan/model_facts.hpp>
+#include <capscope/plan/offload_placement.hpp>
 #include <capscope/plan/plan_error.hpp>
 #include <capscope/plan/print.hpp>
 #include <capscope/plan/segment.hpp>

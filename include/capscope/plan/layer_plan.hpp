@@ -3,7 +3,8 @@
 //! The plan of one layer kind under a configuration, as a constant: `layer_plan<Config, Layer>`
 //! splits the schema's stages into segments (graphs and eager islands) with the same code the
 //! run-time plan uses. Naming it with a configuration that captures a stage that cannot be
-//! captured fails to compile with rule P1, P2 or P8, naming the stage and the fix.
+//! captured fails to compile with rule P1, P2 or P8, naming the stage and the fix; one that
+//! offloads a tensor across a graph boundary of the layer, with rule P11.
 //!
 //! @code
 //! using plan = layer_plan<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>, ...>, dense_layer>;
@@ -12,6 +13,7 @@
 
 #include <capscope/plan/capture_region.hpp>
 #include <capscope/plan/misplaced_stage.hpp>
+#include <capscope/plan/offload_placement.hpp>
 #include <capscope/stage/schema.hpp>
 
 #include <array>
@@ -24,6 +26,11 @@ namespace capscope {
 template <class Config>
 inline constexpr capture_scope capture_scope_of = {Config::impl, Config::regions};
 
+//! The module inputs a configuration offloads (none when offloading is off).
+template <class Config>
+inline constexpr offload_module_set offloaded_by =
+    Config::normalized.offload.enabled ? Config::normalized.offload.modules : offload_module_set{};
+
 template <class Config, class Layer>
 struct layer_plan {
     static constexpr std::array<stage_facts, Layer::size> stages = Layer::facts();
@@ -31,6 +38,8 @@ struct layer_plan {
     static_assert(detail::report_misplacement<Config, Layer, misplaced.stage,
                                               Layer::template stage_at<std::size_t(misplaced.found() ? misplaced.stage : 0)>::kind,
                                               misplaced.problem>::reported);
+    static constexpr offload_straddle straddle = find_offload_straddle(capture_scope_of<Config>, offloaded_by<Config>, stages);
+    static_assert(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, straddle.module>::reported);
 
     //! The segments in forward order (backward runs them in reverse).
     static constexpr auto segments = [] {

@@ -30,6 +30,8 @@ inline std::string facts_text(const stage_facts& f) {
     s += " {" + module_list(f.captured_by) + "}";
     if (f.synchronizes_with_host) s += " synchronizes_with_host";
     if (f.shapes_depend_on_data) s += " shapes_depend_on_data";
+    if (!f.saves.empty()) s += " saves {" + names_of(f.saves) + "}";
+    if (!f.makes.empty()) s += " makes {" + names_of(f.makes) + "}";
     return s;
 }
 
@@ -87,13 +89,22 @@ void match_schemas(layer_schemas<Layers...>, const training_program& program) {
     for (const auto& list : program.microbatches) {
         std::size_t i = 0;
         while (i < list.size()) {
-            if (list[i].layer < 0) {
+            if (list[i].layer < 0 || list[i].added) {
                 ++i;
                 continue;
             }
             std::size_t j = i + 1;
-            while (j < list.size() && list[j].layer == list[i].layer) ++j;
-            detail::match_layer(schemas, list, i, j);
+            // The layer's own stages, passing over those capscope added (hooks, activation copies).
+            std::vector<stage> own;
+            while (j <= list.size()) {
+                const stage& st = list[j - 1];
+                if (!st.added) own.push_back(st);
+                if (j == list.size()) break;
+                const stage& next = list[j];
+                if (!next.added && next.layer != list[i].layer) break;
+                ++j;
+            }
+            detail::match_layer(schemas, own, 0, own.size());
             i = j;
         }
     }

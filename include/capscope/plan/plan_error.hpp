@@ -40,6 +40,16 @@ inline std::string module_list(const region_set& m) {
     return s.empty() ? std::string("(none)") : s;
 }
 
+//! "qkv_linear, core_attn" (Megatron's names of offloadable module inputs).
+inline std::string names_of(const offload_module_set& m) {
+    std::string s;
+    m.for_each([&](offload_module x) {
+        if (!s.empty()) s += ", ";
+        s += megatron_name(x);
+    });
+    return s.empty() ? std::string("(none)") : s;
+}
+
 //! What to change so that the misplaced stage `s` is no longer captured. Advice about MoE
 //! modes only for MoE stages; a stage in no region is told how to get one.
 inline std::string misplacement_fix(const capture_scope& c, const stage_facts& s) {

@@ -27,11 +27,13 @@ inline std::string section_title(const plan_segment& s) {
 }
 
 inline std::string segment_stages(const training_plan& plan, const training_program& program, const plan_segment& s,
-                                  const char* separator) {
+                                  const char* separator, bool lanes = false) {
     std::string out;
     for (int k = 0; k < s.call_count; ++k) {
         if (k) out += separator;
-        out += stage_of(program, plan.calls[std::size_t(s.first_call + k)]).name;
+        const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
+        out += st.name;
+        if (lanes && st.lane != s.lane) out += " [lane " + std::to_string(st.lane) + "]"; // a branch
     }
     return out;
 }
@@ -57,9 +59,21 @@ inline std::string lane_list(std::uint32_t lanes) {
 
 //! What a segment's line says beside its stages: its lane, what it waits for, why it has a graph
 //! of its own.
+//! The calls of a segment that run on another lane than the segment's (branches, or in the whole
+//! iteration every lane call): "a on lane 2, b on lane 3".
+inline std::string branch_list(const training_plan& plan, const training_program& program, const plan_segment& s) {
+    std::string out;
+    for (int k = 0; k < s.call_count; ++k) {
+        const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
+        if (st.lane != s.lane) out += (out.empty() ? "" : ", ") + st.name + " on lane " + std::to_string(st.lane);
+    }
+    return out;
+}
+
 inline std::string segment_notes(const training_plan& plan, const training_program& program, const plan_segment& s) {
     std::string out;
     if (s.lane != 0) out += "  [side lane " + std::to_string(s.lane) + "]";
+    if (const std::string b = branch_list(plan, program, s); !b.empty()) out += "  [branches joined at the segment's end: " + b + "]";
     if (s.waits_for) out += "  [waits for lane " + lane_list(s.waits_for) + "]";
     if (s.undeclared_call >= 0)
         out += "  [own graph: '" + stage_of(program, plan.calls[std::size_t(s.undeclared_call)]).name +
@@ -83,6 +97,15 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
         if (plan.scope.impl == graph_impl::whole_iteration) {
             out += "whole step\n  graph g0     " + std::to_string(s.call_count) + " stage calls: step begin, " +
                    std::to_string(plan.microbatches) + " x (forward, backward), step end\n";
+            // Lane work inside the one graph: what forks onto a side lane, and who waits for it.
+            for (int k = 0; k < s.call_count; ++k) {
+                const stage_call& c = plan.calls[std::size_t(s.first_call + k)];
+                const stage& st = stage_of(program, c);
+                const std::string where = c.microbatch >= 0 ? " (microbatch " + std::to_string(c.microbatch) + " " + std::string(phase_name(c.direction)) + ")" : "";
+                if (st.lane) out += "    " + st.name + where + ": forked onto lane " + std::to_string(st.lane) + "\n";
+                if (st.waits_for && (c.direction == phase::forward ? bool(st.forward) : bool(st.backward)))
+                    out += "    " + st.name + where + ": waits for lane " + detail::lane_list(st.waits_for) + "\n";
+            }
             continue;
         }
         const std::string title = detail::section_title(s);
@@ -123,7 +146,7 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
                     " microbatches + optimizer)";
         } else {
             label = (s.graphed ? "g" + std::to_string(s.graph) + (s.shared ? " (shared)" : "") + "\\n" : std::string()) +
-                    detail::segment_stages(plan, program, s, "\\n") + (s.lane ? "\\n[side lane " + std::to_string(s.lane) + "]" : std::string()) +
+                    detail::segment_stages(plan, program, s, "\\n", true) + (s.lane ? "\\n[side lane " + std::to_string(s.lane) + "]" : std::string()) +
                     (s.waits_for ? "\\n[waits for lane " + detail::lane_list(s.waits_for) + "]" : std::string());
         }
         out += "    s" + std::to_string(i) + " [label=\"" + label + "\"" +

@@ -93,6 +93,17 @@ struct waits_for_lane {
     static constexpr void apply(stage_facts& f) { f.waits_for |= std::uint32_t{1} << Lane; }
 };
 
+//! The stage keeps these module inputs for its backward (what activation offloading may move).
+template <offload_module... Ms>
+struct saves {
+    static constexpr void apply(stage_facts& f) { (f.saves.insert(Ms), ...); }
+};
+//! The stage writes these module inputs, which a later stage of its layer keeps.
+template <offload_module... Ms>
+struct makes {
+    static constexpr void apply(stage_facts& f) { (f.makes.insert(Ms), ...); }
+};
+
 namespace detail {
 template <class P>
 concept stage_property = requires(stage_facts& f) { P::apply(f); };
@@ -110,13 +121,16 @@ struct stage_decl {
     static_assert(sizeof(Regions) > 0); // checks the regions where the schema is named
     static_assert((detail::stage_property<Properties> && ...),
                   "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
-                  "on_lane<k> and waits_for_lane<k>");
+                  "on_lane<k>, waits_for_lane<k>, saves<offload_module...> and makes<offload_module...>");
     static_assert(std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind> || requires { Kind.view(); },
                   "capscope::stage_decl<kind, ...>: the kind is a stage_kind (stage_kind::attention, ...) or a trainer's own, "
                   "capscope::kind<\"name\">");
     static constexpr auto kind = Kind;
     static constexpr stage_facts facts(int layer) {
-        stage_facts f{kind_id(), layer, Regions::set};
+        stage_facts f;
+        f.kind = kind_id();
+        f.layer = layer;
+        f.captured_by = Regions::set;
         (Properties::apply(f), ...);
         return f;
     }
@@ -134,6 +148,7 @@ struct stage_decl {
         s.passes_host_values = f.passes_host_values;
         s.lane = f.lane;
         s.waits_for = f.waits_for;
+        s.makes = f.makes; // what it saves, the trainer lists with its tensors (stage::saves)
         s.forward = forward;
         s.backward = backward;
         return s;

@@ -11,9 +11,12 @@
 //! failed capture can be ended on each). Work that must outlive the stage, overlapping later
 //! stages (a gradient reduction), goes on a *lane*: the runner's side stream `lane`, forked
 //! from the step's stream before the stage and joined by the first stage that `waits_for` it
-//! (and at the end of every step).
+//! (and at the end of every step). A *branch* stage runs on its lane too, but stays in the
+//! segment of the stages around it: forked inside that segment's graph and joined at its end
+//! (an activation copy captured with the layer that writes the tensor).
 
 #include <capscope/vocabulary/region.hpp>
+#include <capscope/stage/saved_tensor.hpp>
 #include <capscope/stage/scope_label.hpp>
 #include <capscope/stage/stage_kind.hpp>
 #include <capscope/stage/stream_fn.hpp>
@@ -46,6 +49,13 @@ struct stage_facts {
     int lane = 0;
     //! Bit k: before this stage, wait for the work issued on lane k so far.
     std::uint32_t waits_for = 0;
+    //! A lane stage that stays in its neighbours' segment (joined at the segment's end).
+    bool branch = false;
+    //! Module inputs this stage keeps for its backward (activation offloading may move them).
+    offload_module_set saves;
+    //! Module inputs this stage writes that a later stage of its layer keeps (e.g. attention
+    //! writes the pre-MLP norm's input, which the MLP keeps).
+    offload_module_set makes;
 
     constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data && !passes_host_values; }
     friend constexpr bool operator==(const stage_facts&, const stage_facts&) = default;
@@ -64,6 +74,8 @@ struct stage {
     bool passes_host_values = false; //!< see stage_facts
     int lane = 0;                    //!< see stage_facts
     std::uint32_t waits_for = 0;     //!< see stage_facts
+    bool branch = false;             //!< see stage_facts
+    offload_module_set makes;        //!< see stage_facts
     stream_fn forward;               //!< empty for backward-only work (a gradient reduction)
     stream_fn backward;              //!< empty for forward-only work (optimizer step, zeroing, a frozen layer)
     std::vector<tensor_ref> inputs;  //!< read by forward
@@ -82,10 +94,18 @@ struct stage {
     bool last_microbatch_only = false;
     //! Streams the stage forks work onto and joins back before it returns.
     std::vector<stream_handle> forks_to;
+    //! What the stage keeps from its forward for its backward, by module input (its facts'
+    //! `saves`): tensors activation offloading may move out and back.
+    std::vector<saved_tensor> saves;
+    //! Put in by capscope (a hook, an activation copy), not a stage of the trainer's layer
+    //! schemas: the bind-time schema check passes over it.
+    bool added = false;
 
     bool capturable() const { return facts().capturable(); }
     stage_facts facts() const {
-        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, waits_for};
+        offload_module_set kept;
+        for (const saved_tensor& t : saves) kept.insert(t.module);
+        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, waits_for, branch, kept, makes};
     }
     //! Same work on the same declared buffers: a graph captured from one replays the other. False
     //! when either stage leaves its buffers undeclared.

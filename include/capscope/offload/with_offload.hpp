@@ -1,0 +1,173 @@
+#pragma once
+//! @file
+//! Activation copies become stages of the training program, so every impl runs them where
+//! the plan says, eager or captured, with no code of their own in the runner (as hooks do,
+//! capscope/hooks/with_hooks.hpp). For each copied group, in every microbatch's list:
+//! - `<layer>.<module>.to_host` (forward only, on its slot's lane): right after the stage that
+//!   writes the tensors, as a *branch* of that stage's segment (forked inside its graph, joined
+//!   at its end). With `delay_offload_until_cuda_graph` and that stage captured per layer, it
+//!   moves after the segment instead: a graph of its own on the lane, launched right after the
+//!   segment's replay, so the copy overlaps the next layer rather than lengthening this one;
+//! - `<layer>.<module>.to_device` (backward only, on the same lane): just before the segment
+//!   that keeps the group that reuses its slot, so it runs right after that segment's backward
+//!   frees the slot, a prefetch ahead of its own backward;
+//! - `wait_reload` (backward only): the keeper's backward waits for the copy back;
+//! - `wait_slot` (forward only): the stage that writes the next group of the slot waits for the
+//!   copy out of the one before (every ring member past the first `slots`);
+//! - `wait_inflight` (forward only, with `max_inflight_offloads<N>`): after a copy out, the step
+//!   waits for the one N groups earlier, so at most N copies out are in flight (0: each joins at
+//!   once).
+//! Waits are lane waits (capscope/run/lanes.hpp): events the runner records and waits for
+//! between segments, and CUDA turns into graph edges inside one capture.
+
+#include <capscope/offload/offload_plan.hpp>
+#include <capscope/plan/offload_placement.hpp>
+#include <capscope/plan/training_plan.hpp>
+#include <capscope/stage/program.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace capscope {
+
+//! A copied group's two copies: out (device to host) and back (host to device), as stream functions.
+struct offload_copies {
+    stream_fn out, back;
+    std::vector<tensor_ref> device, host;
+};
+
+namespace detail {
+
+inline stage offload_stage(const stage& like, const offload_group& g, std::string what, int lane) {
+    stage s;
+    s.name = "layer" + std::to_string(g.layer) + "." + std::string(megatron_name(g.module)) + "." + std::move(what);
+    s.layer = like.layer;
+    s.kind = stage_kind_id("offload");
+    s.captured_by = like.captured_by;
+    s.lane = lane;
+    s.added = true;
+    s.buffers_declared = true;
+    return s;
+}
+
+//! A stage that does nothing but wait for `lane` before it runs (in the phase `dir`).
+inline stage wait_stage(const stage& like, const offload_group& g, const char* what, int lane, phase dir) {
+    stage s = offload_stage(like, g, what, like.lane);
+    s.waits_for = std::uint32_t{1} << lane;
+    (dir == phase::forward ? s.forward : s.backward) = stream_fn::from([](stream_handle) {});
+    return s;
+}
+
+//! The first and last stages of the segment that holds stage `i`.
+inline stage_range segment_of(const capture_scope& c, std::span<const stage_facts> facts, int i) {
+    stage_range of{i, 1, false};
+    split_segments(c, facts, [&](stage_range r) {
+        if (i >= r.first && i < r.first + r.count) of = r;
+    });
+    return of;
+}
+
+inline std::vector<stage> add_copies(const std::vector<stage>& list, const offload_plan& plan, std::span<const offload_copies> copies,
+                                     const capture_scope& scope) {
+    const auto facts = facts_of(list);
+    const offload_module_set offloaded = plan.policy.enabled ? plan.policy.modules : offload_module_set{};
+    check_offload_placement(scope, offloaded, facts, list);
+
+    // Each ring member's producer and keeper in this list.
+    std::vector<int> producer(plan.groups.size(), -1), keeper(plan.groups.size(), -1);
+    for (int k = 0; k < int(list.size()); ++k)
+        for (const saved_tensor& t : list[std::size_t(k)].saves) {
+            const int g = plan.group_of(list[std::size_t(k)].layer, t.module);
+            if (g < 0 || plan.groups[std::size_t(g)].member < 0) continue;
+            if (keeper[std::size_t(g)] >= 0 && keeper[std::size_t(g)] != k)
+                throw plan_error("P11", list[std::size_t(k)].name,
+                                 "two stages of layer " + std::to_string(list[std::size_t(k)].layer) + " keep module input " +
+                                     std::string(megatron_name(t.module)) + " ('" + list[std::size_t(keeper[std::size_t(g)])].name +
+                                     "' and '" + list[std::size_t(k)].name + "')",
+                                 "list each tensor a layer keeps in the saves of the one stage whose backward reads it");
+            keeper[std::size_t(g)] = k;
+            producer[std::size_t(g)] = producer_of(facts, k, t.module);
+        }
+    auto member_group = [&](const offload_group& g, int member) {
+        for (std::size_t i = 0; i < plan.groups.size(); ++i)
+            if (plan.groups[i].module == g.module && plan.groups[i].member == member) return int(i);
+        return -1;
+    };
+
+    // Stages to put around each stage of the list, in list order: copies back (their own
+    // segments, before the segment they precede), then waits (in the stage's segment), the stage,
+    // its reload waits, its copies out.
+    std::vector<std::vector<stage>> backs(list.size()), waits(list.size()), reloads(list.size()), outs(list.size());
+    const int k = plan.ring.slots;
+    const auto& policy = plan.policy;
+    for (std::size_t gi = 0; gi < plan.groups.size(); ++gi) {
+        const offload_group& g = plan.groups[gi];
+        if (g.member < 0) continue;
+        const int p = producer[gi], keep = keeper[gi];
+        if (keep < 0)
+            throw plan_error("P11", "", "no stage of layer " + std::to_string(g.layer) + " keeps the offloaded module input " +
+                                            std::string(megatron_name(g.module)) + " declared for it",
+                             "list the tensor in stage::saves of the stage whose backward reads it");
+        if (g.member >= k) waits[std::size_t(p)].push_back(wait_stage(list[std::size_t(p)], g, "wait_slot", plan.groups[std::size_t(member_group(g, g.member - k))].lane, phase::forward));
+        if (!g.copied) continue;
+        const offload_copies& c = copies[gi];
+        // The copy out: a branch of the producer's segment, or after it when delayed.
+        const bool delayed = policy.delay_until_cuda_graph && is_per_layer(scope.impl) && inside_captured_region(scope, facts[std::size_t(p)]);
+        const stage_range seg = segment_of(scope, facts, p);
+        const int at = delayed ? seg.first + seg.count - 1 : p;
+        stage out = offload_stage(list[std::size_t(p)], g, "to_host", g.lane);
+        out.forward = c.out;
+        out.branch = !delayed;
+        out.inputs = c.device;
+        out.outputs = c.host;
+        outs[std::size_t(at)].push_back(std::move(out));
+        if (policy.max_inflight && *policy.max_inflight < k && g.member >= *policy.max_inflight) {
+            // Before the next stage, in its segment (at the end of the list: after the copy).
+            const bool last = std::size_t(at) + 1 == list.size();
+            const std::size_t next = last ? std::size_t(at) : std::size_t(at) + 1;
+            const int earlier = member_group(g, g.member - *policy.max_inflight);
+            (last ? outs[next] : waits[next])
+                .push_back(wait_stage(list[next], g, "wait_inflight", plan.groups[std::size_t(earlier)].lane, phase::forward));
+        }
+        // The copy back: right after the backward of the segment that keeps the group reusing the slot.
+        const int next_keeper = keeper[std::size_t(member_group(g, g.member + k))];
+        stage back = offload_stage(list[std::size_t(next_keeper)], g, "to_device", g.lane);
+        back.backward = c.back;
+        back.inputs = c.host;
+        back.outputs = c.device;
+        backs[std::size_t(segment_of(scope, facts, next_keeper).first)].push_back(std::move(back));
+        reloads[std::size_t(keep)].push_back(wait_stage(list[std::size_t(keep)], g, "wait_reload", g.lane, phase::backward));
+    }
+
+    std::vector<stage> out;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        for (stage& s : backs[i]) out.push_back(std::move(s));
+        for (stage& s : waits[i]) out.push_back(std::move(s));
+        out.push_back(list[i]);
+        for (stage& s : reloads[i]) out.push_back(std::move(s));
+        for (stage& s : outs[i]) out.push_back(std::move(s));
+    }
+    return out;
+}
+
+} // namespace detail
+
+//! The program with the plan's activation copies as stages, placed for `scope` (the runner's
+//! `capture_scope_of<Config>`). `copies[g]` are group g's copy functions (an
+//! `activation_store` makes them); they and the buffers they name must outlive the runner.
+//! Throws `plan_error` P11 when a tensor's producer and keeper straddle a graph boundary.
+inline training_program with_offload(const training_program& program, const offload_plan& plan, std::span<const offload_copies> copies,
+                                     const capture_scope& scope) {
+    if (copies.size() != plan.groups.size())
+        throw std::invalid_argument("capscope::with_offload: " + std::to_string(copies.size()) + " copy pairs for " +
+                                    std::to_string(plan.groups.size()) + " groups -- fix: pass the activation store's copies()");
+    training_program out;
+    out.step_begin = program.step_begin;
+    out.step_end = program.step_end;
+    for (const auto& list : program.microbatches) out.microbatches.push_back(detail::add_copies(list, plan, copies, scope));
+    return out;
+}
+
+} // namespace capscope
