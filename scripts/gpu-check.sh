@@ -4,7 +4,7 @@
 # and capture tutorials), memcheck the GPU test executables, and run the benchmark. Logs go to
 # $OUT (the device tool brings them back).
 #
-#   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|bench]...   (default: all)
+#   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|racecheck|bench]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -58,7 +58,7 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_cuda_layer test_model test_gradients test_runner test_inference test_engine; do
+  for t in test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
@@ -68,6 +68,20 @@ if want memcheck; then
     [ $mrc -eq 0 ] || rc=$mrc
   done
   grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
+fi
+
+if want racecheck; then
+  # The activation copies order the ring's slots across streams with events: racecheck and
+  # synccheck on the offload test's training runs (fp32).
+  : >"$OUT/racecheck.log"
+  for tool in racecheck synccheck; do
+    timeout 540 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/gpu_test_offload \
+      --test-case='*bit for bit training without it*' --test-case-exclude='*allocate*' >>"$OUT/racecheck.log" 2>&1
+    xrc=$?
+    echo "$tool gpu_test_offload: exit $xrc" | tee -a "$OUT/racecheck.log"
+    [ $xrc -eq 0 ] || rc=$xrc
+  done
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK" "$OUT/racecheck.log" | head
 fi
 
 if want bench; then

@@ -1,5 +1,5 @@
 // Compile-fail cases of the plan rules: P1, P2, P8 (a configuration that captures a stage its
-// layer schema says cannot be captured), P9 (named regions that match no stage), P4 (bucket lists), P5 (an inference runner's buckets). As is, every valid twin must compile; with
+// layer schema says cannot be captured), P9 (named regions that match no stage), P4 (bucket lists), P5 (an inference runner's buckets), P11 (offloading across a graph boundary). As is, every valid twin must compile; with
 // -DCASE_<ID>[__variant] the first error must read "capscope plan rule <ID>:" (check.py).
 #include <capscope/capscope.hpp>
 #if __has_include(<cuda_runtime_api.h>)
@@ -107,3 +107,24 @@ CHECK_COMPILES(vision_inference_settings<config<vision<impl::ahead_of_time_per_l
 #endif
 
 int main() {}
+// P11: an offloaded tensor whose producer and keeper a graph boundary separates. Local captures
+// moe_router with moe_preprocess (S1); the preprocess writes expert_fc1, the eager experts keep it.
+using moe_keeping = layer_schema<"moe_keeping", stage_decl<stage_kind::attention, regions<capture::attention>, makes<offload_module::mlp_norm>>,
+                                 stage_decl<stage_kind::moe_router, regions<capture::moe, capture::moe_router>, saves<offload_module::mlp_norm>>,
+                                 stage_decl<stage_kind::moe_preprocess, regions<capture::moe, capture::moe_preprocess>, makes<offload_module::expert_fc1>>,
+                                 stage_decl<stage_kind::moe_experts, regions<capture::moe>, saves<offload_module::expert_fc1, offload_module::moe_act>>>;
+using local_moe = modules<capture::attention, capture::moe_router, capture::moe_preprocess>;
+CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, local_moe, drop_and_pad, offload<offload_modules<offload_module::moe_act>>>, moe_keeping>);
+#ifdef CASE_P11
+CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, local_moe, drop_and_pad, offload<offload_modules<offload_module::expert_fc1>>>, moe_keeping>);
+#endif
+// A trainer's own regions around Megatron's stages: attention captured, the MLP not (rule OB2
+// reads Megatron's modules only; P11 reads the stages).
+using dense_keeping = layer_schema<"dense_keeping", stage_decl<stage_kind::attention, regions<region<"left">>, makes<offload_module::mlp_norm>>,
+                                   stage_decl<stage_kind::mlp, regions<region<"right">>, saves<offload_module::mlp_norm>>>;
+using norm_offload = offload<offload_modules<offload_module::mlp_norm>>;
+CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<"left", "right">, norm_offload>, dense_keeping>);
+CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check, offload<offload_modules<offload_module::mlp_norm>, max_inflight_offloads<1>>>, dense_keeping>);
+#ifdef CASE_P11__mlp_norm
+CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<"left">, norm_offload>, dense_keeping>);
+#endif

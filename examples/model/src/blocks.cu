@@ -13,6 +13,7 @@
 namespace gpt {
 
 using capscope::capture_module;
+using capture_offload = capscope::offload_module;
 using capscope::cuda::device_buffer;
 using detail::gemm;
 using detail::gemm_shape;
@@ -33,22 +34,30 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
       norm_(params.declare(this->name_ + ".input_norm", sh.hidden, init_kind::ones)),
       qkv_w_(params.declare(this->name_ + ".qkv", n_elems(sh.hidden, 3 * sh.hidden), init_kind::normal, sh.init_stddev)),
       out_w_(params.declare(this->name_ + ".proj", n_elems(sh.hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
-      rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), qkv_(n_elems(sh.tokens(), 3 * sh.hidden)),
-      q_(n_elems(sh.tokens(), sh.hidden)), k_(n_elems(sh.tokens(), sh.hidden)), v_(n_elems(sh.tokens(), sh.hidden)),
-      probs_(n_elems(sh.batch * sh.heads, sh.seq, sh.seq)), ctx_(n_elems(sh.tokens(), sh.hidden)), merged_(n_elems(sh.tokens(), sh.hidden)),
+      rstd_(sh.tokens()), qkv_(n_elems(sh.tokens(), 3 * sh.hidden)), ctx_(n_elems(sh.tokens(), sh.hidden)),
+      normed_(this->keep(capture_offload::qkv_linear, "normed", n_elems(sh.tokens(), sh.hidden))),
+      q_(this->keep(capture_offload::core_attn, "q", n_elems(sh.tokens(), sh.hidden))),
+      k_(this->keep(capture_offload::core_attn, "k", n_elems(sh.tokens(), sh.hidden))),
+      v_(this->keep(capture_offload::core_attn, "v", n_elems(sh.tokens(), sh.hidden))),
+      probs_(this->keep(capture_offload::core_attn, "probabilities", n_elems(sh.batch * sh.heads, sh.seq, sh.seq))),
+      merged_(this->keep(capture_offload::attn_proj, "merged", n_elems(sh.tokens(), sh.hidden))),
       d_merged_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))), d_ctx_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
       d_probs_(sh.grad_elems(n_elems(sh.batch * sh.heads, sh.seq, sh.seq))), dq_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
       dk_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))), dv_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
       d_qkv_(sh.grad_elems(n_elems(sh.tokens(), 3 * sh.hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {
     if (kind == attention_kind::bidirectional_padded && !lengths)
         throw std::invalid_argument(this->name_ + ": bidirectional_padded attention needs the device array of lengths");
+    this->keep_output(capture_offload::mlp_norm); // the pre-MLP norm's input
 }
 
 template <class T> void attention_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
+    for (kept<T>* k : {&normed_, &q_, &k_, &v_, &probs_, &merged_, &this->y_}) this->resolve(*k);
     stage st = this->make_stage("attention", stage_kind::attention, {capture_module::attention},
                                 stream_fn::of<&attention_block::forward>(this), stream_fn::of<&attention_block::backward>(this));
+    st.saves = {this->saved(normed_), this->saved(q_), this->saved(k_), this->saved(v_), this->saved(probs_), this->saved(merged_)};
+    st.makes = {capture_offload::mlp_norm};
     if (lengths_) st.inputs.push_back(this->ref("lengths", lengths_, sizeof(int) * this->shape_.batch));
     st.outputs = {this->output_ref()};
     this->stages_ = {std::move(st)};
@@ -178,8 +187,9 @@ moe_block<T>::moe_block(const block_shape& sh, parameter_store<T>& params, const
       rstd_(sh.tokens()), gate_(n_elems(sh.tokens(), sh.top_k)), d_gate_(sh.grad_elems(n_elems(sh.tokens(), sh.top_k))),
       expert_(n_elems(sh.tokens(), sh.top_k)), counts_(sh.experts), slot_(n_elems(sh.tokens(), sh.top_k)), row_owner_(rows_),
       host_counts_(sh.experts), normed_(n_elems(sh.tokens(), sh.hidden)), logits_(n_elems(sh.tokens(), sh.experts)),
-      permuted_(n_elems(rows_, sh.hidden)), pre_(n_elems(rows_, sh.ffn_hidden)), act_(n_elems(rows_, sh.ffn_hidden)),
-      expert_out_(n_elems(rows_, sh.hidden)), d_expert_out_(sh.grad_elems(n_elems(rows_, sh.hidden))),
+      act_(n_elems(rows_, sh.ffn_hidden)), expert_out_(n_elems(rows_, sh.hidden)),
+      permuted_(this->keep(capture_offload::expert_fc1, "permuted", n_elems(rows_, sh.hidden))),
+      pre_(this->keep(capture_offload::moe_act, "expert_pre_activation", n_elems(rows_, sh.ffn_hidden))), d_expert_out_(sh.grad_elems(n_elems(rows_, sh.hidden))),
       d_act_(sh.grad_elems(n_elems(rows_, sh.ffn_hidden))), d_pre_(sh.grad_elems(n_elems(rows_, sh.ffn_hidden))),
       d_permuted_(sh.grad_elems(n_elems(rows_, sh.hidden))), d_logits_(sh.grad_elems(n_elems(sh.tokens(), sh.experts))),
       d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
@@ -214,6 +224,8 @@ template <class T> std::vector<stage> moe_block<T>::forward_stages(token_grid g)
 template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
+    this->resolve(permuted_);
+    this->resolve(pre_);
     const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
     stage router = this->make_stage("moe_router", stage_kind::moe_router, {capture_module::moe, capture_module::moe_router},
                                     stream_fn::of<&moe_block::router_forward>(this), stream_fn::of<&moe_block::router_backward>(this));
@@ -225,6 +237,7 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     pre.synchronizes_with_host = dropless; // reads the per-expert counts back to size the GEMMs
     pre.inputs = {this->ref("pre_mlp_norm_output", normed_.data(), normed_.bytes()), router.outputs[1]};
     pre.outputs = {this->ref("permuted_tokens", permuted_.data(), permuted_.bytes())};
+    pre.makes = {capture_offload::expert_fc1};
 
     stage experts = this->make_stage("moe_experts", stage_kind::moe_experts, {capture_module::moe},
                                      stream_fn::of<&moe_block::experts_forward>(this),
@@ -232,6 +245,7 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     experts.shapes_depend_on_data = dropless;
     experts.inputs = {pre.outputs[0], router.outputs[0], experts.inputs[0]};
     experts.outputs = {this->output_ref()};
+    experts.saves = {this->saved(permuted_), this->saved(pre_)};
     this->stages_ = {std::move(router), std::move(pre), std::move(experts)};
 }
 

@@ -21,7 +21,7 @@ using detail::gemm;
 template <class T>
 inference_model<T>::inference_model(const model_config& cfg, cudaStream_t s)
     : cfg_(detail::validated(cfg)) {
-    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/false, params_, blas_);
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/false, params_, blas_, activations_);
     tok_emb_ = layout.tok_emb;
     pos_emb_ = layout.pos_emb;
     final_norm_ = layout.final_norm;
@@ -38,6 +38,7 @@ inference_model<T>::inference_model(const model_config& cfg, cudaStream_t s)
     logits_f32_ = device_buffer<float>(t * v);
     inputs_.fill_bytes(0, s); // token 0 everywhere, 0 real sequences, until set_request
     params_.allocate(cfg.seed, s, /*training_state=*/false);
+    activations_.allocate({}); // forward only: nothing to offload
     for (auto& e : staged_) e.record(s);
     bind_chain(blocks_, embedded_.data(), static_cast<const T*>(nullptr));
 }

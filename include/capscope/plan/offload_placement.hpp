@@ -109,7 +109,7 @@ struct P11<offload_module::mlp_norm, stage_kind::attention, stage_kind::moe_rout
 };
 template <class Schema, class Config>
 struct P11<offload_module::expert_fc1, stage_kind::moe_preprocess, stage_kind::moe_experts, Schema, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor expert_fc1 (the experts' first linear input) is written by stage moe_preprocess and kept by stage moe_experts, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: capture moe_router only (drop moe_preprocess from modules<...>), or drop expert_fc1 from offload_modules");
+    static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor expert_fc1 (the experts' first linear input) is written by stage moe_preprocess and kept by stage moe_experts, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: under transformer_engine, capture moe_router without moe_preprocess (local captures both, rule S1); or drop expert_fc1 from offload_modules");
 };
 
 } // namespace capscope::plan_rules

@@ -10,11 +10,13 @@
 
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
+#include <capscope/offload/activation_store.hpp>
 #include <capscope/stage/stage.hpp>
 
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +52,9 @@ struct block_shape {
     bool training = true; //!< false: forward only, no gradient buffers
     float hidden_dropout = 0.f; //!< dense MLP output dropout (training only)
     rng_state* rng = nullptr;   //!< the model's generator state, in device memory (when dropout is on)
+    //! Where the tensors a block keeps for its backward live (the model's store; offloading may
+    //! move them, capscope/offload/activation_store.hpp).
+    capscope::activation_store* activations = nullptr;
     int tokens() const { return batch * seq; }
     token_grid grid() const { return {batch, seq}; }
     //! Drop-and-pad slots per expert for `tokens` tokens: ceil(capacity_factor * tokens * top_k / experts).
@@ -61,6 +66,17 @@ struct block_shape {
 inline int block_shape::capacity(int tokens) const {
     return experts ? static_cast<int>(std::ceil(capacity_factor * tokens * top_k / experts)) : 0;
 }
+
+//! A tensor a block keeps for its backward, in the model's activation store: declared at
+//! construction, its address known from bind() on.
+template <class T>
+struct kept {
+    capscope::activation_store::id id = -1; //!< -1: memory of the block's own (ptr)
+    T* ptr = nullptr;
+    std::size_t size_bytes = 0;
+    T* data() const { return ptr; }
+    std::size_t bytes() const { return size_bytes; }
+};
 
 template <class T>
 class block {
@@ -78,6 +94,14 @@ public:
     //! The forward on `grid`, eagerly, at any grid up to the shape (no stages made).
     virtual void forward_on(token_grid grid, cudaStream_t s) = 0;
     const T* output() const { return y_.data(); }
+    //! The stage that keeps this block's input for its backward (the pre-MLP norm's input, when
+    //! the block before is attention) lists it with the rest of what it keeps.
+    void keep_input(const capscope::saved_tensor& t) { stages_.front().saves.push_back(t); }
+    //! The block's output, when the store holds it (attention's: the pre-MLP norm's input).
+    std::optional<capscope::saved_tensor> kept_output() const {
+        if (y_.id < 0) return std::nullopt;
+        return activations().saved(y_.id);
+    }
     //! Gradient of the loss with respect to the input, written by backward.
     const T* input_grad() const { return dx_.data(); }
     const std::vector<stage>& stages() const { return stages_; }
@@ -85,7 +109,28 @@ public:
 protected:
     block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer)
         : shape_(shape), params_(params), blas_(blas), name_(std::move(name)), layer_(layer),
-          y_(std::size_t(shape.tokens()) * shape.hidden), dx_(shape.grad_elems(std::size_t(shape.tokens()) * shape.hidden)) {}
+          own_y_(std::size_t(shape.tokens()) * shape.hidden), y_{-1, own_y_.data(), own_y_.bytes()},
+          dx_(shape.grad_elems(std::size_t(shape.tokens()) * shape.hidden)) {}
+
+    capscope::activation_store& activations() const {
+        if (!shape_.activations) throw std::invalid_argument(name_ + ": the block needs the model's activation store (block_shape::activations)");
+        return *shape_.activations;
+    }
+    //! Declares a tensor of `elems` elements this block keeps for its backward as module input `m`.
+    kept<T> keep(capscope::offload_module m, const std::string& what, std::size_t elems) {
+        const std::size_t bytes = elems * sizeof(T);
+        return {activations().declare(layer_, m, name_ + "." + what, bytes, sizeof(T)), nullptr, bytes};
+    }
+    //! Its address, once the store is allocated (bind).
+    void resolve(kept<T>& k) const {
+        if (k.id >= 0) k.ptr = activations().template data_as<T>(k.id);
+    }
+    capscope::saved_tensor saved(const kept<T>& k) const { return activations().saved(k.id); }
+    //! The block's output lives in the store, kept for the backward as `m` (attention's output).
+    void keep_output(capscope::offload_module m) {
+        own_y_ = {};
+        y_ = keep(m, "output", std::size_t(shape_.tokens()) * shape_.hidden);
+    }
 
     //! What a stage bound to one grid calls: the block and the grid (kept at a stable address).
     struct grid_call {
@@ -147,7 +192,9 @@ protected:
     int layer_;
     const T* x_ = nullptr;
     const T* dy_ = nullptr;
-    capscope::cuda::device_buffer<T> y_, dx_;
+    capscope::cuda::device_buffer<T> own_y_; //!< the output, unless the store holds it
+    kept<T> y_;
+    capscope::cuda::device_buffer<T> dx_;
     std::vector<stage> stages_;
     std::deque<grid_call> grid_calls_;
 };
@@ -169,7 +216,8 @@ private:
     const int* lengths_;
     typename parameter_store<T>::id norm_, qkv_w_, out_w_;
     capscope::cuda::device_buffer<float> rstd_;
-    capscope::cuda::device_buffer<T> normed_, qkv_, q_, k_, v_, probs_, ctx_, merged_;
+    capscope::cuda::device_buffer<T> qkv_, ctx_;
+    kept<T> normed_, q_, k_, v_, probs_, merged_; // qkv_linear; core_attn (q, k, v, probabilities); attn_proj
     capscope::cuda::device_buffer<T> d_merged_, d_ctx_, d_probs_, dq_, dk_, dv_, d_qkv_, d_normed_;
 };
 
@@ -231,7 +279,8 @@ private:
     capscope::cuda::device_buffer<float> rstd_, gate_, d_gate_;
     capscope::cuda::device_buffer<int> expert_, counts_, slot_, row_owner_;
     capscope::cuda::pinned_buffer<int> host_counts_;
-    capscope::cuda::device_buffer<T> normed_, logits_, permuted_, pre_, act_, expert_out_;
+    capscope::cuda::device_buffer<T> normed_, logits_, act_, expert_out_;
+    kept<T> permuted_, pre_; // expert_fc1, moe_act
     capscope::cuda::device_buffer<T> d_expert_out_, d_act_, d_pre_, d_permuted_, d_logits_, d_normed_;
 };
 
@@ -253,12 +302,16 @@ private:
 };
 
 //! Binds blocks in sequence: block i reads block i-1's output and the gradient written by
-//! block i+1 (the last one reads `d_last`). Returns the last block's output.
+//! block i+1 (the last one reads `d_last`). Returns the last block's output. The model's
+//! activation store must be allocated.
 template <class T>
 const T* bind_chain(const std::vector<std::unique_ptr<block<T>>>& blocks, const T* input, const T* d_last) {
     const T* x = input;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
         blocks[i]->bind(x, i + 1 < blocks.size() ? blocks[i + 1]->input_grad() : d_last);
+        // The block after attention keeps attention's output (the pre-MLP norm's input) for its backward.
+        if (i > 0)
+            if (auto t = blocks[i - 1]->kept_output()) blocks[i]->keep_input(*t);
         x = blocks[i]->output();
     }
     return x;

@@ -85,6 +85,7 @@ private:
     model_config cfg_;
     capscope::cuda::blas_handle blas_;
     parameter_store<T> params_;
+    capscope::activation_store activations_; //!< the blocks' kept tensors (outlives them)
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> inputs_; //!< per slot: tokens [capacity * seq], then the real sequence count

@@ -24,6 +24,13 @@
 
 namespace gpt {
 
+//! Activation offloading for a training model: the policy (a config's
+//! `Config::normalized.offload`) and the device ring (capscope/offload/offload_plan.hpp).
+struct activation_offload {
+    capscope::offload_settings policy;
+    capscope::offload_ring ring;
+};
+
 struct adamw_config {
     float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.01f;
 };
@@ -33,7 +40,10 @@ class gpt_model {
 public:
     //! With `sharding`, this rank keeps a shard of each layer's parameters and optimizer state
     //! (parameters.hpp; sharded data parallelism, gpt/data_parallel.hpp). The layers are the same.
-    gpt_model(const model_config& cfg, cudaStream_t setup_stream, std::optional<store_sharding> sharding = std::nullopt);
+    //! With `offload`, the tensors the layers keep for their backward are planned and placed as
+    //! its policy says; `training_program(scope)` adds the copies.
+    gpt_model(const model_config& cfg, cudaStream_t setup_stream, std::optional<store_sharding> sharding = std::nullopt,
+              const activation_offload& offload = {});
     gpt_model(const gpt_model&) = delete;
     gpt_model& operator=(const gpt_model&) = delete;
 
@@ -69,6 +79,13 @@ public:
     //! The whole training step for a capscope runner: zero the gradients, every microbatch's
     //! stages, the optimizer step.
     capscope::training_program training_program() const;
+    //! The same step with the activation copies the offload policy asks for, placed for a
+    //! runner's capture scope (`capscope::capture_scope_of<Config>`). The model must outlive it.
+    capscope::training_program training_program(const capscope::capture_scope& scope) const {
+        return activations_.with_offload(training_program(), scope);
+    }
+    //! Where the kept tensors live, and what offloading moves.
+    const capscope::activation_store& activations() const { return activations_; }
 
     const model_config& config() const { return cfg_; }
     parameter_store<T>& parameters() { return params_; }
@@ -102,6 +119,7 @@ private:
     capscope::cuda::blas_handle blas_;
     parameter_store<T> params_;
     std::vector<optimizer_arena<T>> arenas_; //!< what optimizer_step steps, found once
+    capscope::activation_store activations_; //!< the blocks' kept tensors (outlives them)
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;

@@ -78,6 +78,7 @@ private:
     vision_config cfg_;
     capscope::cuda::blas_handle blas_;
     parameter_store<T> params_;
+    capscope::activation_store activations_; //!< the blocks' kept tensors (outlives them)
     typename parameter_store<T>::id patch_w_, pos_emb_, final_norm_;
     capscope::cuda::device_buffer<int> lengths_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
