@@ -190,3 +190,21 @@ TEST_CASE("rule P11 from the stages: a tensor written in one graph and kept in a
     static_assert(layer_plan<config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::mlp>, offload_norm, warmup_steps<1>>, dense>::graphs == 1);
     (void)sizeof(moe_facts);
 }
+
+TEST_CASE("under the whole iteration the copy back sits right before the stage that frees its slot") {
+    fake::model m;
+    std::vector<char> memory(64 * 4);
+    const auto p = keeping_program(m, 4, 1, memory);
+    auto o = policy({om::qkv_linear});
+    o.max_inflight = 1;
+    const auto plan = plan_offload(o, dense_tensors(4));
+    const auto copies = fake_copies(plan, m);
+    const auto w = with_offload(p, plan, copies, capture_scope_of<config<impl::whole_iteration, no_nan_check>>);
+    std::string order;
+    for (const stage& s : w.microbatches[0]) order += s.name + " ";
+    // One copy out may be in flight: layer 1's waits for layer 0's.
+    CHECK(order == "embedding layer0.attention layer0.qkv_linear.wait_reload layer0.qkv_linear.to_host layer0.mlp "
+                   "layer1.attention layer1.qkv_linear.wait_reload layer1.qkv_linear.to_host layer1.qkv_linear.wait_inflight layer1.mlp "
+                   "layer0.qkv_linear.to_device layer2.qkv_linear.wait_slot layer2.attention layer2.mlp "
+                   "layer1.qkv_linear.to_device layer3.qkv_linear.wait_slot layer3.attention layer3.mlp head ");
+}

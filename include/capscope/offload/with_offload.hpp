@@ -60,9 +60,11 @@ inline stage wait_stage(const stage& like, const offload_group& g, const char* w
     return s;
 }
 
-//! The first and last stages of the segment that holds stage `i`.
+//! The first and last stages of the segment that holds stage `i`; in the whole iteration, the
+//! stage alone (its one graph orders every call by its own edges).
 inline stage_range segment_of(const capture_scope& c, std::span<const stage_facts> facts, int i) {
     stage_range of{i, 1, false};
+    if (c.impl == graph_impl::whole_iteration) return of;
     split_segments(c, facts, [&](stage_range r) {
         if (i >= r.first && i < r.first + r.count) of = r;
     });
