@@ -251,3 +251,10 @@ TEST_CASE("replays with offload allocate nothing, on the host or the device") {
     measure(config<te, modules<>, facts, w2, offload<attention_set, small, delay_offload_until_cuda_graph>>{}, "transformer_engine, delayed");
     measure(config<impl::whole_iteration, facts, no_nan_check, w2, offload<attention_set, small, max_inflight_offloads<1>>>{}, "full_iteration");
 }
+
+TEST_CASE("for the sanitizers: offload under transformer_engine, delayed, and under full_iteration (fp32)") {
+    check_case<config<te, modules<>, facts, w2, offload<attention_set, small, delay_offload_until_cuda_graph>>, float>(
+        "transformer_engine, delayed (sanitized)");
+    check_case<config<impl::whole_iteration, facts, no_nan_check, w2, offload<attention_set, small, max_inflight_offloads<1>>>, float>(
+        "full_iteration, max in-flight 1 (sanitized)");
+}
