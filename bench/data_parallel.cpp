@@ -47,13 +47,8 @@ struct variant {
     std::vector<float> device_ms, host_us;
 };
 
+using bench::device_used;
 using bench::median;
-
-std::size_t device_used() {
-    std::size_t free = 0, total = 0;
-    CAPSCOPE_CHECK(cudaMemGetInfo(&free, &total));
-    return total - free;
-}
 
 gpt::model_config bench_model() {
     gpt::model_config c;

@@ -38,15 +38,10 @@ namespace {
 using T = __nv_bfloat16;
 using namespace capscope;
 using om = offload_module;
+using bench::device_used;
 using bench::median;
 
 int layer_count = 24;
-
-std::size_t device_used() {
-    std::size_t free = 0, total = 0;
-    CAPSCOPE_CHECK(cudaMemGetInfo(&free, &total));
-    return total - free;
-}
 
 gpt::model_config bench_model() {
     gpt::model_config c;

@@ -3,6 +3,7 @@
 // hits them alike): per step, the device time between CUDA events and the host time of the
 // enqueueing call.
 
+#include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
 
 #include <algorithm>
@@ -11,6 +12,13 @@
 #include <vector>
 
 namespace bench {
+
+//! Device memory in use on the current device (bytes), as cudaMemGetInfo says.
+inline std::size_t device_used() {
+    std::size_t free = 0, total = 0;
+    CAPSCOPE_CHECK(cudaMemGetInfo(&free, &total));
+    return total - free;
+}
 
 template <class T> double median(std::vector<T> v) {
     std::sort(v.begin(), v.end());

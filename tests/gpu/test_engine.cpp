@@ -4,10 +4,8 @@
 // runners; the bucket runner's scratch arena; and no host allocation on the replay path.
 // Every output is poisoned before the call under test, so work that did not run shows.
 
-// g++ cannot see that operator new and delete below are a matched pair (malloc and free).
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
 #include "engine_kernels.hpp"
+#include "count_host_allocations.hpp"
 #include "support.hpp"
 
 #include <gpt/inference.hpp>
@@ -27,17 +25,6 @@
 #include <string>
 #include <vector>
 
-// Counts every host allocation through operator new in this program: the replay path must make none.
-namespace {
-std::atomic<long> host_allocations{0};
-}
-void* operator new(std::size_t n) {
-    host_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace capscope;
 namespace k = engine_kernels;
