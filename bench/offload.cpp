@@ -59,7 +59,6 @@ struct trainer {
     std::unique_ptr<gpt::gpt_model<T>> model;
     std::function<void(cudaStream_t)> step;
     std::shared_ptr<void> runner;
-    std::vector<float> device_ms, host_us;
     double used = 0, state = 0, moved = 0, kept = 0;
 };
 
@@ -84,7 +83,7 @@ template <class Config> trainer build(bool offloading, cudaStream_t s) {
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     t.used = double(device_used() - before);
     t.state = double(t.model->parameters().device_bytes());
-    t.moved = 2.0 * double(t.model->activations().plan().copied_bytes); // out and back
+    t.moved = 2.0 * double(t.model->activations().plan().copied_bytes()); // out and back
     t.kept = double(t.model->activations().device_bytes());
     return t;
 }

@@ -103,7 +103,7 @@ state<T> train(bool offloading, run_facts& f, offload_ring ring = {}, bool break
     const auto& plan = m.activations().plan();
     f.copied_groups = plan.copied_groups();
     f.saved_bytes = plan.device_bytes_saved();
-    f.copied_bytes = plan.copied_bytes;
+    f.copied_bytes = plan.copied_bytes();
     f.plan_line = std::to_string(r.plan().graph_count) + " graphs, " + std::to_string(r.plan().graph_launches_per_step()) + " launches + " +
                   std::to_string(r.plan().eager_islands_per_step()) + " eager islands per step";
     CHECK(r.counters().capture_failures == 0);

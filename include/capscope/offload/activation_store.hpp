@@ -73,7 +73,7 @@ public:
 
     //! The device address of a declared tensor (after allocate()).
     void* data(id t) const {
-        if (!allocated_ && plan_.where.empty()) throw std::logic_error("capscope::activation_store: data() before allocate()");
+        if (plan_.where.empty()) throw std::logic_error("capscope::activation_store: data() before allocate(), or nothing declared");
         const offload_placement& w = plan_.where.at(std::size_t(t));
         return (w.in_ring ? ring_.data() : own_.data()) + w.offset;
     }

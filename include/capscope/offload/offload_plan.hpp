@@ -75,8 +75,9 @@ struct offload_plan {
     std::vector<offload_placement> where; //!< per tensor
     std::size_t ring_bytes = 0, own_bytes = 0, host_bytes = 0;
     std::size_t bytes_without_offload = 0; //!< every declared tensor in memory of its own
-    std::size_t copied_bytes = 0;          //!< moved out (and back) per microbatch
 
+    //! Moved out (and back) per microbatch: each copied group has a host region of its own.
+    std::size_t copied_bytes() const { return host_bytes; }
     int copied_groups() const {
         int n = 0;
         for (const auto& g : groups) n += g.copied ? 1 : 0;
@@ -140,29 +141,24 @@ inline offload_plan plan_offload(const offload_settings& policy, std::vector<off
     for (std::size_t g = 0; g < plan.groups.size(); ++g)
         for (int t : plan.groups[g].tensors) plan.where[std::size_t(t)].group = int(g);
 
+    // Each name's groups, in forward order.
+    std::vector<std::vector<int>> by_name(std::size(enum_names<offload_module>::megatron));
+    for (std::size_t g = 0; g < plan.groups.size(); ++g) by_name[std::size_t(plan.groups[g].module)].push_back(int(g));
+
     // Candidates: every group of a name but its last `slots`; the fraction leaves the latest on the device.
     const int k = ring.slots;
     std::vector<int> candidates;
-    for (int m = 0; m < int(std::size(enum_names<offload_module>::megatron)); ++m) {
-        std::vector<int> of_name;
-        for (std::size_t g = 0; g < plan.groups.size(); ++g)
-            if (int(plan.groups[g].module) == m) of_name.push_back(int(g));
+    for (const auto& of_name : by_name)
         for (int i = 0; i + k < int(of_name.size()); ++i) candidates.push_back(of_name[std::size_t(i)]);
-    }
     std::sort(candidates.begin(), candidates.end()); // forward order
     const auto disabled = std::size_t(std::floor(double(candidates.size()) * (1.0 - policy.fraction) + 1e-9));
     candidates.resize(candidates.size() - std::min(disabled, candidates.size()));
     for (int g : candidates) plan.groups[std::size_t(g)].copied = true;
 
     // Rings: each name's copied groups and the `slots` groups after them.
-    for (int m = 0; m < int(std::size(enum_names<offload_module>::megatron)); ++m) {
-        std::vector<int> of_name;
+    for (const auto& of_name : by_name) {
         int copied = 0;
-        for (std::size_t g = 0; g < plan.groups.size(); ++g)
-            if (int(plan.groups[g].module) == m) {
-                of_name.push_back(int(g));
-                copied += plan.groups[g].copied ? 1 : 0;
-            }
+        for (int g : of_name) copied += plan.groups[std::size_t(g)].copied ? 1 : 0;
         if (copied == 0) continue;
         const int members = std::min(int(of_name.size()), copied + k);
         std::size_t slot_bytes = 0;
@@ -182,7 +178,6 @@ inline offload_plan plan_offload(const offload_settings& policy, std::vector<off
             if (g.copied) {
                 g.host_offset = plan.host_bytes;
                 plan.host_bytes += g.bytes;
-                plan.copied_bytes += g.bytes;
             }
         }
         plan.ring_bytes += std::size_t(std::min(k, members)) * slot_bytes;

@@ -93,16 +93,13 @@ void match_schemas(layer_schemas<Layers...>, const training_program& program) {
                 ++i;
                 continue;
             }
-            std::size_t j = i + 1;
             // The layer's own stages, passing over those capscope added (hooks, activation copies).
             std::vector<stage> own;
-            while (j <= list.size()) {
-                const stage& st = list[j - 1];
-                if (!st.added) own.push_back(st);
-                if (j == list.size()) break;
-                const stage& next = list[j];
-                if (!next.added && next.layer != list[i].layer) break;
-                ++j;
+            std::size_t j = i;
+            for (; j < list.size(); ++j) {
+                if (list[j].added) continue;
+                if (list[j].layer != list[i].layer) break;
+                own.push_back(list[j]);
             }
             detail::match_layer(schemas, own, 0, own.size());
             i = j;
