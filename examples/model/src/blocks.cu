@@ -41,10 +41,10 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
       v_(this->keep(capture_offload::core_attn, "v", n_elems(sh.tokens(), sh.hidden))),
       probs_(this->keep(capture_offload::core_attn, "probabilities", n_elems(sh.batch * sh.heads, sh.seq, sh.seq))),
       merged_(this->keep(capture_offload::attn_proj, "merged", n_elems(sh.tokens(), sh.hidden))),
-      d_merged_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))), d_ctx_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
-      d_probs_(sh.grad_elems(n_elems(sh.batch * sh.heads, sh.seq, sh.seq))), dq_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
-      dk_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))), dv_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))),
-      d_qkv_(sh.grad_elems(n_elems(sh.tokens(), 3 * sh.hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {
+      d_merged_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), d_ctx_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
+      d_probs_(this->grad_scratch(n_elems(sh.batch * sh.heads, sh.seq, sh.seq))), dq_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
+      dk_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), dv_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
+      d_qkv_(this->grad_scratch(n_elems(sh.tokens(), 3 * sh.hidden))), d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))) {
     if (kind == attention_kind::bidirectional_padded && !lengths)
         throw std::invalid_argument(this->name_ + ": bidirectional_padded attention needs the device array of lengths");
     this->keep_output(capture_offload::mlp_norm); // the pre-MLP norm's input
@@ -54,6 +54,7 @@ template <class T> void attention_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
     for (kept<T>* k : {&normed_, &q_, &k_, &v_, &probs_, &merged_, &this->y_}) this->resolve(*k);
+    for (scratch<T>* d : {&d_merged_, &d_ctx_, &d_probs_, &dq_, &dk_, &dv_, &d_qkv_, &d_normed_}) this->resolve(*d);
     stage st = this->make_stage("attention", stage_kind::attention, {capture_module::attention},
                                 stream_fn::of<&attention_block::forward>(this), stream_fn::of<&attention_block::backward>(this));
     st.saves = {this->saved(normed_), this->saved(q_), this->saved(k_), this->saved(v_), this->saved(probs_), this->saved(merged_)};
@@ -116,12 +117,12 @@ mlp_block<T>::mlp_block(const block_shape& sh, parameter_store<T>& params, const
       fc1_(params.declare(this->name_ + ".fc1", n_elems(sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
       fc2_(params.declare(this->name_ + ".fc2", n_elems(sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
       rstd_(sh.tokens()), normed_(n_elems(sh.tokens(), sh.hidden)), pre_(n_elems(sh.tokens(), sh.ffn_hidden)),
-      act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_act_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))),
-      d_pre_(sh.grad_elems(n_elems(sh.tokens(), sh.ffn_hidden))), d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {
+      act_(n_elems(sh.tokens(), sh.ffn_hidden)), d_act_(this->grad_scratch(n_elems(sh.tokens(), sh.ffn_hidden))),
+      d_pre_(this->grad_scratch(n_elems(sh.tokens(), sh.ffn_hidden))), d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))) {
     if (sh.training && sh.hidden_dropout > 0.f) {
         if (!sh.rng) throw std::invalid_argument("mlp_block: dropout needs the model's generator state (block_shape::rng)");
         dropped_ = capscope::cuda::device_buffer<T>(n_elems(sh.tokens(), sh.hidden));
-        d_dropped_ = capscope::cuda::device_buffer<T>(n_elems(sh.tokens(), sh.hidden));
+        d_dropped_ = this->grad_scratch(n_elems(sh.tokens(), sh.hidden));
         mask_ = capscope::cuda::device_buffer<unsigned char>(n_elems(sh.tokens(), sh.hidden));
     }
 }
@@ -129,6 +130,7 @@ mlp_block<T>::mlp_block(const block_shape& sh, parameter_store<T>& params, const
 template <class T> void mlp_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
+    for (scratch<T>* d : {&d_act_, &d_pre_, &d_normed_, &d_dropped_}) this->resolve(*d);
     stage st = this->make_stage("mlp", stage_kind::mlp, {capture_module::mlp}, stream_fn::of<&mlp_block::forward>(this),
                                 stream_fn::of<&mlp_block::backward>(this));
     st.outputs = {this->output_ref()};
@@ -184,15 +186,15 @@ moe_block<T>::moe_block(const block_shape& sh, parameter_store<T>& params, const
       router_(params.declare(this->name_ + ".router", n_elems(sh.hidden, sh.experts), init_kind::normal, sh.init_stddev)),
       fc1_(params.declare(this->name_ + ".experts.fc1", n_elems(sh.experts, sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
       fc2_(params.declare(this->name_ + ".experts.fc2", n_elems(sh.experts, sh.ffn_hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
-      rstd_(sh.tokens()), gate_(n_elems(sh.tokens(), sh.top_k)), d_gate_(sh.grad_elems(n_elems(sh.tokens(), sh.top_k))),
+      rstd_(sh.tokens()), gate_(n_elems(sh.tokens(), sh.top_k)), d_gate_(this->template take_scratch<float>(n_elems(sh.tokens(), sh.top_k))),
       expert_(n_elems(sh.tokens(), sh.top_k)), counts_(sh.experts), slot_(n_elems(sh.tokens(), sh.top_k)), row_owner_(rows_),
       host_counts_(sh.experts), normed_(n_elems(sh.tokens(), sh.hidden)), logits_(n_elems(sh.tokens(), sh.experts)),
       act_(n_elems(rows_, sh.ffn_hidden)), expert_out_(n_elems(rows_, sh.hidden)),
       permuted_(this->keep(capture_offload::expert_fc1, "permuted", n_elems(rows_, sh.hidden))),
-      pre_(this->keep(capture_offload::moe_act, "expert_pre_activation", n_elems(rows_, sh.ffn_hidden))), d_expert_out_(sh.grad_elems(n_elems(rows_, sh.hidden))),
-      d_act_(sh.grad_elems(n_elems(rows_, sh.ffn_hidden))), d_pre_(sh.grad_elems(n_elems(rows_, sh.ffn_hidden))),
-      d_permuted_(sh.grad_elems(n_elems(rows_, sh.hidden))), d_logits_(sh.grad_elems(n_elems(sh.tokens(), sh.experts))),
-      d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
+      pre_(this->keep(capture_offload::moe_act, "expert_pre_activation", n_elems(rows_, sh.ffn_hidden))), d_expert_out_(this->grad_scratch(n_elems(rows_, sh.hidden))),
+      d_act_(this->grad_scratch(n_elems(rows_, sh.ffn_hidden))), d_pre_(this->grad_scratch(n_elems(rows_, sh.ffn_hidden))),
+      d_permuted_(this->grad_scratch(n_elems(rows_, sh.hidden))), d_logits_(this->grad_scratch(n_elems(sh.tokens(), sh.experts))),
+      d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))) {}
 
 template <class T> int moe_block<T>::permuted_rows(token_grid g) const {
     const auto& sh = this->shape_;
@@ -226,6 +228,8 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     this->dy_ = dy;
     this->resolve(permuted_);
     this->resolve(pre_);
+    this->resolve(d_gate_);
+    for (scratch<T>* d : {&d_expert_out_, &d_act_, &d_pre_, &d_permuted_, &d_logits_, &d_normed_}) this->resolve(*d);
     const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
     stage router = this->make_stage("moe_router", stage_kind::moe_router, {capture_module::moe, capture_module::moe_router},
                                     stream_fn::of<&moe_block::router_forward>(this), stream_fn::of<&moe_block::router_backward>(this));
@@ -373,12 +377,13 @@ mamba_block<T>::mamba_block(const block_shape& sh, parameter_store<T>& params, c
       out_proj_(params.declare(this->name_ + ".out_proj", n_elems(sh.inner, sh.hidden), init_kind::normal, sh.init_stddev)),
       rstd_(sh.tokens()), state_(n_elems(sh.tokens(), sh.inner)), normed_(n_elems(sh.tokens(), sh.hidden)),
       proj_(n_elems(sh.tokens(), 3 * sh.inner)), mixed_(n_elems(sh.tokens(), sh.inner)),
-      d_mixed_(sh.grad_elems(n_elems(sh.tokens(), sh.inner))), d_proj_(sh.grad_elems(n_elems(sh.tokens(), 3 * sh.inner))),
-      d_normed_(sh.grad_elems(n_elems(sh.tokens(), sh.hidden))) {}
+      d_mixed_(this->grad_scratch(n_elems(sh.tokens(), sh.inner))), d_proj_(this->grad_scratch(n_elems(sh.tokens(), 3 * sh.inner))),
+      d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))) {}
 
 template <class T> void mamba_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
+    for (scratch<T>* d : {&d_mixed_, &d_proj_, &d_normed_}) this->resolve(*d);
     stage st = this->make_stage("mamba", stage_kind::mamba, {capture_module::mamba}, stream_fn::of<&mamba_block::forward>(this),
                                 stream_fn::of<&mamba_block::backward>(this));
     st.outputs = {this->output_ref()};

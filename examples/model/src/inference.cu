@@ -21,7 +21,7 @@ using detail::gemm;
 template <class T>
 inference_model<T>::inference_model(const model_config& cfg, cudaStream_t s)
     : cfg_(detail::validated(cfg)) {
-    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/false, params_, blas_, activations_);
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/false, params_, blas_, activations_, /*scratch=*/nullptr);
     tok_emb_ = layout.tok_emb;
     pos_emb_ = layout.pos_emb;
     final_norm_ = layout.final_norm;

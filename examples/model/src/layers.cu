@@ -30,13 +30,14 @@ block_shape shape_of(const model_config& c, bool training) {
 
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
-                              capscope::activation_store& activations, rng_state* rng) {
+                              capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng) {
     model_layout<T> m;
     m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
     m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
     block_shape sh = shape_of(c, training);
     sh.rng = rng;
     sh.activations = &activations;
+    sh.scratch = scratch;
     for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
         const std::string name = "layer" + std::to_string(i);
         const int layer = static_cast<int>(i);
@@ -59,9 +60,9 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
     return m;
 }
 template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&,
-                                           capscope::activation_store&, rng_state*);
+                                           capscope::activation_store&, backward_scratch*, rng_state*);
 template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&,
-                                                    capscope::activation_store&, rng_state*);
+                                                    capscope::activation_store&, backward_scratch*, rng_state*);
 
 } // namespace detail
 

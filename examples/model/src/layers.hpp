@@ -29,9 +29,10 @@ struct model_layout {
 //! 'D' attention + mlp, 'E' attention + moe, 'M' mamba; then the final norm and the LM head) and
 //! builds its blocks, with gradient buffers when `training` (and dropout from `rng`, a training
 //! model's generator state in device memory). The blocks declare what they keep for their
-//! backward in `activations`, which the model allocates before it binds them.
+//! backward in `activations` and take their backward's working memory from `scratch` (training
+//! only), both of which the model allocates before it binds them.
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
-                              capscope::activation_store& activations, rng_state* rng = nullptr);
+                              capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng = nullptr);
 
 } // namespace gpt::detail

@@ -18,7 +18,7 @@ template <class T>
 gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<store_sharding> sharding, const activation_offload& offload)
     : cfg_(detail::validated(cfg)), rng_(1) {
     kernels::set_rng(rng_.data(), cfg.seed, 0, s);
-    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, activations_, rng_.data());
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, activations_, &scratch_, rng_.data());
     tok_emb_ = layout.tok_emb;
     pos_emb_ = layout.pos_emb;
     final_norm_ = layout.final_norm;
@@ -50,6 +50,7 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<s
     arenas_ = params_.optimizer_arenas();
     set_optimizer(adamw_config{}, s);
     activations_.allocate(offload.policy, offload.ring);
+    scratch_.allocate();
 
     const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
     std::vector<stage> layer_stages;

@@ -33,6 +33,7 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     sh.init_stddev = cfg.init_stddev;
     sh.training = cfg.training;
     sh.activations = &activations_;
+    sh.scratch = &scratch_;
     for (int i = 0; i < cfg.layers; ++i) {
         const std::string name = "vision.layer" + std::to_string(i);
         blocks_.push_back(std::make_unique<attention_block<T>>(sh, params_, blas_, name, i, attention_kind::bidirectional_padded,
@@ -50,6 +51,7 @@ vision_encoder<T>::vision_encoder(const vision_config& cfg, cudaStream_t s)
     d_last_ = device_buffer<T>(cfg.training ? t * h : 0);
     params_.allocate(cfg.seed, s, cfg.training);
     activations_.allocate({});
+    scratch_.allocate();
 
     const T* x = bind_chain(blocks_, embedded_.data(), d_last_.data());
     stage embed;

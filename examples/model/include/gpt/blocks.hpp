@@ -5,6 +5,7 @@
 //! block before (its input) and after (the gradient of its output) and builds its stages.
 //! A dense layer is attention + mlp, an MoE layer attention + moe, a Mamba layer one mamba block.
 
+#include <gpt/backward_scratch.hpp>
 #include <gpt/config.hpp>
 #include <gpt/parameters.hpp>
 
@@ -55,6 +56,8 @@ struct block_shape {
     //! Where the tensors a block keeps for its backward live (the model's store; offloading may
     //! move them, capscope/offload/activation_store.hpp).
     capscope::activation_store* activations = nullptr;
+    //! The memory every block's backward shares (the model's; training blocks only).
+    backward_scratch* scratch = nullptr;
     int tokens() const { return batch * seq; }
     token_grid grid() const { return {batch, seq}; }
     //! Drop-and-pad slots per expert for `tokens` tokens: ceil(capacity_factor * tokens * top_k / experts).
@@ -77,6 +80,10 @@ struct kept {
     T* data() const { return ptr; }
     std::size_t bytes() const { return size_bytes; }
 };
+
+//! Memory a block's backward uses only while it runs, in the model's shared scratch.
+template <class T>
+using scratch = backward_scratch::slice<T>;
 
 template <class T>
 class block {
@@ -110,7 +117,7 @@ protected:
     block(const block_shape& shape, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name, int layer)
         : shape_(shape), params_(params), blas_(blas), name_(std::move(name)), layer_(layer),
           own_y_(std::size_t(shape.tokens()) * shape.hidden), y_{-1, own_y_.data(), own_y_.bytes()},
-          dx_(shape.grad_elems(std::size_t(shape.tokens()) * shape.hidden)) {}
+          dx_(shape.grad_elems(std::size_t(shape.tokens()) * shape.hidden)), scratch_(shape.scratch) {}
 
     capscope::activation_store& activations() const {
         if (!shape_.activations) throw std::invalid_argument(name_ + ": the block needs the model's activation store (block_shape::activations)");
@@ -125,6 +132,11 @@ protected:
     void resolve(kept<T>& k) const {
         if (k.id >= 0) k.ptr = activations().template data_as<T>(k.id);
     }
+    //! `elems` elements of the shared backward scratch (none in a forward-only block); in the
+    //! constructor, after which `resolve` gives their address in bind.
+    template <class U> scratch<U> take_scratch(std::size_t elems) { return scratch_.template take<U>(shape_.grad_elems(elems)); }
+    scratch<T> grad_scratch(std::size_t elems) { return take_scratch<T>(elems); }
+    template <class U> void resolve(scratch<U>& s) const { scratch_.resolve(s); }
     capscope::saved_tensor saved(const kept<T>& k) const { return activations().saved(k.id); }
     //! The block's output lives in the store, kept for the backward as `m` (attention's output).
     void keep_output(capscope::offload_module m) {
@@ -195,6 +207,7 @@ protected:
     capscope::cuda::device_buffer<T> own_y_; //!< the output, unless the store holds it
     kept<T> y_;
     capscope::cuda::device_buffer<T> dx_;
+    backward_scratch::layout scratch_;
     std::vector<stage> stages_;
     std::deque<grid_call> grid_calls_;
 };
@@ -218,7 +231,7 @@ private:
     capscope::cuda::device_buffer<float> rstd_;
     capscope::cuda::device_buffer<T> qkv_, ctx_;
     kept<T> normed_, q_, k_, v_, probs_, merged_; // qkv_linear; core_attn (q, k, v, probabilities); attn_proj
-    capscope::cuda::device_buffer<T> d_merged_, d_ctx_, d_probs_, dq_, dk_, dv_, d_qkv_, d_normed_;
+    scratch<T> d_merged_, d_ctx_, d_probs_, dq_, dk_, dv_, d_qkv_, d_normed_;
 };
 
 template <class T>
@@ -235,9 +248,11 @@ public:
 private:
     typename parameter_store<T>::id norm_, fc1_, fc2_;
     capscope::cuda::device_buffer<float> rstd_;
-    capscope::cuda::device_buffer<T> normed_, pre_, act_, d_act_, d_pre_, d_normed_;
+    capscope::cuda::device_buffer<T> normed_, pre_, act_;
+    scratch<T> d_act_, d_pre_, d_normed_;
     // Dropout (when on): the fc2 output before the residual add, its kept elements, its gradient.
-    capscope::cuda::device_buffer<T> dropped_, d_dropped_;
+    capscope::cuda::device_buffer<T> dropped_;
+    scratch<T> d_dropped_;
     capscope::cuda::device_buffer<unsigned char> mask_;
 
 public:
@@ -276,12 +291,13 @@ public:
 private:
     int rows_;
     typename parameter_store<T>::id norm_, router_, fc1_, fc2_;
-    capscope::cuda::device_buffer<float> rstd_, gate_, d_gate_;
+    capscope::cuda::device_buffer<float> rstd_, gate_;
+    scratch<float> d_gate_;
     capscope::cuda::device_buffer<int> expert_, counts_, slot_, row_owner_;
     capscope::cuda::pinned_buffer<int> host_counts_;
     capscope::cuda::device_buffer<T> normed_, logits_, act_, expert_out_;
     kept<T> permuted_, pre_; // expert_fc1, moe_act
-    capscope::cuda::device_buffer<T> d_expert_out_, d_act_, d_pre_, d_permuted_, d_logits_, d_normed_;
+    scratch<T> d_expert_out_, d_act_, d_pre_, d_permuted_, d_logits_, d_normed_;
 };
 
 template <class T>
@@ -298,7 +314,8 @@ public:
 private:
     typename parameter_store<T>::id norm_, in_proj_, out_proj_;
     capscope::cuda::device_buffer<float> rstd_, state_;
-    capscope::cuda::device_buffer<T> normed_, proj_, mixed_, d_mixed_, d_proj_, d_normed_;
+    capscope::cuda::device_buffer<T> normed_, proj_, mixed_;
+    scratch<T> d_mixed_, d_proj_, d_normed_;
 };
 
 //! Binds blocks in sequence: block i reads block i-1's output and the gradient written by

@@ -120,6 +120,7 @@ private:
     parameter_store<T> params_;
     std::vector<optimizer_arena<T>> arenas_; //!< what optimizer_step steps, found once
     capscope::activation_store activations_; //!< the blocks' kept tensors (outlives them)
+    backward_scratch scratch_;                //!< what the blocks' backwards share
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;

@@ -79,6 +79,7 @@ private:
     capscope::cuda::blas_handle blas_;
     parameter_store<T> params_;
     capscope::activation_store activations_; //!< the blocks' kept tensors (outlives them)
+    backward_scratch scratch_;                //!< what the blocks' backwards share (training)
     typename parameter_store<T>::id patch_w_, pos_emb_, final_norm_;
     capscope::cuda::device_buffer<int> lengths_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
