@@ -62,12 +62,12 @@ struct trainer {
     double used = 0, state = 0, moved = 0, kept = 0;
 };
 
-template <class Config> trainer build(bool offloading, cudaStream_t s) {
+template <class Config> trainer build(bool offloading, cudaStream_t s, offload_ring ring = {}) {
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
     trainer t;
     gpt::activation_offload offload;
-    if (offloading) offload.policy = Config::normalized.offload;
+    if (offloading) offload = {Config::normalized.offload, ring};
     t.model = std::make_unique<gpt::gpt_model<T>>(bench_model(), s, std::nullopt, offload);
     const auto& c = t.model->config();
     std::mt19937 rng(7);
@@ -110,8 +110,8 @@ struct row {
     double base_ms, ms, base_used, used, state, moved, kept_base, kept;
 };
 
-template <class Config> row measure(const char* name, trainer& base, int rounds, cudaStream_t s) {
-    trainer v = build<Config>(true, s);
+template <class Config> row measure(const char* name, trainer& base, int rounds, cudaStream_t s, offload_ring ring = {}) {
+    trainer v = build<Config>(true, s, ring);
     struct timed {
         trainer* t;
         std::vector<float> device_ms, host_us;
@@ -159,13 +159,27 @@ int main(int argc, char** argv) {
     CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("%s; bf16 h1024 s2048 b2, %d dense layers, transformer_engine whole layers, copies out delayed after each layer's graph\n",
                 prop.name, layer_count);
-    std::printf("device-to-host bandwidth (256 MiB, pinned): %.1f GB/s\n", d2h_bandwidth(s));
+    const double bandwidth = d2h_bandwidth(s);
+    std::printf("device-to-host bandwidth (256 MiB, pinned): %.1f GB/s\n", bandwidth);
     trainer base = build<config<te, modules<>, warmup_steps<1>>>(false, s);
     std::vector<row> rows;
     rows.push_back(measure<te_offload<small_set>>("qkv_linear, mlp_norm", base, rounds, s));
     rows.push_back(measure<te_offload<attention_set, offload_fraction<0.5>>>("qkv_linear, core_attn, attn_proj, mlp_norm, fraction 0.5", base, rounds, s));
+    rows.push_back(measure<te_offload<offload_modules<om::core_attn>, offload_fraction<0.25>>>("core_attn, fraction 0.25", base, rounds, s));
+    // Under a fraction the last slots groups stay anyway, so more slots cost no memory; they let
+    // the copies out lag further behind the forward, and the copies back start earlier.
+    rows.push_back(measure<te_offload<offload_modules<om::core_attn>, offload_fraction<0.25>>>("core_attn, fraction 0.25, 7 slots", base, rounds, s,
+                                                                                               offload_ring{7, 2}));
     rows.push_back(measure<te_offload<offload_modules<om::core_attn>>>("core_attn", base, rounds, s));
     rows.push_back(measure<te_offload<attention_set>>("qkv_linear, core_attn, attn_proj, mlp_norm", base, rounds, s));
+    // Copies out can overlap the rest of the forward and copies back the backward before them;
+    // past what the link moves in that time, the step waits on the copies.
+    const double step_ms = rows.front().base_ms;
+    const double activations = base.used - base.state, goal = 0.4 * activations;
+    std::printf("the link moves %.0f MiB each way in one step without offload (%.2f ms at %.1f GB/s); activations without offload: %.0f MiB\n",
+                step_ms * 1e6 * bandwidth / 1048576.0, step_ms, bandwidth, activations / 1048576.0);
+    std::printf("40%% of the activations is %.0f MiB out and back per step: %.2f ms each way at %.1f GB/s, against a %.2f ms step (+5%%: %.2f ms)\n",
+                goal / 1048576.0, goal / (bandwidth * 1e6), bandwidth, step_ms, 1.05 * step_ms);
     if (!csv.empty()) {
         std::ofstream f(csv);
         f << "variant,step_ms,step_ms_without,device_mib,device_mib_without,state_mib,moved_mib_per_step\n";
