@@ -1,0 +1,167 @@
+// The example model's side of the comparison with its PyTorch peer (bench/peers/gpt_peer.py).
+//
+//   same_model --hidden H --seq S --batch B --layers L [--vocab V] [--check-steps N] [--rounds R] --out DIR
+//
+// bf16, dense layers, heads of 64, ffn 4 x hidden, one microbatch, AdamW (lr 1e-4). Writes to DIR:
+// - weights.safetensors: the initial fp32 master weights, and the config as metadata;
+// - batches.bin: N batches (int32 tokens, then int32 labels, each batch x seq), a learnable
+//   task (each next token is 3 x + 7 mod vocab of the one before, from a random start);
+// - losses.txt: the loss of each of the N training steps from those weights on those batches
+//   (N = 10 by default: the task's early loss spikes amplify rounding differences, so past about
+//   ten steps two correct bf16 implementations drift apart by more than rounding);
+// - capscope.csv: median device ms per training step (zero_grad, forward, backward, AdamW) for
+//   eager, per-layer graphs (transformer_engine, whole layers) and the whole step as one graph
+//   (full_iteration), timed round-robin (R rounds x 10 steps each, after warmup).
+// The peer loads the weights and batches, checks its losses against losses.txt, and times
+// PyTorch's variants of the same step. Exits 77 without a GPU.
+
+#include "round_robin.hpp"
+
+#include <gpt/model.hpp>
+#include <gpt/save_parameters.hpp>
+#include <gpt/schemas.hpp>
+
+#include <capscope/capscope.hpp>
+#include <capscope/cuda/device.hpp>
+#include <capscope/cuda/stream.hpp>
+#include <capscope/engine.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using T = __nv_bfloat16;
+using namespace capscope;
+
+struct options {
+    int hidden = 512, seq = 128, batch = 1, layers = 24, vocab = 256, check_steps = 10, rounds = 10;
+    std::string out;
+};
+
+options parse(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto number = [&](int& x) {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            x = std::stoi(argv[++i]);
+        };
+        if (a == "--hidden") number(o.hidden);
+        else if (a == "--seq") number(o.seq);
+        else if (a == "--batch") number(o.batch);
+        else if (a == "--layers") number(o.layers);
+        else if (a == "--vocab") number(o.vocab);
+        else if (a == "--check-steps") number(o.check_steps);
+        else if (a == "--rounds") number(o.rounds);
+        else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
+        else throw std::invalid_argument("unknown argument '" + a + "'");
+    }
+    if (o.out.empty()) throw std::invalid_argument("--out DIR is required");
+    if (o.hidden % 64) throw std::invalid_argument("--hidden must be a multiple of 64 (heads of 64)");
+    return o;
+}
+
+gpt::model_config model_of(const options& o) {
+    gpt::model_config c;
+    c.vocab = o.vocab;
+    c.hidden = o.hidden;
+    c.heads = o.hidden / 64;
+    c.ffn_hidden = 4 * o.hidden;
+    c.seq_len = o.seq;
+    c.batch = o.batch;
+    c.layer_pattern = std::string(std::size_t(o.layers), 'D');
+    return c;
+}
+
+//! Batch `n` of the task: x[0] random, x[i+1] = (3 x[i] + 7) mod vocab; labels the next token.
+void make_batch(const gpt::model_config& c, std::mt19937& rng, std::vector<int>& tokens, std::vector<int>& labels) {
+    std::uniform_int_distribution<int> start(0, c.vocab - 1);
+    tokens.assign(std::size_t(c.tokens()), 0);
+    labels.assign(tokens.size(), -1);
+    for (int b = 0; b < c.batch; ++b) {
+        int x = start(rng);
+        for (int i = 0; i < c.seq_len; ++i) {
+            const std::size_t at = std::size_t(b) * std::size_t(c.seq_len) + std::size_t(i);
+            tokens[at] = x;
+            x = (3 * x + 7) % c.vocab;
+            if (i + 1 < c.seq_len) labels[at] = x;
+        }
+    }
+}
+
+struct variant {
+    std::string name;
+    std::function<void(cudaStream_t)> run;
+    std::vector<float> device_ms, host_us;
+    void step(cudaStream_t s) { run(s); }
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+    options o;
+    try {
+        o = parse(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "same_model: %s\nusage: same_model --hidden H --seq S --batch B --layers L [--vocab V] [--check-steps N] "
+                             "[--rounds R] --out DIR\n", e.what());
+        return 2;
+    }
+    if (cuda::usable_device_count() == 0) {
+        std::puts("no usable CUDA device: skipped");
+        return cuda::skip_exit_code;
+    }
+    try {
+        std::filesystem::create_directories(o.out);
+        cuda::stream s;
+        const gpt::model_config cfg = model_of(o);
+        gpt::gpt_model<T> model(cfg, s);
+        model.set_optimizer({1e-4f}, s);
+        gpt::save_parameters(model, o.out + "/weights.safetensors", s);
+
+        // The check: N eager steps on fixed batches (eager and graphed steps are the same bits).
+        runner<config<impl::eager>> eager(model.training_program());
+        std::mt19937 rng(2026);
+        std::ofstream batches(o.out + "/batches.bin", std::ios::binary), losses(o.out + "/losses.txt");
+        std::vector<int> tokens, labels;
+        for (int step = 0; step < o.check_steps; ++step) {
+            make_batch(cfg, rng, tokens, labels);
+            batches.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * sizeof(int)));
+            batches.write(reinterpret_cast<const char*>(labels.data()), std::streamsize(labels.size() * sizeof(int)));
+            model.set_batch(tokens, labels, s);
+            eager.step(s);
+            losses << model.loss(s) << '\n';
+        }
+        if (!batches || !losses) throw std::runtime_error("could not write to '" + o.out + "'");
+
+        // The timing: the three ways to run the same step, round-robin.
+        using te = config<impl::ahead_of_time_per_layer, modules<>, capscope::model<>, warmup_steps<2>>;
+        using whole = config<impl::whole_iteration, capscope::model<>, no_nan_check, warmup_steps<2>>;
+        runner<te, gpt::schemas::drop_and_pad_model> per_layer(model.training_program());
+        runner<whole, gpt::schemas::drop_and_pad_model> whole_step(model.training_program());
+        std::vector<variant> variants;
+        variants.push_back({"eager", [&](cudaStream_t st) { eager.step(st); }, {}, {}});
+        variants.push_back({"per-layer graphs", [&](cudaStream_t st) { per_layer.step(st); }, {}, {}});
+        variants.push_back({"whole-step graph", [&](cudaStream_t st) { whole_step.step(st); }, {}, {}});
+        for (auto& v : variants)
+            for (int i = 0; i < 5; ++i) v.step(s); // warmup and capture
+        bench::time_round_robin(variants, o.rounds, 10, s);
+        std::ofstream csv(o.out + "/capscope.csv");
+        csv << "variant,ms\n";
+        for (const auto& v : variants) {
+            csv << v.name << ',' << bench::median(v.device_ms) << '\n';
+            std::printf("capscope %-18s %9.3f ms/step\n", v.name.c_str(), bench::median(v.device_ms));
+        }
+        return 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "same_model: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,19 @@
+#pragma once
+//! @file
+//! Writes a model's fp32 master weights in the safetensors layout (an 8-byte little-endian header
+//! length, a JSON header naming each tensor's dtype, shape and byte range, then the raw bytes), so
+//! another framework can start from the same weights: the PyTorch peer in bench/peers/ reads it.
+//! The header's `__metadata__` holds the model config, from which the peer builds the same model.
+
+#include <gpt/model.hpp>
+
+#include <string>
+
+namespace gpt {
+
+//! Every parameter of `model` (replicated stores only), by its declared name, flat, fp32.
+//! Synchronizes `s`. Throws on a sharded store or when the file cannot be written.
+template <class T>
+void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s);
+
+} // namespace gpt
