@@ -20,7 +20,7 @@ for size in "${sizes[@]}"; do
   PYTHONUNBUFFERED=1 python3 bench/peers/gpt_peer.py "$d" 2>&1 | tee -a "$d.log"
   prc=${PIPESTATUS[0]}
   [ "$prc" -eq 0 ] && dirs+=("$d") || rc=$prc
-  rm -f "$d/weights.safetensors" "$d/batches.bin" # large, and only the peer reads them
+  rm -f "$d/weights.safetensors" "$d/gradients_step1.safetensors" "$d/batches.bin" # large, and only the peer reads them
 done
 [ ${#dirs[@]} -gt 0 ] && python3 bench/peer_table.py "$OUT/peer.md" "$OUT/peer.csv" "${dirs[@]}"
 echo "run_all exit $rc"

@@ -9,6 +9,7 @@
 // - losses.txt: the loss of each of the N training steps from those weights on those batches
 //   (N = 10 by default: the task's early loss spikes amplify rounding differences, so past about
 //   ten steps two correct bf16 implementations drift apart by more than rounding);
+// - gradients_step1.safetensors: every parameter's gradient after the first step;
 // - capscope.csv: median device ms per training step (zero_grad, forward, backward, AdamW) for
 //   eager, per-layer graphs (transformer_engine, whole layers) and the whole step as one graph
 //   (full_iteration), timed round-robin (R rounds x 10 steps each, after warmup).
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
             model.set_batch(tokens, labels, s);
             eager.step(s);
             losses << model.loss(s) << '\n';
+            if (step == 0) gpt::save_parameters(model, o.out + "/gradients_step1.safetensors", s, gpt::saved_arena::gradients);
         }
         if (!batches || !losses) throw std::runtime_error("could not write to '" + o.out + "'");
 

@@ -46,11 +46,11 @@ std::string metadata(const model_config& c) {
 }
 } // namespace
 
-template <class T> void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s) {
+template <class T> void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s, saved_arena arena) {
     const auto& store = model.parameters();
     if (store.sharded()) throw std::invalid_argument("save_parameters: the store is sharded; save from a replicated model");
     std::vector<float> all(store.total());
-    CAPSCOPE_CHECK(cudaMemcpyAsync(all.data(), store.masters(), all.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaMemcpyAsync(all.data(), arena == saved_arena::masters ? store.masters() : store.grads(), all.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     std::ostringstream h;
     h << '{' << quoted("__metadata__") << ':' << metadata(model.config());
@@ -70,7 +70,7 @@ template <class T> void save_parameters(const gpt_model<T>& model, const std::st
     if (!f) throw std::runtime_error("save_parameters: could not write '" + path + "'");
 }
 
-template void save_parameters(const gpt_model<float>&, const std::string&, cudaStream_t);
-template void save_parameters(const gpt_model<__nv_bfloat16>&, const std::string&, cudaStream_t);
+template void save_parameters(const gpt_model<float>&, const std::string&, cudaStream_t, saved_arena);
+template void save_parameters(const gpt_model<__nv_bfloat16>&, const std::string&, cudaStream_t, saved_arena);
 
 } // namespace gpt

@@ -11,9 +11,14 @@
 
 namespace gpt {
 
-//! Every parameter of `model` (replicated stores only), by its declared name, flat, fp32.
-//! Synchronizes `s`. Throws on a sharded store or when the file cannot be written.
+//! Which fp32 arena to write: the master weights, or the gradients of the last step.
+enum class saved_arena { masters, gradients };
+
+//! Every parameter of `model` (replicated stores only), by its declared name, flat, fp32: its
+//! master weight, or its gradient (the peer compares a step's gradients, which see the attention
+//! scale and masking that early losses hardly do). Synchronizes `s`. Throws on a sharded store
+//! or when the file cannot be written.
 template <class T>
-void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s);
+void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s, saved_arena arena = saved_arena::masters);
 
 } // namespace gpt
