@@ -8,7 +8,7 @@ one torch.cuda.graph of the whole forward + backward. Median device ms per step 
 Prints a markdown table. Exits 77 without a GPU.
 """
 import copy
-import statistics
+import os
 import sys
 
 try:
@@ -18,6 +18,9 @@ try:
 except ImportError:
     print("torch is not installed: skipped")
     sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from timing import median_ms  # bench/peers/timing.py
 
 if not torch.cuda.is_available():
     print("no usable CUDA device: skipped")
@@ -41,21 +44,6 @@ class Layer(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.n2(x)), approximate="tanh"))
 
 
-def timed(step):
-    for _ in range(10):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(STEPS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def main():
     torch.manual_seed(0)
     layers = [Layer().to(dev, dt) for _ in range(L)]
@@ -67,7 +55,7 @@ def main():
             y = l(y)
         y.float().square().mean().backward()
 
-    results = {"eager": timed(eager)}
+    results = {"eager": median_ms(eager, steps=STEPS)}
 
     # make_graphed_callables replaces a module's forward in place: graph copies, keep `layers` eager.
     graphed = [torch.cuda.make_graphed_callables(copy.deepcopy(l), (torch.randn(B, S, H, device=dev, dtype=dt, requires_grad=True),))
@@ -79,7 +67,7 @@ def main():
             y = l(y)
         y.float().square().mean().backward()
 
-    results["make_graphed_callables per layer"] = timed(per_layer)
+    results["make_graphed_callables per layer"] = median_ms(per_layer, steps=STEPS)
 
     static_x = torch.randn(B, S, H, device=dev, dtype=dt, requires_grad=True)
     side = torch.cuda.Stream()
@@ -97,7 +85,7 @@ def main():
         for l in layers:
             y = l(y)
         y.float().square().mean().backward()
-    results["torch.cuda.graph, whole forward + backward"] = timed(g.replay)
+    results["torch.cuda.graph, whole forward + backward"] = median_ms(g.replay, steps=STEPS)
 
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: {L} layers, hidden {H}, seq {S}, batch {B}, bf16, "
           f"forward + backward, median of {STEPS} steps\n")

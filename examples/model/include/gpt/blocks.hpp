@@ -1,8 +1,10 @@
 #pragma once
 //! @file
-//! The model's blocks. Each owns its parameters (declared in a `parameter_store`), its
-//! activations and its gradient buffers, all allocated at construction; `bind` wires it to the
-//! block before (its input) and after (the gradient of its output) and builds its stages.
+//! The model's blocks. Each declares its parameters (in a `parameter_store`), the tensors it
+//! keeps for its backward (in the model's activation store) and its backward's working memory
+//! (in the shared `backward_scratch`), and owns the rest of its activations and the gradient of
+//! its input; `bind` wires it to the block before (its input) and after (the gradient of its
+//! output), resolves those addresses and builds its stages.
 //! A dense layer is attention + mlp, an MoE layer attention + moe, a Mamba layer one mamba block.
 
 #include <gpt/backward_scratch.hpp>
