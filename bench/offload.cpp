@@ -59,7 +59,7 @@ struct trainer {
     std::unique_ptr<gpt::gpt_model<T>> model;
     std::function<void(cudaStream_t)> step;
     std::shared_ptr<void> runner;
-    double used = 0, state = 0, moved = 0, kept = 0;
+    double used = 0, state = 0, moved = 0;
 };
 
 template <class Config> trainer build(bool offloading, cudaStream_t s, offload_ring ring = {}) {
@@ -84,7 +84,6 @@ template <class Config> trainer build(bool offloading, cudaStream_t s, offload_r
     t.used = double(device_used() - before);
     t.state = double(t.model->parameters().device_bytes());
     t.moved = 2.0 * double(t.model->activations().plan().copied_bytes()); // out and back
-    t.kept = double(t.model->activations().device_bytes());
     return t;
 }
 
@@ -107,7 +106,7 @@ double d2h_bandwidth(cudaStream_t s) {
 
 struct row {
     std::string name;
-    double base_ms, ms, base_used, used, state, moved, kept_base, kept;
+    double base_ms, ms, base_used, used, state, moved;
 };
 
 template <class Config> row measure(const char* name, trainer& base, int rounds, cudaStream_t s, offload_ring ring = {}) {
@@ -119,7 +118,7 @@ template <class Config> row measure(const char* name, trainer& base, int rounds,
     };
     std::vector<timed> two{{&base, {}, {}}, {&v, {}, {}}};
     bench::time_round_robin(two, rounds, 5, s);
-    row r{name, median(two[0].device_ms), median(two[1].device_ms), base.used, v.used, v.state, v.moved, base.kept, v.kept};
+    row r{name, median(two[0].device_ms), median(two[1].device_ms), base.used, v.used, v.state, v.moved};
     std::printf("%-44s step %8.2f ms vs %8.2f ms without (%+.1f%%); device in use %7.0f MiB vs %7.0f MiB; activations %7.0f vs %7.0f MiB "
                 "(-%.1f%%); copies %6.0f MiB/step (%.1f GB/s over the step)\n",
                 name, r.ms, r.base_ms, 100.0 * (r.ms / r.base_ms - 1.0), r.used / 1048576.0, r.base_used / 1048576.0,

@@ -81,7 +81,7 @@ gpt::model_config model_of(const options& o) {
     return c;
 }
 
-//! Batch `n` of the task: x[0] random, x[i+1] = (3 x[i] + 7) mod vocab; labels the next token.
+//! A batch of the task: x[0] random, x[i+1] = (3 x[i] + 7) mod vocab; labels the next token.
 void make_batch(const gpt::model_config& c, std::mt19937& rng, std::vector<int>& tokens, std::vector<int>& labels) {
     std::uniform_int_distribution<int> start(0, c.vocab - 1);
     tokens.assign(std::size_t(c.tokens()), 0);
