@@ -159,7 +159,7 @@ TEST_CASE("the comparison sees a copy back that does nothing: the backward reads
 }
 
 namespace {
-//! Large enough that the kept tensors are megabytes (probabilities 8 MiB a layer, fp32).
+//! Large enough that the kept tensors are megabytes (the packed QKV 6 MiB a layer, fp32).
 gpt::model_config sized() {
     gpt::model_config cfg = support::small_model("DDDDDD", gpt::moe_mode::drop_and_pad, 1.0);
     cfg.hidden = 256;

@@ -36,6 +36,12 @@ TEST_CASE("a bad model field is named, with what it must be") {
     c.heads = 4;
     CHECK(rejection(c) == "model config: hidden = 30: must be a multiple of heads (4)");
     c = {};
+    c.hidden = 1024;
+    c.heads = 4; // heads of 256: wider than the fused attention's tile
+    CHECK(rejection(c) == "model config: heads = 4: gives heads of 256 (hidden / heads) but attention takes at most 128; use at least 8 heads");
+    c.heads = 8;
+    CHECK(rejection(c).empty());
+    c = {};
     c.top_k = 5;
     c.experts = 4;
     CHECK(rejection(c) == "model config: top_k = 5: must be in [1, experts]");
@@ -68,6 +74,15 @@ TEST_CASE("drop-and-pad capacity is ceil(capacity_factor * tokens * top_k / expe
     CHECK(c.expert_capacity() == 8);
     c.capacity_factor = 0.26;
     CHECK(c.expert_capacity() == 9);
+}
+
+TEST_CASE("a vision head wider than attention takes is rejected with the fix") {
+    gpt::vision_config v;
+    v.hidden = 512;
+    v.heads = 2;
+    CHECK(rejection(v) == "vision config: heads = 2 gives heads of 256 (hidden / heads) but attention takes at most 128; use more heads");
+    v.heads = 4;
+    CHECK(rejection(v).empty());
 }
 
 TEST_CASE("a vision bucket larger than the position table is rejected with the fix") {

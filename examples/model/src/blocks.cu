@@ -21,6 +21,10 @@ using detail::gemm_shape;
 namespace {
 std::size_t n_elems(long a, long b = 1, long c = 1) { return std::size_t(a) * std::size_t(b) * std::size_t(c); }
 
+kernels::attention_mask mask_of(attention_kind kind) {
+    return kind == attention_kind::causal ? kernels::attention_mask::causal : kernels::attention_mask::key_padding;
+}
+
 template <class T> void copy_rows(T* dst, const T* src, std::size_t count, cudaStream_t s) {
     CAPSCOPE_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, s));
 }
@@ -34,17 +38,12 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
       norm_(params.declare(this->name_ + ".input_norm", sh.hidden, init_kind::ones)),
       qkv_w_(params.declare(this->name_ + ".qkv", n_elems(sh.hidden, 3 * sh.hidden), init_kind::normal, sh.init_stddev)),
       out_w_(params.declare(this->name_ + ".proj", n_elems(sh.hidden, sh.hidden), init_kind::normal, sh.init_stddev)),
-      rstd_(sh.tokens()), qkv_(n_elems(sh.tokens(), 3 * sh.hidden)), ctx_(n_elems(sh.tokens(), sh.hidden)),
+      rstd_(sh.tokens()), lse_(n_elems(sh.batch * sh.heads, sh.seq)),
       normed_(this->keep(capture_offload::qkv_linear, "normed", n_elems(sh.tokens(), sh.hidden))),
-      q_(this->keep(capture_offload::core_attn, "q", n_elems(sh.tokens(), sh.hidden))),
-      k_(this->keep(capture_offload::core_attn, "k", n_elems(sh.tokens(), sh.hidden))),
-      v_(this->keep(capture_offload::core_attn, "v", n_elems(sh.tokens(), sh.hidden))),
-      probs_(this->keep(capture_offload::core_attn, "probabilities", n_elems(sh.batch * sh.heads, sh.seq, sh.seq))),
+      qkv_(this->keep(capture_offload::core_attn, "qkv", n_elems(sh.tokens(), 3 * sh.hidden))),
       merged_(this->keep(capture_offload::attn_proj, "merged", n_elems(sh.tokens(), sh.hidden))),
-      d_merged_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), d_ctx_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
-      d_probs_(this->grad_scratch(n_elems(sh.batch * sh.heads, sh.seq, sh.seq))), dq_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
-      dk_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), dv_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
-      d_qkv_(this->grad_scratch(n_elems(sh.tokens(), 3 * sh.hidden))), d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))) {
+      d_merged_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), d_qkv_(this->grad_scratch(n_elems(sh.tokens(), 3 * sh.hidden))),
+      d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), rowdot_(this->template take_scratch<float>(n_elems(sh.batch * sh.heads, sh.seq))) {
     if (kind == attention_kind::bidirectional_padded && !lengths)
         throw std::invalid_argument(this->name_ + ": bidirectional_padded attention needs the device array of lengths");
     this->keep_output(capture_offload::mlp_norm); // the pre-MLP norm's input
@@ -53,11 +52,12 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
 template <class T> void attention_block<T>::bind(const T* x, const T* dy) {
     this->x_ = x;
     this->dy_ = dy;
-    for (kept<T>* k : {&normed_, &q_, &k_, &v_, &probs_, &merged_, &this->y_}) this->resolve(*k);
-    for (scratch<T>* d : {&d_merged_, &d_ctx_, &d_probs_, &dq_, &dk_, &dv_, &d_qkv_, &d_normed_}) this->resolve(*d);
+    for (kept<T>* k : {&normed_, &qkv_, &merged_, &this->y_}) this->resolve(*k);
+    for (scratch<T>* d : {&d_merged_, &d_qkv_, &d_normed_}) this->resolve(*d);
+    this->resolve(rowdot_);
     stage st = this->make_stage("attention", stage_kind::attention, {capture_module::attention},
                                 stream_fn::of<&attention_block::forward>(this), stream_fn::of<&attention_block::backward>(this));
-    st.saves = {this->saved(normed_), this->saved(q_), this->saved(k_), this->saved(v_), this->saved(probs_), this->saved(merged_)};
+    st.saves = {this->saved(normed_), this->saved(qkv_), this->saved(merged_)};
     st.makes = {capture_offload::mlp_norm};
     if (lengths_) st.inputs.push_back(this->ref("lengths", lengths_, sizeof(int) * this->shape_.batch));
     st.outputs = {this->output_ref()};
@@ -73,35 +73,24 @@ template <class T> std::vector<stage> attention_block<T>::forward_stages(token_g
 
 template <class T> void attention_block<T>::forward_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const int t = g.tokens(), h = sh.hidden, dh = h / sh.heads, bh = g.batch * sh.heads, S = g.seq;
+    const int t = g.tokens(), h = sh.hidden;
     auto& P = this->params_;
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, 3 * h, h}, normed_.data(), P.value(qkv_w_), qkv_.data());
-    kernels::split_heads(qkv_.data(), q_.data(), k_.data(), v_.data(), g.batch, S, sh.heads, dh, s);
-    gemm(this->blas_, s, {false, true, S, S, dh}, q_.data(), k_.data(), probs_.data(), 0.f, bh, S * dh, S * dh, S * S);
-    kernels::masked_softmax(probs_.data(), 1.f / std::sqrt(float(dh)),
-                            kind_ == attention_kind::causal ? kernels::attention_mask::causal : kernels::attention_mask::key_padding,
-                            lengths_, g.batch, sh.heads, S, s);
-    gemm(this->blas_, s, {false, false, S, dh, S}, probs_.data(), v_.data(), ctx_.data(), 0.f, bh, S * S, S * dh, S * dh);
-    kernels::merge_heads(ctx_.data(), merged_.data(), g.batch, S, sh.heads, dh, s);
+    kernels::flash_attention_forward(qkv_.data(), merged_.data(), lse_.data(), mask_of(kind_), lengths_, g.batch, g.seq, sh.heads, h / sh.heads, s);
     copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
     gemm(this->blas_, s, {false, false, t, h, h}, merged_.data(), P.value(out_w_), this->y_.data(), 1.f);
 }
 
 template <class T> void attention_block<T>::backward(cudaStream_t s) {
     const auto& sh = this->shape_;
-    const int t = sh.tokens(), h = sh.hidden, dh = h / sh.heads, bh = sh.batch * sh.heads, S = sh.seq;
+    const int t = sh.tokens(), h = sh.hidden;
     auto& P = this->params_;
     const T* dy = this->dy_;
     gemm(this->blas_, s, {true, false, h, h, t}, merged_.data(), dy, P.grad(out_w_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, h}, dy, P.value(out_w_), d_merged_.data());
-    kernels::unmerge_heads(d_merged_.data(), d_ctx_.data(), sh.batch, S, sh.heads, dh, s);
-    gemm(this->blas_, s, {false, true, S, S, dh}, d_ctx_.data(), v_.data(), d_probs_.data(), 0.f, bh, S * dh, S * dh, S * S);
-    gemm(this->blas_, s, {true, false, S, dh, S}, probs_.data(), d_ctx_.data(), dv_.data(), 0.f, bh, S * S, S * dh, S * dh);
-    kernels::softmax_backward(probs_.data(), d_probs_.data(), 1.f / std::sqrt(float(dh)), bh * S, S, s);
-    gemm(this->blas_, s, {false, false, S, dh, S}, d_probs_.data(), k_.data(), dq_.data(), 0.f, bh, S * S, S * dh, S * dh);
-    gemm(this->blas_, s, {true, false, S, dh, S}, d_probs_.data(), q_.data(), dk_.data(), 0.f, bh, S * S, S * dh, S * dh);
-    kernels::merge_qkv_grads(dq_.data(), dk_.data(), dv_.data(), d_qkv_.data(), sh.batch, S, sh.heads, dh, s);
+    kernels::flash_attention_backward(qkv_.data(), merged_.data(), lse_.data(), d_merged_.data(), rowdot_.data(), d_qkv_.data(), mask_of(kind_),
+                                      lengths_, sh.batch, sh.seq, sh.heads, h / sh.heads, s);
     gemm(this->blas_, s, {true, false, h, 3 * h, t}, normed_.data(), d_qkv_.data(), P.grad(qkv_w_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, 3 * h}, d_qkv_.data(), P.value(qkv_w_), d_normed_.data());
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);

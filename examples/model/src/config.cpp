@@ -29,6 +29,10 @@ void model_config::validate() const {
     positive("batch", batch);
     positive("microbatches", microbatches);
     if (hidden % heads != 0) reject("hidden", std::to_string(hidden), "must be a multiple of heads (" + std::to_string(heads) + ")");
+    if (head_dim() > max_head_dim)
+        reject("heads", std::to_string(heads), "gives heads of " + std::to_string(head_dim()) + " (hidden / heads) but attention takes at most " +
+                                                   std::to_string(max_head_dim) + "; use at least " +
+                                                   std::to_string((hidden + max_head_dim - 1) / max_head_dim) + " heads");
     if (layer_pattern.empty()) reject("layer_pattern", "\"\"", "needs at least one layer: D (dense), E (MoE) or M (Mamba)");
     bool moe = false;
     for (char c : layer_pattern) {
@@ -59,6 +63,9 @@ void vision_config::validate() const {
     check("padded_len", padded_len);
     if (hidden % heads != 0)
         throw std::invalid_argument("vision config: hidden = " + std::to_string(hidden) + ": must be a multiple of heads");
+    if (hidden / heads > max_head_dim)
+        throw std::invalid_argument("vision config: heads = " + std::to_string(heads) + " gives heads of " + std::to_string(hidden / heads) +
+                                    " (hidden / heads) but attention takes at most " + std::to_string(max_head_dim) + "; use more heads");
     if (padded_len > max_patches)
         throw std::invalid_argument("vision config: padded_len = " + std::to_string(padded_len) +
                                     ": exceeds max_patches = " + std::to_string(max_patches) +

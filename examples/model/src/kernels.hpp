@@ -31,17 +31,19 @@ void rms_norm_backward(const T* x, const T* g, const float* rstd, const T* dy, c
                        int cols, cudaStream_t s);
 template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols, cudaStream_t s);
 
-// [B*S, 3H] -> q, k, v each [B, heads, S, dh]; and the reverse for the context and the gradients.
-template <class T> void split_heads(const T* qkv, T* q, T* k, T* v, int batch, int seq, int heads, int head_dim, cudaStream_t s);
-template <class T> void merge_heads(const T* ctx, T* out, int batch, int seq, int heads, int head_dim, cudaStream_t s);
-template <class T> void unmerge_heads(const T* in, T* ctx, int batch, int seq, int heads, int head_dim, cudaStream_t s);
+// Fused attention over the packed QKV of a layer ([B*S, 3H], as the QKV GEMM writes it, head h
+// at columns h*dh of each third): out [B*S, H] = softmax(QK^T / sqrt(dh) + mask) V, without an
+// S x S buffer. lse [B*heads*S] keeps each query row's log-sum-exp (base 2) for the backward.
+// causal: row i sees keys <= i; key_padding: every row of sample b sees keys < lengths[b] (a row
+// that sees none gets zeros). head_dim is at most gpt::max_head_dim. bf16 runs on tensor cores (sm_80+); fp32 in fp32 on the scalar path.
 template <class T>
-void merge_qkv_grads(const T* dq, const T* dk, const T* dv, T* dqkv, int batch, int seq, int heads, int head_dim, cudaStream_t s);
-// In place over scores [batch*heads, seq, seq]: p = softmax(scale * scores + mask).
+void flash_attention_forward(const T* qkv, T* out, float* lse, attention_mask mask, const int* lengths, int batch, int seq, int heads,
+                             int head_dim, cudaStream_t s);
+// dqkv [B*S, 3H] = d(loss)/d(qkv) given dout = d(loss)/d(out); rowdot [B*heads*S] is scratch.
+// Deterministic: each gradient element is summed by one thread in a fixed order (no atomics).
 template <class T>
-void masked_softmax(T* scores, float scale, attention_mask mask, const int* lengths, int batch, int heads, int seq, cudaStream_t s);
-// In place over dp: ds = scale * p * (dp - sum(p * dp)).
-template <class T> void softmax_backward(const T* p, T* dp, float scale, int rows, int cols, cudaStream_t s);
+void flash_attention_backward(const T* qkv, const T* out, const float* lse, const T* dout, float* rowdot, T* dqkv, attention_mask mask,
+                              const int* lengths, int batch, int seq, int heads, int head_dim, cudaStream_t s);
 
 template <class T> void gelu_forward(const T* x, T* y, long n, cudaStream_t s);
 //! y = x + dropout(z): keeps z[i] / (1 - p) where hash(rng.seed, rng.offset, i) >= p, records the

@@ -230,10 +230,10 @@ private:
     attention_kind kind_;
     const int* lengths_;
     typename parameter_store<T>::id norm_, qkv_w_, out_w_;
-    capscope::cuda::device_buffer<float> rstd_;
-    capscope::cuda::device_buffer<T> qkv_, ctx_;
-    kept<T> normed_, q_, k_, v_, probs_, merged_; // qkv_linear; core_attn (q, k, v, probabilities); attn_proj
-    scratch<T> d_merged_, d_ctx_, d_probs_, dq_, dk_, dv_, d_qkv_, d_normed_;
+    capscope::cuda::device_buffer<float> rstd_, lse_; // per token row; per query row and head (the fused attention's log-sum-exp)
+    kept<T> normed_, qkv_, merged_; // qkv_linear; core_attn (the packed Q, K, V); attn_proj (the attention output)
+    scratch<T> d_merged_, d_qkv_, d_normed_;
+    scratch<float> rowdot_; // rowsum(dO * O) of the attention backward
 };
 
 template <class T>

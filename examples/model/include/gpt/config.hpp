@@ -10,6 +10,9 @@ namespace gpt {
 
 enum class precision { fp32, bf16 };
 
+//! The widest attention head (hidden / heads) the fused attention kernels take.
+constexpr int max_head_dim = 128;
+
 //! How the MoE layer sizes its expert batches.
 enum class moe_mode {
     drop_and_pad, //!< fixed capacity per expert, overflow dropped: fixed shapes, no host sync, capturable

@@ -1,0 +1,177 @@
+#pragma once
+// What the fused attention kernels share: the problem, where a head's row lives in the packed
+// token-row tensors, the mask, tile loads, and the bf16 tensor-core fragments (mma.sync m16n8k16).
+//
+// Layouts. Q, K and V are read where the QKV GEMM wrote them ([B*S, 3H], head h at columns
+// h*dh of each third), O and dO are token rows [B*S, H], and dQ, dK, dV are written into one
+// [B*S, 3H] gradient, so no head split or merge kernel runs. The log-sum-exp of each query row,
+// kept from the forward for the backward, is fp32 [B*heads*S] in base 2 of the scaled logits.
+
+#include "common.cuh"
+
+// Device code for sm_80 and later; older targets compile the tensor-core kernels as traps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CAPSCOPE_FLASH_SM80 1
+#else
+#define CAPSCOPE_FLASH_SM80 0
+#endif
+
+namespace gpt::kernels::detail::flash {
+
+constexpr int tile = 64;  // query rows per block, and keys per step
+constexpr int warps = 4;  // each owns 16 rows of a tile
+constexpr int threads = warps * 32;
+constexpr float log2e = 1.4426950408889634f;
+
+struct problem {
+    int batch, seq, heads, dh;
+    float scale_log2; // the softmax scale times log2(e): exp(scale * s) = exp2(scale_log2 * s)
+    attention_mask mask;
+    const int* lengths; // key_padding: keys [0, lengths[b]) of sample b are real
+    __host__ __device__ int hidden() const { return heads * dh; }
+};
+
+// Keys that row i of sample b may attend: [0, key_limit(b)), and for causal also j <= i.
+__device__ __forceinline__ int key_limit(const problem& p, int b) {
+    if (p.mask == attention_mask::causal) return p.seq;
+    return min(max(p.lengths[b], 0), p.seq);
+}
+__device__ __forceinline__ bool visible(const problem& p, int limit, int i, int j) {
+    return j < limit && (p.mask != attention_mask::causal || j <= i);
+}
+// Rows of head (b, h) in a token-row tensor whose rows are `stride` elements apart.
+template <class T> __device__ __forceinline__ T* head_rows(T* base, long stride, const problem& p, int b, int h) {
+    return base + long(b) * p.seq * stride + long(h) * p.dh;
+}
+
+// Ends (exclusive) of the key tiles a query tile visits, and the query tiles that see a key tile.
+__device__ __forceinline__ int key_end(const problem& p, int limit, int q0) {
+    return p.mask == attention_mask::causal ? min(p.seq, q0 + tile) : limit;
+}
+__device__ __forceinline__ int first_query(const problem& p, int k0) { return p.mask == attention_mask::causal ? k0 : 0; }
+
+// ---- shared-memory tiles of bf16: [tile][DH + 8] (the pad keeps fragment loads off one bank) --
+template <int DH> struct smem_tile {
+    static constexpr int pitch = DH + 8;
+    __nv_bfloat16* data;
+    __device__ __nv_bfloat16* row(int r) const { return data + r * pitch; }
+    __device__ unsigned word(int r, int c) const { return *reinterpret_cast<const unsigned*>(row(r) + c); }
+};
+template <int DH> constexpr int smem_tile_bytes = tile * (DH + 8) * 2;
+
+// Rows [r0, r0 + tile) of a head into shared memory with cp.async, 16 bytes per copy; rows past
+// `rows` and columns past dh are zero (a zero-sized source fills the destination with zeros).
+template <int DH>
+__device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const __nv_bfloat16* head, long stride, int r0, int rows, int dh) {
+    constexpr int chunks = DH / 8;
+    for (int c = threadIdx.x; c < tile * chunks; c += threads) {
+        const int r = c / chunks, col = (c % chunks) * 8;
+        const bool real = r0 + r < rows && col < dh;
+        const __nv_bfloat16* src = real ? head + long(r0 + r) * stride + col : head;
+#if CAPSCOPE_FLASH_SM80
+        const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst.row(r) + col));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(real ? 16 : 0));
+#else
+        (void)src;
+        __trap(); // the launchers send older GPUs to the scalar kernels
+#endif
+    }
+}
+__device__ __forceinline__ void wait_tiles() {
+#if CAPSCOPE_FLASH_SM80
+    asm volatile("cp.async.wait_all;\n" ::);
+#endif
+    __syncthreads();
+}
+
+// ---- mma.sync m16n8k16, bf16 in, fp32 accumulate --------------------------------------------
+// Lane l of a warp is (g, t) = (l / 4, l % 4). A 16x16 A fragment holds rows g and g+8, columns
+// 2t, 2t+1 and 8+2t, 9+2t; a 16x8 accumulator rows g and g+8, columns 2t, 2t+1; a 16x8 B fragment
+// (k x n) k rows 2t, 2t+1 and 8+2t, 9+2t of column g.
+struct frag_a {
+    unsigned r[4];
+};
+__device__ __forceinline__ void mma(float (&d)[4], const frag_a& a, unsigned b0, unsigned b1) {
+#if CAPSCOPE_FLASH_SM80
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+// Four 8x8 matrices, transposed: B fragments of k x n where shared memory holds k-major rows
+// (V or dO or Q or K as the right operand over keys or queries). Lane l names row l % 8 of
+// matrix l / 8; matrices 0,1 are k rows 0-7, 8-15 of n columns 0-7, matrices 2,3 the same of n 8-15.
+__device__ __forceinline__ void ldmatrix_trans(unsigned (&r)[4], const __nv_bfloat16* row) {
+#if CAPSCOPE_FLASH_SM80
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+// The A fragment of rows [r0, r0+16), columns [c0, c0+16) of a shared tile.
+template <int DH> __device__ __forceinline__ frag_a load_a(smem_tile<DH> s, int r0, int c0) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    return {{s.word(r0 + g, c0 + 2 * t), s.word(r0 + g + 8, c0 + 2 * t), s.word(r0 + g, c0 + 8 + 2 * t),
+             s.word(r0 + g + 8, c0 + 8 + 2 * t)}};
+}
+// Accumulators of columns [16kk, 16kk+16) (two 16x8 tiles) as the A fragment of the next product.
+__device__ __forceinline__ frag_a as_a(const float (&lo)[4], const float (&hi)[4]) {
+    return {{pack(lo[0], lo[1]), pack(lo[2], lo[3]), pack(hi[0], hi[1]), pack(hi[2], hi[3])}};
+}
+// acc[j] += A(16 x DH) . B where B's column n is row n0 + 8j + n of `s` (B = s^T): the product of
+// 16 rows with the tile's 64 rows over DH, e.g. S = Q K^T, given A for each of the DH/16 k-steps.
+template <int DH>
+__device__ __forceinline__ void rows_times_tile_t(float (&acc)[tile / 8][4], const frag_a (&a)[DH / 16], smem_tile<DH> s) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < tile / 8; ++j)
+#pragma unroll
+        for (int kk = 0; kk < DH / 16; ++kk) mma(acc[j], a[kk], s.word(8 * j + g, 16 * kk + 2 * t), s.word(8 * j + g, 16 * kk + 8 + 2 * t));
+}
+// acc[n] += P(16 x 64) . s where P comes as accumulators over the tile's 64 rows (k) and s is the
+// tile itself (k-major rows, DH columns): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
+template <int DH>
+__device__ __forceinline__ void acc_times_tile(float (&acc)[DH / 8][4], const float (&p)[tile / 8][4], smem_tile<DH> s) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < tile / 16; ++kk) {
+        const frag_a a = as_a(p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+        for (int dn = 0; dn < DH / 16; ++dn) {
+            unsigned b[4];
+            ldmatrix_trans(b, s.row(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) + 16 * dn + 8 * (lane >> 4));
+            mma(acc[2 * dn], a, b[0], b[1]);
+            mma(acc[2 * dn + 1], a, b[2], b[3]);
+        }
+    }
+}
+// Writes 16 rows of accumulators [16 x DH] times `scale` to rows r0.. of a head (rows < `rows`,
+// columns < dh), as bf16 pairs.
+template <int DH>
+__device__ __forceinline__ void store_rows(__nv_bfloat16* head, long stride, int r0, int rows, int dh, const float (&acc)[DH / 8][4],
+                                           float scale) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < DH / 8; ++n) {
+        const int col = 8 * n + 2 * t;
+        if (col >= dh) continue;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = r0 + g + 8 * half;
+            if (r >= rows) continue;
+            *reinterpret_cast<__nv_bfloat162*>(head + long(r) * stride + col) =
+                __floats2bfloat162_rn(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
+        }
+    }
+}
+
+} // namespace gpt::kernels::detail::flash
