@@ -60,7 +60,7 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload; do
+  for t in test_attention test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
@@ -74,7 +74,7 @@ fi
 
 if want racecheck; then
   # The activation copies order the ring's slots across streams with events: racecheck and
-  # synccheck on the offload test's training runs (fp32).
+  # synccheck on the offload test's training runs (fp32); then the fused attention kernels.
   : >"$OUT/racecheck.log"
   for tool in racecheck synccheck; do
     timeout 540 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/gpu_test_offload \
@@ -83,6 +83,11 @@ if want racecheck; then
     echo "$tool gpu_test_offload: exit $xrc" | tee -a "$OUT/racecheck.log"
     [ $xrc -eq 0 ] || rc=$xrc
   done
+  # The fused attention double-buffers its tiles in shared memory: racecheck its kernels.
+  timeout 540 compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/gpu_test_attention >>"$OUT/racecheck.log" 2>&1
+  xrc=$?
+  echo "racecheck gpu_test_attention: exit $xrc" | tee -a "$OUT/racecheck.log"
+  [ $xrc -eq 0 ] || rc=$xrc
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK" "$OUT/racecheck.log" | head
 fi
 

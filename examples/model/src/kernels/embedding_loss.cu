@@ -17,15 +17,23 @@ __global__ void embedding_forward_k(const int* tokens, const T* tok, const T* po
     out[i] = from_f<T>(to_f(tok[long(tokens[t]) * hidden + h]) + to_f(pos[long(s) * hidden + h]));
 }
 // One thread per (vocab row, column): sums the matching tokens in token order.
-template <class T> __global__ void embedding_backward_k(const int* tokens, const T* dout, float* dtok, int vocab, int rows, int hidden) {
-    const long n = long(vocab) * hidden;
-    long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
-    if (i >= n) return;
-    const int v = int(i / hidden), h = int(i % hidden);
+// dtok[v, h] += sum over tokens t == v of dout[t, h], in token order. A block owns one vocabulary
+// row and 256 columns; the tokens pass through shared memory 256 at a time, and only matching
+// tokens' rows are read, so the work is vocab x tokens compares plus one read of dout.
+constexpr int embedding_threads = 256;
+template <class T> __global__ void embedding_backward_k(const int* tokens, const T* dout, float* dtok, int rows, int hidden) {
+    __shared__ int chunk[embedding_threads];
+    const int v = blockIdx.x, h = blockIdx.y * embedding_threads + threadIdx.x;
     float acc = 0.f;
-    for (int t = 0; t < rows; ++t)
-        if (tokens[t] == v) acc += to_f(dout[long(t) * hidden + h]);
-    dtok[i] += acc; // accumulates over microbatches
+    for (int t0 = 0; t0 < rows; t0 += embedding_threads) {
+        __syncthreads();
+        chunk[threadIdx.x] = t0 + int(threadIdx.x) < rows ? tokens[t0 + threadIdx.x] : -1;
+        __syncthreads();
+        const int n = min(embedding_threads, rows - t0);
+        for (int k = 0; k < n; ++k)
+            if (chunk[k] == v && h < hidden) acc += to_f(dout[long(t0 + k) * hidden + h]);
+    }
+    if (h < hidden) dtok[long(v) * hidden + h] += acc; // accumulates over microbatches
 }
 template <class T> __global__ void position_grad_k(const T* dout, float* dpos, int max_pos, int batch, int seq, int hidden) {
     const long n = long(max_pos) * hidden;
@@ -94,8 +102,8 @@ void embedding_forward(const int* tokens, const T* tok, const T* pos, T* out, in
 template <class T>
 void embedding_backward(const int* tokens, const T* dout, float* dtok, float* dpos, int vocab, int max_pos, int batch, int seq,
                         int hidden, cudaStream_t s) {
-    embedding_backward_k<<<blocks_for(long(vocab) * hidden, elt_threads), elt_threads, 0, s>>>(tokens, dout, dtok, vocab,
-                                                                                              batch * seq, hidden);
+    embedding_backward_k<<<dim3(vocab, blocks_for(hidden, embedding_threads)), embedding_threads, 0, s>>>(tokens, dout, dtok, batch * seq,
+                                                                                                         hidden);
     CHECKED("embedding_backward");
     position_grad(dout, dpos, max_pos, batch, seq, hidden, s);
 }

@@ -31,10 +31,12 @@ __global__ void __launch_bounds__(threads)
     key_grads_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
                   problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
+    // K, V, then Q, dO and their rows' lse and D twice: the next query tile loads while this one is used.
     const smem_tile<DH> ks{reinterpret_cast<__nv_bfloat16*>(smem)};
-    const smem_tile<DH> vs{ks.data + tile * ks.pitch}, qs{vs.data + tile * vs.pitch}, dos{qs.data + tile * qs.pitch};
-    float* lse_s = reinterpret_cast<float*>(dos.data + tile * dos.pitch);
-    float* d_s = lse_s + tile;
+    const smem_tile<DH> vs{ks.data + tile * ks.pitch};
+    const smem_tile<DH> stages[2][2] = {{{ks.data + 2 * tile * ks.pitch}, {ks.data + 3 * tile * ks.pitch}},
+                                        {{ks.data + 4 * tile * ks.pitch}, {ks.data + 5 * tile * ks.pitch}}};
+    float* const row_stats = reinterpret_cast<float*>(ks.data + 6 * tile * ks.pitch); // [stage][lse | D][tile]
     const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
     const long H = pb.hidden(), stride = 3 * H;
     const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
@@ -43,26 +45,39 @@ __global__ void __launch_bounds__(threads)
     const int k0 = blockIdx.x * tile, limit = key_limit(pb, b);
     const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
 
-    float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
+    float dk[1][DH / 8][4] = {}, dv[1][DH / 8][4] = {};
     if (k0 < limit) {
-        load_tile_async(ks, q + H, stride, k0, pb.seq, pb.dh);
-        load_tile_async(vs, q + 2 * H, stride, k0, pb.seq, pb.dh);
-        for (int q0 = first_query(pb, k0); q0 < pb.seq; q0 += tile) {
-            __syncthreads(); // every warp is done with the previous query tile
-            load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
-            load_tile_async(dos, d_o, H, q0, pb.seq, pb.dh);
+        const int q_first = first_query(pb, k0);
+        // Query tile q0's rows into a stage: Q and dO by cp.async, lse and D by plain stores (+inf
+        // and 0 past the end, so P = 0 there), all visible after the next wait_tiles.
+        auto load_queries = [&](int q0, int stage) {
+            load_tile_async(stages[stage][0], q, stride, q0, pb.seq, pb.dh);
+            load_tile_async(stages[stage][1], d_o, H, q0, pb.seq, pb.dh);
             if (threadIdx.x < tile) {
                 const int i = q0 + threadIdx.x;
-                lse_s[threadIdx.x] = i < pb.seq ? lse[long(bh) * pb.seq + i] : INFINITY; // P = 0 past the end
-                d_s[threadIdx.x] = i < pb.seq ? rowdot[long(bh) * pb.seq + i] : 0.f;
+                float* st = row_stats + stage * 2 * tile;
+                st[threadIdx.x] = i < pb.seq ? lse[long(bh) * pb.seq + i] : INFINITY;
+                st[tile + threadIdx.x] = i < pb.seq ? rowdot[long(bh) * pb.seq + i] : 0.f;
             }
-            wait_tiles();
-            frag_a ka[DH / 16], va[DH / 16];
+        };
+        load_tile_async(ks, q + H, stride, k0, pb.seq, pb.dh);
+        load_tile_async(vs, q + 2 * H, stride, k0, pb.seq, pb.dh);
+        load_queries(q_first, 0);
+        commit_tiles();
+        for (int q0 = q_first, stage = 0; q0 < pb.seq; q0 += tile, stage ^= 1) {
+            const smem_tile<DH> qs = stages[stage][0], dos = stages[stage][1];
+            const float* lse_s = row_stats + stage * 2 * tile;
+            const float* d_s = lse_s + tile;
+            __syncthreads(); // every warp is done with the other stage (the tile before)
+            if (q0 + tile < pb.seq) load_queries(q0 + tile, stage ^ 1);
+            commit_tiles();
+            wait_tiles<1>();
+            frag_a ka[1][DH / 16], va[1][DH / 16];
 #pragma unroll
-            for (int kk = 0; kk < DH / 16; ++kk) ka[kk] = load_a(ks, 16 * warp, 16 * kk), va[kk] = load_a(vs, 16 * warp, 16 * kk);
-            float p[tile / 8][4] = {}, ds[tile / 8][4] = {}; // transposed: rows are keys, columns queries
-            rows_times_tile_t<DH>(p, ka, qs);
-            rows_times_tile_t<DH>(ds, va, dos);
+            for (int kk = 0; kk < DH / 16; ++kk) ka[0][kk] = load_a(ks, 16 * warp, 16 * kk), va[0][kk] = load_a(vs, 16 * warp, 16 * kk);
+            float p[1][tile / 8][4] = {}, ds[1][tile / 8][4] = {}; // transposed: rows are keys, columns queries
+            rows_times_tile_t<DH, 1>(p, ka, qs);
+            rows_times_tile_t<DH, 1>(ds, va, dos);
             const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && q0 < k0 + tile - 1);
 #pragma unroll
             for (int j = 0; j < tile / 8; ++j)
@@ -70,16 +85,16 @@ __global__ void __launch_bounds__(threads)
                 for (int e = 0; e < 4; ++e) {
                     const int col = 8 * j + 2 * t + (e & 1);
                     const bool seen = !edge || visible(pb, limit, q0 + col, keys[e >> 1]);
-                    p[j][e] = seen ? exp2f(p[j][e] * pb.scale_log2 - lse_s[col]) : 0.f;
-                    ds[j][e] = p[j][e] * (ds[j][e] - d_s[col]);
+                    p[0][j][e] = seen ? fast_exp2(fmaf(p[0][j][e], pb.scale_log2, -lse_s[col])) : 0.f;
+                    ds[0][j][e] = p[0][j][e] * (ds[0][j][e] - d_s[col]);
                 }
-            acc_times_tile<DH>(dv, p, dos);
-            acc_times_tile<DH>(dk, ds, qs);
+            acc_times_tile<DH, 1>(dv, p, dos);
+            acc_times_tile<DH, 1>(dk, ds, qs);
         }
     }
     const float scale = pb.scale_log2 / log2e;
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + H, stride, k0 + 16 * warp, pb.seq, pb.dh, dk, scale);
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + 2 * H, stride, k0 + 16 * warp, pb.seq, pb.dh, dv, 1.f);
+    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + H, stride, k0 + 16 * warp, pb.seq, pb.dh, dk[0], scale);
+    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + 2 * H, stride, k0 + 16 * warp, pb.seq, pb.dh, dv[0], 1.f);
 }
 
 template <int DH>
@@ -87,14 +102,17 @@ __global__ void __launch_bounds__(threads)
     query_grads_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
                     problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
+    // Q, dO, then K and V twice: the next key tile loads while this one is used.
     const smem_tile<DH> qs{reinterpret_cast<__nv_bfloat16*>(smem)};
-    const smem_tile<DH> dos{qs.data + tile * qs.pitch}, ks{dos.data + tile * dos.pitch}, vs{ks.data + tile * ks.pitch};
+    const smem_tile<DH> dos{qs.data + tile * qs.pitch};
+    const smem_tile<DH> stages[2][2] = {{{qs.data + 2 * tile * qs.pitch}, {qs.data + 3 * tile * qs.pitch}},
+                                        {{qs.data + 4 * tile * qs.pitch}, {qs.data + 5 * tile * qs.pitch}}};
     const int qt = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
     const long H = pb.hidden(), stride = 3 * H;
     const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
+    const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0, tile);
     const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
     float row_lse[2], row_d[2];
 #pragma unroll
@@ -105,20 +123,29 @@ __global__ void __launch_bounds__(threads)
     }
     load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
     load_tile_async(dos, head_rows(dout, H, pb, b, h), H, q0, pb.seq, pb.dh);
+    if (end > 0) {
+        load_tile_async(stages[0][0], q + H, stride, 0, pb.seq, pb.dh);
+        load_tile_async(stages[0][1], q + 2 * H, stride, 0, pb.seq, pb.dh);
+    }
+    commit_tiles();
     wait_tiles();
-    frag_a qa[DH / 16], doa[DH / 16];
+    frag_a qa[1][DH / 16], doa[1][DH / 16];
 #pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk), doa[kk] = load_a(dos, 16 * warp, 16 * kk);
+    for (int kk = 0; kk < DH / 16; ++kk) qa[0][kk] = load_a(qs, 16 * warp, 16 * kk), doa[0][kk] = load_a(dos, 16 * warp, 16 * kk);
 
-    float dq[DH / 8][4] = {};
-    for (int k0 = 0; k0 < end; k0 += tile) {
-        __syncthreads();
-        load_tile_async(ks, q + H, stride, k0, pb.seq, pb.dh);
-        load_tile_async(vs, q + 2 * H, stride, k0, pb.seq, pb.dh);
-        wait_tiles();
-        float p[tile / 8][4] = {}, ds[tile / 8][4] = {};
-        rows_times_tile_t<DH>(p, qa, ks);
-        rows_times_tile_t<DH>(ds, doa, vs);
+    float dq[1][DH / 8][4] = {};
+    for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
+        const smem_tile<DH> ks = stages[stage][0], vs = stages[stage][1];
+        __syncthreads(); // every warp is done with the other stage (the tile before)
+        if (k0 + tile < end) {
+            load_tile_async(stages[stage ^ 1][0], q + H, stride, k0 + tile, pb.seq, pb.dh);
+            load_tile_async(stages[stage ^ 1][1], q + 2 * H, stride, k0 + tile, pb.seq, pb.dh);
+        }
+        commit_tiles();
+        wait_tiles<1>();
+        float p[1][tile / 8][4] = {}, ds[1][tile / 8][4] = {};
+        rows_times_tile_t<DH, 1>(p, qa, ks);
+        rows_times_tile_t<DH, 1>(ds, doa, vs);
         const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && k0 + tile > q0 + 1);
 #pragma unroll
         for (int j = 0; j < tile / 8; ++j)
@@ -126,12 +153,12 @@ __global__ void __launch_bounds__(threads)
             for (int e = 0; e < 4; ++e) {
                 const int half = e >> 1;
                 const bool seen = !edge || visible(pb, limit, rows[half], k0 + 8 * j + 2 * t + (e & 1));
-                p[j][e] = seen ? exp2f(p[j][e] * pb.scale_log2 - row_lse[half]) : 0.f;
-                ds[j][e] = p[j][e] * (ds[j][e] - row_d[half]);
+                p[0][j][e] = seen ? fast_exp2(fmaf(p[0][j][e], pb.scale_log2, -row_lse[half])) : 0.f;
+                ds[0][j][e] = p[0][j][e] * (ds[0][j][e] - row_d[half]);
             }
-        acc_times_tile<DH>(dq, ds, ks);
+        acc_times_tile<DH, 1>(dq, ds, ks);
     }
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h), stride, q0 + 16 * warp, pb.seq, pb.dh, dq, pb.scale_log2 / log2e);
+    store_rows<DH>(head_rows(dqkv, stride, pb, b, h), stride, q0 + 16 * warp, pb.seq, pb.dh, dq[0], pb.scale_log2 / log2e);
 }
 
 // Scalar fp32: one thread per key row (dK, dV), then one per query row (dQ).
@@ -185,7 +212,7 @@ __global__ void __launch_bounds__(tile)
     const long H = pb.hidden(), stride = 3 * H;
     const T* q = head_rows(qkv, stride, pb, b, h);
     const T* d_o = head_rows(dout, H, pb, b, h);
-    const int q0 = blockIdx.x * tile, i = q0 + threadIdx.x, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
+    const int q0 = blockIdx.x * tile, i = q0 + threadIdx.x, limit = key_limit(pb, b), end = key_end(pb, limit, q0, tile);
     float qi[DH], doi[DH], dq[DH];
 #pragma unroll
     for (int d = 0; d < DH; ++d) {
@@ -221,8 +248,8 @@ __global__ void __launch_bounds__(tile)
 template <int DH>
 void launch_backward_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
                          const problem& pb, cudaStream_t s) {
-    const dim3 grid(tiles(pb.seq), pb.batch * pb.heads);
-    constexpr int key_bytes = 4 * smem_tile_bytes<DH> + 2 * tile * int(sizeof(float)), query_bytes = 4 * smem_tile_bytes<DH>;
+    const dim3 grid(tiles(pb.seq, tile), pb.batch * pb.heads);
+    constexpr int key_bytes = 6 * smem_tile_bytes<DH> + 4 * tile * int(sizeof(float)), query_bytes = 6 * smem_tile_bytes<DH>;
     allow_dynamic_smem<key_grads_mma<DH>>(key_bytes);
     allow_dynamic_smem<query_grads_mma<DH>>(query_bytes);
     key_grads_mma<DH><<<grid, threads, key_bytes, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
@@ -232,7 +259,7 @@ void launch_backward_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, co
 template <class T, int DH>
 void launch_backward_scalar(const T* qkv, const T* dout, const float* lse, const float* rowdot, T* dqkv, const problem& pb,
                             cudaStream_t s) {
-    const dim3 grid(tiles(pb.seq), pb.batch * pb.heads);
+    const dim3 grid(tiles(pb.seq, tile), pb.batch * pb.heads);
     key_grads_scalar<T, DH><<<grid, tile, 0, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
     CHECKED("flash_attention_backward (dK, dV)");
     query_grads_scalar<T, DH><<<grid, tile, 0, s>>>(qkv, dout, lse, rowdot, dqkv, pb);

@@ -18,9 +18,14 @@
 
 namespace gpt::kernels::detail::flash {
 
-constexpr int tile = 64;  // query rows per block, and keys per step
-constexpr int warps = 4;  // each owns 16 rows of a tile
+constexpr int tile = 64;  // rows of the tile a block streams through (keys, or queries for dK, dV)
+constexpr int warps = 4;
 constexpr int threads = warps * 32;
+// A warp owns RB blocks of 16 rows: each fragment of the streamed tile it loads feeds RB products.
+// One everywhere: on the H100, two in the forward (heads of 64, 255 registers, two blocks per SM)
+// took 167 us against 158 us for one at h2048 s2048, so shared-memory traffic is not what limits it.
+template <int DH> constexpr int forward_row_blocks = 1;
+template <int RB> constexpr int block_rows = warps * 16 * RB;
 constexpr float log2e = 1.4426950408889634f;
 
 struct problem {
@@ -44,9 +49,10 @@ template <class T> __device__ __forceinline__ T* head_rows(T* base, long stride,
     return base + long(b) * p.seq * stride + long(h) * p.dh;
 }
 
-// Ends (exclusive) of the key tiles a query tile visits, and the query tiles that see a key tile.
-__device__ __forceinline__ int key_end(const problem& p, int limit, int q0) {
-    return p.mask == attention_mask::causal ? min(p.seq, q0 + tile) : limit;
+// The end (exclusive) of the keys that query rows [q0, q0 + rows) see, and the first query that
+// sees key k0.
+__device__ __forceinline__ int key_end(const problem& p, int limit, int q0, int rows) {
+    return p.mask == attention_mask::causal ? min(p.seq, q0 + rows) : limit;
 }
 __device__ __forceinline__ int first_query(const problem& p, int k0) { return p.mask == attention_mask::causal ? k0 : 0; }
 
@@ -55,16 +61,15 @@ template <int DH> struct smem_tile {
     static constexpr int pitch = DH + 8;
     __nv_bfloat16* data;
     __device__ __nv_bfloat16* row(int r) const { return data + r * pitch; }
-    __device__ unsigned word(int r, int c) const { return *reinterpret_cast<const unsigned*>(row(r) + c); }
 };
-template <int DH> constexpr int smem_tile_bytes = tile * (DH + 8) * 2;
+template <int DH, int Rows = tile> constexpr int smem_tile_bytes = Rows * (DH + 8) * 2;
 
-// Rows [r0, r0 + tile) of a head into shared memory with cp.async, 16 bytes per copy; rows past
+// Rows [r0, r0 + Rows) of a head into shared memory with cp.async, 16 bytes per copy; rows past
 // `rows` and columns past dh are zero (a zero-sized source fills the destination with zeros).
-template <int DH>
+template <int DH, int Rows = tile>
 __device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const __nv_bfloat16* head, long stride, int r0, int rows, int dh) {
     constexpr int chunks = DH / 8;
-    for (int c = threadIdx.x; c < tile * chunks; c += threads) {
+    for (int c = threadIdx.x; c < Rows * chunks; c += threads) {
         const int r = c / chunks, col = (c % chunks) * 8;
         const bool real = r0 + r < rows && col < dh;
         const __nv_bfloat16* src = real ? head + long(r0 + r) * stride + col : head;
@@ -77,9 +82,16 @@ __device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const __nv_bf
 #endif
     }
 }
-__device__ __forceinline__ void wait_tiles() {
+// The tiles this thread issued so far have landed, and every thread's (the barrier): wait_tiles<1>
+// leaves the most recent group in flight (a prefetch of the next tile).
+__device__ __forceinline__ void commit_tiles() {
 #if CAPSCOPE_FLASH_SM80
-    asm volatile("cp.async.wait_all;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int InFlight = 0> __device__ __forceinline__ void wait_tiles() {
+#if CAPSCOPE_FLASH_SM80
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(InFlight));
 #endif
     __syncthreads();
 }
@@ -113,44 +125,80 @@ __device__ __forceinline__ void ldmatrix_trans(unsigned (&r)[4], const __nv_bflo
     __trap();
 #endif
 }
+// The same four 8x8 matrices, not transposed: lane l gets row l / 4, columns 2(l % 4), +1 of each.
+__device__ __forceinline__ void ldmatrix(unsigned (&r)[4], const __nv_bfloat16* row) {
+#if CAPSCOPE_FLASH_SM80
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+#else
+    __trap();
+#endif
+}
+// 2^x on the special-function unit, subnormal results flushed to zero (a probability below
+// 2^-126 is zero either way); exp2f adds range fix-ups around the same instruction.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const unsigned*>(&v);
 }
-// The A fragment of rows [r0, r0+16), columns [c0, c0+16) of a shared tile.
+// The A fragment of rows [r0, r0+16), columns [c0, c0+16) of a shared tile: matrices 0-3 are
+// (rows 0-7, columns 0-7), (rows 8-15, 0-7), (rows 0-7, 8-15), (rows 8-15, 8-15).
 template <int DH> __device__ __forceinline__ frag_a load_a(smem_tile<DH> s, int r0, int c0) {
-    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    return {{s.word(r0 + g, c0 + 2 * t), s.word(r0 + g + 8, c0 + 2 * t), s.word(r0 + g, c0 + 8 + 2 * t),
-             s.word(r0 + g + 8, c0 + 8 + 2 * t)}};
+    const int lane = threadIdx.x & 31;
+    frag_a a;
+    ldmatrix(a.r, s.row(r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) + c0 + 8 * (lane >> 4));
+    return a;
 }
 // Accumulators of columns [16kk, 16kk+16) (two 16x8 tiles) as the A fragment of the next product.
 __device__ __forceinline__ frag_a as_a(const float (&lo)[4], const float (&hi)[4]) {
     return {{pack(lo[0], lo[1]), pack(lo[2], lo[3]), pack(hi[0], hi[1]), pack(hi[2], hi[3])}};
 }
-// acc[j] += A(16 x DH) . B where B's column n is row n0 + 8j + n of `s` (B = s^T): the product of
-// 16 rows with the tile's 64 rows over DH, e.g. S = Q K^T, given A for each of the DH/16 k-steps.
-template <int DH>
-__device__ __forceinline__ void rows_times_tile_t(float (&acc)[tile / 8][4], const frag_a (&a)[DH / 16], smem_tile<DH> s) {
-    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+// acc[rb][j] += A_rb(16 x DH) . B where B's column n is row 8j + n of `s` (B = s^T): the
+// products of the warp's row blocks with the tile's 64 rows over DH, e.g. S = Q K^T, given A for
+// each of the DH/16 k-steps.
+template <int DH, int RB>
+__device__ __forceinline__ void rows_times_tile_t(float (&acc)[RB][tile / 8][4], const frag_a (&a)[RB][DH / 16], smem_tile<DH> s) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int j = 0; j < tile / 8; ++j)
+    for (int j = 0; j < tile / 8; j += 2)
 #pragma unroll
-        for (int kk = 0; kk < DH / 16; ++kk) mma(acc[j], a[kk], s.word(8 * j + g, 16 * kk + 2 * t), s.word(8 * j + g, 16 * kk + 8 + 2 * t));
+        for (int kk = 0; kk < DH / 16; ++kk) {
+            // B fragments of key tiles j and j+1 at k-step kk: matrices (rows 8j.., columns 16kk),
+            // (8j.., 16kk+8), (8j+8.., 16kk), (8j+8.., 16kk+8).
+            unsigned b[4];
+            ldmatrix(b, s.row(8 * j + (lane & 7) + 8 * (lane >> 4)) + 16 * kk + 8 * ((lane >> 3) & 1));
+#pragma unroll
+            for (int rb = 0; rb < RB; ++rb) {
+                mma(acc[rb][j], a[rb][kk], b[0], b[1]);
+                mma(acc[rb][j + 1], a[rb][kk], b[2], b[3]);
+            }
+        }
 }
-// acc[n] += P(16 x 64) . s where P comes as accumulators over the tile's 64 rows (k) and s is the
-// tile itself (k-major rows, DH columns): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
-template <int DH>
-__device__ __forceinline__ void acc_times_tile(float (&acc)[DH / 8][4], const float (&p)[tile / 8][4], smem_tile<DH> s) {
+// acc[rb][n] += P_rb(16 x 64) . s where P comes as accumulators over the tile's 64 rows (k) and s
+// is the tile itself (k-major rows, DH columns): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
+template <int DH, int RB>
+__device__ __forceinline__ void acc_times_tile(float (&acc)[RB][DH / 8][4], const float (&p)[RB][tile / 8][4], smem_tile<DH> s) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < tile / 16; ++kk) {
-        const frag_a a = as_a(p[2 * kk], p[2 * kk + 1]);
+        frag_a a[RB];
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) a[rb] = as_a(p[rb][2 * kk], p[rb][2 * kk + 1]);
 #pragma unroll
         for (int dn = 0; dn < DH / 16; ++dn) {
             unsigned b[4];
             ldmatrix_trans(b, s.row(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) + 16 * dn + 8 * (lane >> 4));
-            mma(acc[2 * dn], a, b[0], b[1]);
-            mma(acc[2 * dn + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int rb = 0; rb < RB; ++rb) {
+                mma(acc[rb][2 * dn], a[rb], b[0], b[1]);
+                mma(acc[rb][2 * dn + 1], a[rb], b[2], b[3]);
+            }
         }
     }
 }

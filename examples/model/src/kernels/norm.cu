@@ -33,12 +33,36 @@ __global__ void rms_norm_backward_k(const T* x, const T* g, const float* rstd, c
         dx[base + c] = from_f<T>(v);
     }
 }
-template <class T> __global__ void rms_norm_weight_grad_k(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
+// dg[c] += sum_r dy[r, c] x[r, c] rstd[r]. A block owns 32 columns (one per lane, so a warp
+// reads 32 adjacent elements of a row) and 32 warps split the rows; the 32 partial sums of each
+// column are then added in a fixed order, so the result does not depend on scheduling.
+constexpr int weight_grad_rows = 32;
+template <class T> __global__ void __launch_bounds__(32 * weight_grad_rows)
+    rms_norm_weight_grad_k(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols) {
+    __shared__ float part[weight_grad_rows][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
     float acc = 0.f;
-    for (int r = 0; r < rows; ++r) acc += to_f(dy[long(r) * cols + c]) * to_f(x[long(r) * cols + c]) * rstd[r];
-    dg[c] += acc; // gradients accumulate over microbatches; zero_grad clears them
+    if (c < cols) {
+        int r = threadIdx.y;
+        // Four rows per pass: eight loads in flight before the first is used.
+        for (; r + 3 * weight_grad_rows < rows; r += 4 * weight_grad_rows) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long at = long(r + u * weight_grad_rows) * cols + c;
+                v[u] = to_f(dy[at]) * to_f(x[at]) * rstd[r + u * weight_grad_rows];
+            }
+            acc += (v[0] + v[1]) + (v[2] + v[3]);
+        }
+        for (; r < rows; r += weight_grad_rows) acc += to_f(dy[long(r) * cols + c]) * to_f(x[long(r) * cols + c]) * rstd[r];
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float sum = 0.f;
+        for (int w = 0; w < weight_grad_rows; ++w) sum += part[w][threadIdx.x];
+        dg[c] += sum; // gradients accumulate over microbatches; zero_grad clears them
+    }
 }
 
 } // namespace
@@ -54,7 +78,7 @@ void rms_norm_backward(const T* x, const T* g, const float* rstd, const T* dy, c
     CHECKED("rms_norm_backward");
 }
 template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols, cudaStream_t s) {
-    rms_norm_weight_grad_k<<<blocks_for(cols, 64), 64, 0, s>>>(x, rstd, dy, dg, rows, cols);
+    rms_norm_weight_grad_k<<<blocks_for(cols, 32), dim3(32, weight_grad_rows), 0, s>>>(x, rstd, dy, dg, rows, cols);
     CHECKED("rms_norm_weight_grad");
 }
 
