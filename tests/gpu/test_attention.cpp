@@ -168,3 +168,10 @@ TEST_CASE("fused attention rejects a head wider than its tile, and key padding w
     CHECK_THROWS_WITH_AS(gpt::kernels::flash_attention_forward(x.data(), x.data(), lse.data(), attention_mask::key_padding, nullptr, 1, 4, 1, 8, s),
                          "fused attention: key_padding needs the device array of lengths", std::invalid_argument);
 }
+
+// Small enough for racecheck (scripts/gpu-check.sh): both masks, a partial last tile, both paths.
+TEST_CASE("fused attention, a few shapes for the sanitizers") {
+    check<__nv_bfloat16>({2, 130, 2, 64}, attention_mask::causal, {});
+    check<__nv_bfloat16>({2, 130, 2, 64}, attention_mask::key_padding, {130, 40});
+    check<float>({1, 70, 2, 16}, attention_mask::causal, {});
+}
