@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(threads)
     // K, V, then Q, dO and their rows' lse and D twice: the next query tile loads while this one is used.
     const smem_tile<DH> ks{reinterpret_cast<__nv_bfloat16*>(smem)};
     const smem_tile<DH> vs{ks.data + tile * ks.pitch};
-    const smem_tile<DH> stages[2][2] = {{{ks.data + 2 * tile * ks.pitch}, {ks.data + 3 * tile * ks.pitch}},
-                                        {{ks.data + 4 * tile * ks.pitch}, {ks.data + 5 * tile * ks.pitch}}};
+    const double_buffer<DH> stages{ks.data + 2 * tile * ks.pitch};
     float* const row_stats = reinterpret_cast<float*>(ks.data + 6 * tile * ks.pitch); // [stage][lse | D][tile]
     const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
     const long H = pb.hidden(), stride = 3 * H;
@@ -51,8 +50,8 @@ __global__ void __launch_bounds__(threads)
         // Query tile q0's rows into a stage: Q and dO by cp.async, lse and D by plain stores (+inf
         // and 0 past the end, so P = 0 there), all visible after the next wait_tiles.
         auto load_queries = [&](int q0, int stage) {
-            load_tile_async(stages[stage][0], q, stride, q0, pb.seq, pb.dh);
-            load_tile_async(stages[stage][1], d_o, H, q0, pb.seq, pb.dh);
+            load_tile_async(stages.at(stage, 0), q, stride, q0, pb.seq, pb.dh);
+            load_tile_async(stages.at(stage, 1), d_o, H, q0, pb.seq, pb.dh);
             if (threadIdx.x < tile) {
                 const int i = q0 + threadIdx.x;
                 float* st = row_stats + stage * 2 * tile;
@@ -65,7 +64,7 @@ __global__ void __launch_bounds__(threads)
         load_queries(q_first, 0);
         commit_tiles();
         for (int q0 = q_first, stage = 0; q0 < pb.seq; q0 += tile, stage ^= 1) {
-            const smem_tile<DH> qs = stages[stage][0], dos = stages[stage][1];
+            const smem_tile<DH> qs = stages.at(stage, 0), dos = stages.at(stage, 1);
             const float* lse_s = row_stats + stage * 2 * tile;
             const float* d_s = lse_s + tile;
             __syncthreads(); // every warp is done with the other stage (the tile before)
@@ -105,8 +104,7 @@ __global__ void __launch_bounds__(threads)
     // Q, dO, then K and V twice: the next key tile loads while this one is used.
     const smem_tile<DH> qs{reinterpret_cast<__nv_bfloat16*>(smem)};
     const smem_tile<DH> dos{qs.data + tile * qs.pitch};
-    const smem_tile<DH> stages[2][2] = {{{qs.data + 2 * tile * qs.pitch}, {qs.data + 3 * tile * qs.pitch}},
-                                        {{qs.data + 4 * tile * qs.pitch}, {qs.data + 5 * tile * qs.pitch}}};
+    const double_buffer<DH> stages{qs.data + 2 * tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
     const long H = pb.hidden(), stride = 3 * H;
@@ -124,8 +122,8 @@ __global__ void __launch_bounds__(threads)
     load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
     load_tile_async(dos, head_rows(dout, H, pb, b, h), H, q0, pb.seq, pb.dh);
     if (end > 0) {
-        load_tile_async(stages[0][0], q + H, stride, 0, pb.seq, pb.dh);
-        load_tile_async(stages[0][1], q + 2 * H, stride, 0, pb.seq, pb.dh);
+        load_tile_async(stages.at(0, 0), q + H, stride, 0, pb.seq, pb.dh);
+        load_tile_async(stages.at(0, 1), q + 2 * H, stride, 0, pb.seq, pb.dh);
     }
     commit_tiles();
     wait_tiles();
@@ -135,11 +133,11 @@ __global__ void __launch_bounds__(threads)
 
     float dq[1][DH / 8][4] = {};
     for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
-        const smem_tile<DH> ks = stages[stage][0], vs = stages[stage][1];
+        const smem_tile<DH> ks = stages.at(stage, 0), vs = stages.at(stage, 1);
         __syncthreads(); // every warp is done with the other stage (the tile before)
         if (k0 + tile < end) {
-            load_tile_async(stages[stage ^ 1][0], q + H, stride, k0 + tile, pb.seq, pb.dh);
-            load_tile_async(stages[stage ^ 1][1], q + 2 * H, stride, k0 + tile, pb.seq, pb.dh);
+            load_tile_async(stages.at(stage ^ 1, 0), q + H, stride, k0 + tile, pb.seq, pb.dh);
+            load_tile_async(stages.at(stage ^ 1, 1), q + 2 * H, stride, k0 + tile, pb.seq, pb.dh);
         }
         commit_tiles();
         wait_tiles<1>();

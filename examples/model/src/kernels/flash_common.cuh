@@ -63,6 +63,12 @@ template <int DH> struct smem_tile {
     __device__ __nv_bfloat16* row(int r) const { return data + r * pitch; }
 };
 template <int DH, int Rows = tile> constexpr int smem_tile_bytes = Rows * (DH + 8) * 2;
+// Two stages of two streamed tiles each, from `from` on: stage s is read while stage s ^ 1 loads.
+// (An address computed from the stage, not an array indexed by it, which would live in local memory.)
+template <int DH> struct double_buffer {
+    __nv_bfloat16* from;
+    __device__ smem_tile<DH> at(int stage, int which) const { return {from + (2 * stage + which) * tile * smem_tile<DH>::pitch}; }
+};
 
 // Rows [r0, r0 + Rows) of a head into shared memory with cp.async, 16 bytes per copy; rows past
 // `rows` and columns past dh are zero (a zero-sized source fills the destination with zeros).

@@ -19,8 +19,7 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
     extern __shared__ __align__(16) unsigned char smem[];
     // The block's Q rows, then K and V twice: the next key tile loads while this one is used.
     const smem_tile<DH> qs{reinterpret_cast<__nv_bfloat16*>(smem)};
-    __nv_bfloat16* const kv = qs.data + rows_per_block * qs.pitch;
-    const smem_tile<DH> stages[2][2] = {{{kv}, {kv + 1 * tile * qs.pitch}}, {{kv + 2 * tile * qs.pitch}, {kv + 3 * tile * qs.pitch}}};
+    const double_buffer<DH> stages{qs.data + rows_per_block * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x; // the longest causal rows start first
     const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
     const long stride = 3L * pb.hidden();
@@ -32,8 +31,8 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
 
     load_tile_async<DH, rows_per_block>(qs, q, stride, q0, pb.seq, pb.dh);
     if (end > 0) {
-        load_tile_async(stages[0][0], k, stride, 0, pb.seq, pb.dh);
-        load_tile_async(stages[0][1], v, stride, 0, pb.seq, pb.dh);
+        load_tile_async(stages.at(0, 0), k, stride, 0, pb.seq, pb.dh);
+        load_tile_async(stages.at(0, 1), v, stride, 0, pb.seq, pb.dh);
     }
     commit_tiles();
     wait_tiles();
@@ -48,11 +47,11 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) m[rb][0] = m[rb][1] = -INFINITY, l[rb][0] = l[rb][1] = 0.f;
     for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
-        const smem_tile<DH> ks = stages[stage][0], vs = stages[stage][1];
+        const smem_tile<DH> ks = stages.at(stage, 0), vs = stages.at(stage, 1);
         __syncthreads(); // every warp is done with the other stage (the tile before)
         if (k0 + tile < end) {
-            load_tile_async(stages[stage ^ 1][0], k, stride, k0 + tile, pb.seq, pb.dh);
-            load_tile_async(stages[stage ^ 1][1], v, stride, k0 + tile, pb.seq, pb.dh);
+            load_tile_async(stages.at(stage ^ 1, 0), k, stride, k0 + tile, pb.seq, pb.dh);
+            load_tile_async(stages.at(stage ^ 1, 1), v, stride, k0 + tile, pb.seq, pb.dh);
         }
         commit_tiles();
         wait_tiles<1>();
