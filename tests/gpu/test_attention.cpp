@@ -125,7 +125,8 @@ template <class T> void check(const shape& sh, attention_mask mask, std::vector<
     const auto got_grad = as_double(grad);
     auto part = [&](const std::vector<double>& g, int which) {
         std::vector<double> p;
-        for (std::size_t r = 0; r < sh.rows(); ++r) p.insert(p.end(), g.begin() + long(r * 3 * H + which * H), g.begin() + long(r * 3 * H + (which + 1) * H));
+        for (std::size_t r = 0; r < sh.rows(); ++r)
+            p.insert(p.end(), g.begin() + long(r * 3 * H + which * H), g.begin() + long(r * 3 * H + (which + 1) * H));
         return p;
     };
     const bool fp32 = std::is_same_v<T, float>;

@@ -8,7 +8,6 @@
 
 #include <capscope/cuda/error.hpp>
 
-#include <cmath>
 
 namespace gpt {
 
@@ -43,7 +42,8 @@ attention_block<T>::attention_block(const block_shape& sh, parameter_store<T>& p
       qkv_(this->keep(capture_offload::core_attn, "qkv", n_elems(sh.tokens(), 3 * sh.hidden))),
       merged_(this->keep(capture_offload::attn_proj, "merged", n_elems(sh.tokens(), sh.hidden))),
       d_merged_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), d_qkv_(this->grad_scratch(n_elems(sh.tokens(), 3 * sh.hidden))),
-      d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))), rowdot_(this->template take_scratch<float>(n_elems(sh.batch * sh.heads, sh.seq))) {
+      d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))),
+      rowdot_(this->template take_scratch<float>(n_elems(sh.batch * sh.heads, sh.seq))) {
     if (kind == attention_kind::bidirectional_padded && !lengths)
         throw std::invalid_argument(this->name_ + ": bidirectional_padded attention needs the device array of lengths");
     this->keep_output(capture_offload::mlp_norm); // the pre-MLP norm's input
@@ -77,7 +77,8 @@ template <class T> void attention_block<T>::forward_grid(cudaStream_t s, token_g
     auto& P = this->params_;
     kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), t, h, s);
     gemm(this->blas_, s, {false, false, t, 3 * h, h}, normed_.data(), P.value(qkv_w_), qkv_.data());
-    kernels::flash_attention_forward(qkv_.data(), merged_.data(), lse_.data(), mask_of(kind_), lengths_, g.batch, g.seq, sh.heads, h / sh.heads, s);
+    kernels::flash_attention_forward(qkv_.data(), merged_.data(), lse_.data(), mask_of(kind_), lengths_, g.batch, g.seq, sh.heads,
+                                     h / sh.heads, s);
     copy_rows(this->y_.data(), this->x_, n_elems(t, h), s);
     gemm(this->blas_, s, {false, false, t, h, h}, merged_.data(), P.value(out_w_), this->y_.data(), 1.f);
 }
@@ -89,8 +90,8 @@ template <class T> void attention_block<T>::backward(cudaStream_t s) {
     const T* dy = this->dy_;
     gemm(this->blas_, s, {true, false, h, h, t}, merged_.data(), dy, P.grad(out_w_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, h}, dy, P.value(out_w_), d_merged_.data());
-    kernels::flash_attention_backward(qkv_.data(), merged_.data(), lse_.data(), d_merged_.data(), rowdot_.data(), d_qkv_.data(), mask_of(kind_),
-                                      lengths_, sh.batch, sh.seq, sh.heads, h / sh.heads, s);
+    kernels::flash_attention_backward(qkv_.data(), merged_.data(), lse_.data(), d_merged_.data(), rowdot_.data(), d_qkv_.data(),
+                                      mask_of(kind_), lengths_, sh.batch, sh.seq, sh.heads, h / sh.heads, s);
     gemm(this->blas_, s, {true, false, h, 3 * h, t}, normed_.data(), d_qkv_.data(), P.grad(qkv_w_), 1.f);
     gemm(this->blas_, s, {false, true, t, h, 3 * h}, d_qkv_.data(), P.value(qkv_w_), d_normed_.data());
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);

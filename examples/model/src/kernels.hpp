@@ -35,7 +35,8 @@ template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, cons
 // at columns h*dh of each third): out [B*S, H] = softmax(QK^T / sqrt(dh) + mask) V, without an
 // S x S buffer. lse [B*heads*S] keeps each query row's log-sum-exp (base 2) for the backward.
 // causal: row i sees keys <= i; key_padding: every row of sample b sees keys < lengths[b] (a row
-// that sees none gets zeros). head_dim is at most gpt::max_head_dim. bf16 runs on tensor cores (sm_80+); fp32 in fp32 on the scalar path.
+// that sees none gets zeros). head_dim is at most gpt::max_head_dim. bf16 runs on tensor cores
+// (sm_80+); fp32 in fp32 on the scalar path.
 template <class T>
 void flash_attention_forward(const T* qkv, T* out, float* lse, attention_mask mask, const int* lengths, int batch, int seq, int heads,
                              int head_dim, cudaStream_t s);
