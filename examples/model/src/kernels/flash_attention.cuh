@@ -13,8 +13,6 @@ namespace gpt::kernels::detail::flash {
 
 constexpr int scalar_keys = 32; // keys per shared-memory step of the scalar kernels
 
-inline unsigned tiles(int rows, int per_block) { return static_cast<unsigned>((rows + per_block - 1) / per_block); }
-
 inline problem make_problem(attention_mask mask, const int* lengths, int batch, int seq, int heads, int head_dim) {
     if (head_dim < 1 || head_dim > max_head_dim)
         throw std::invalid_argument("fused attention: head_dim " + std::to_string(head_dim) + " is outside [1, " +

@@ -36,15 +36,14 @@ __global__ void __launch_bounds__(threads)
     const smem_tile<DH> vs{ks.data + tile * ks.pitch};
     const double_buffer<DH> stages{ks.data + 2 * tile * ks.pitch};
     float* const row_stats = reinterpret_cast<float*>(ks.data + 6 * tile * ks.pitch); // [stage][lse | D][tile]
-    const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
-    const long H = pb.hidden(), stride = 3 * H;
+    const auto [bh, b, h, H, stride] = this_block_head(pb);
     const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
     const __nv_bfloat16* d_o = head_rows(dout, H, pb, b, h);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const int k0 = blockIdx.x * tile, limit = key_limit(pb, b);
     const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
 
-    float dk[1][DH / 8][4] = {}, dv[1][DH / 8][4] = {};
+    float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
     if (k0 < limit) {
         const int q_first = first_query(pb, k0);
         // Query tile q0's rows into a stage: Q and dO by cp.async, lse and D by plain stores (+inf
@@ -71,12 +70,12 @@ __global__ void __launch_bounds__(threads)
             if (q0 + tile < pb.seq) load_queries(q0 + tile, stage ^ 1);
             commit_tiles();
             wait_tiles<1>();
-            frag_a ka[1][DH / 16], va[1][DH / 16];
+            frag_a ka[DH / 16], va[DH / 16];
 #pragma unroll
-            for (int kk = 0; kk < DH / 16; ++kk) ka[0][kk] = load_a(ks, 16 * warp, 16 * kk), va[0][kk] = load_a(vs, 16 * warp, 16 * kk);
-            float p[1][tile / 8][4] = {}, ds[1][tile / 8][4] = {}; // transposed: rows are keys, columns queries
-            rows_times_tile_t<DH, 1>(p, ka, qs);
-            rows_times_tile_t<DH, 1>(ds, va, dos);
+            for (int kk = 0; kk < DH / 16; ++kk) ka[kk] = load_a(ks, 16 * warp, 16 * kk), va[kk] = load_a(vs, 16 * warp, 16 * kk);
+            float p[tile / 8][4] = {}, ds[tile / 8][4] = {}; // transposed: rows are keys, columns queries
+            rows_times_tile_t<DH>(p, ka, qs);
+            rows_times_tile_t<DH>(ds, va, dos);
             const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && q0 < k0 + tile - 1);
 #pragma unroll
             for (int j = 0; j < tile / 8; ++j)
@@ -84,16 +83,16 @@ __global__ void __launch_bounds__(threads)
                 for (int e = 0; e < 4; ++e) {
                     const int col = 8 * j + 2 * t + (e & 1);
                     const bool seen = !edge || visible(pb, limit, q0 + col, keys[e >> 1]);
-                    p[0][j][e] = seen ? fast_exp2(fmaf(p[0][j][e], pb.scale_log2, -lse_s[col])) : 0.f;
-                    ds[0][j][e] = p[0][j][e] * (ds[0][j][e] - d_s[col]);
+                    p[j][e] = seen ? fast_exp2(fmaf(p[j][e], pb.scale_log2, -lse_s[col])) : 0.f;
+                    ds[j][e] = p[j][e] * (ds[j][e] - d_s[col]);
                 }
-            acc_times_tile<DH, 1>(dv, p, dos);
-            acc_times_tile<DH, 1>(dk, ds, qs);
+            acc_times_tile<DH>(dv, p, dos);
+            acc_times_tile<DH>(dk, ds, qs);
         }
     }
     const float scale = pb.scale_log2 / log2e;
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + H, stride, k0 + 16 * warp, pb.seq, pb.dh, dk[0], scale);
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + 2 * H, stride, k0 + 16 * warp, pb.seq, pb.dh, dv[0], 1.f);
+    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + H, stride, k0 + 16 * warp, pb.seq, pb.dh, dk, scale);
+    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + 2 * H, stride, k0 + 16 * warp, pb.seq, pb.dh, dv, 1.f);
 }
 
 template <int DH>
@@ -106,11 +105,10 @@ __global__ void __launch_bounds__(threads)
     const smem_tile<DH> dos{qs.data + tile * qs.pitch};
     const double_buffer<DH> stages{qs.data + 2 * tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
-    const long H = pb.hidden(), stride = 3 * H;
+    const auto [bh, b, h, H, stride] = this_block_head(pb);
     const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0, tile);
+    const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
     const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
     float row_lse[2], row_d[2];
 #pragma unroll
@@ -127,11 +125,11 @@ __global__ void __launch_bounds__(threads)
     }
     commit_tiles();
     wait_tiles();
-    frag_a qa[1][DH / 16], doa[1][DH / 16];
+    frag_a qa[DH / 16], doa[DH / 16];
 #pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) qa[0][kk] = load_a(qs, 16 * warp, 16 * kk), doa[0][kk] = load_a(dos, 16 * warp, 16 * kk);
+    for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk), doa[kk] = load_a(dos, 16 * warp, 16 * kk);
 
-    float dq[1][DH / 8][4] = {};
+    float dq[DH / 8][4] = {};
     for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
         const smem_tile<DH> ks = stages.at(stage, 0), vs = stages.at(stage, 1);
         __syncthreads(); // every warp is done with the other stage (the tile before)
@@ -141,9 +139,9 @@ __global__ void __launch_bounds__(threads)
         }
         commit_tiles();
         wait_tiles<1>();
-        float p[1][tile / 8][4] = {}, ds[1][tile / 8][4] = {};
-        rows_times_tile_t<DH, 1>(p, qa, ks);
-        rows_times_tile_t<DH, 1>(ds, doa, vs);
+        float p[tile / 8][4] = {}, ds[tile / 8][4] = {};
+        rows_times_tile_t<DH>(p, qa, ks);
+        rows_times_tile_t<DH>(ds, doa, vs);
         const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && k0 + tile > q0 + 1);
 #pragma unroll
         for (int j = 0; j < tile / 8; ++j)
@@ -151,12 +149,12 @@ __global__ void __launch_bounds__(threads)
             for (int e = 0; e < 4; ++e) {
                 const int half = e >> 1;
                 const bool seen = !edge || visible(pb, limit, rows[half], k0 + 8 * j + 2 * t + (e & 1));
-                p[0][j][e] = seen ? fast_exp2(fmaf(p[0][j][e], pb.scale_log2, -row_lse[half])) : 0.f;
-                ds[0][j][e] = p[0][j][e] * (ds[0][j][e] - row_d[half]);
+                p[j][e] = seen ? fast_exp2(fmaf(p[j][e], pb.scale_log2, -row_lse[half])) : 0.f;
+                ds[j][e] = p[j][e] * (ds[j][e] - row_d[half]);
             }
-        acc_times_tile<DH, 1>(dq, ds, ks);
+        acc_times_tile<DH>(dq, ds, ks);
     }
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h), stride, q0 + 16 * warp, pb.seq, pb.dh, dq[0], pb.scale_log2 / log2e);
+    store_rows<DH>(head_rows(dqkv, stride, pb, b, h), stride, q0 + 16 * warp, pb.seq, pb.dh, dq, pb.scale_log2 / log2e);
 }
 
 // Scalar fp32: one thread per key row (dK, dV), then one per query row (dQ).
@@ -164,8 +162,7 @@ template <class T, int DH>
 __global__ void __launch_bounds__(tile)
     key_grads_scalar(const T* qkv, const T* dout, const float* lse, const float* rowdot, T* dqkv, problem pb) {
     __shared__ float qs[scalar_keys][DH], dos[scalar_keys][DH];
-    const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
-    const long H = pb.hidden(), stride = 3 * H;
+    const auto [bh, b, h, H, stride] = this_block_head(pb);
     const T* q = head_rows(qkv, stride, pb, b, h);
     const T* d_o = head_rows(dout, H, pb, b, h);
     const int k0 = blockIdx.x * tile, j = k0 + threadIdx.x, limit = key_limit(pb, b);
@@ -206,11 +203,10 @@ template <class T, int DH>
 __global__ void __launch_bounds__(tile)
     query_grads_scalar(const T* qkv, const T* dout, const float* lse, const float* rowdot, T* dqkv, problem pb) {
     __shared__ float ks[scalar_keys][DH], vs[scalar_keys][DH];
-    const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
-    const long H = pb.hidden(), stride = 3 * H;
+    const auto [bh, b, h, H, stride] = this_block_head(pb);
     const T* q = head_rows(qkv, stride, pb, b, h);
     const T* d_o = head_rows(dout, H, pb, b, h);
-    const int q0 = blockIdx.x * tile, i = q0 + threadIdx.x, limit = key_limit(pb, b), end = key_end(pb, limit, q0, tile);
+    const int q0 = blockIdx.x * tile, i = q0 + threadIdx.x, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
     float qi[DH], doi[DH], dq[DH];
 #pragma unroll
     for (int d = 0; d < DH; ++d) {
@@ -246,7 +242,7 @@ __global__ void __launch_bounds__(tile)
 template <int DH>
 void launch_backward_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
                          const problem& pb, cudaStream_t s) {
-    const dim3 grid(tiles(pb.seq, tile), pb.batch * pb.heads);
+    const dim3 grid(blocks_for(pb.seq, tile), pb.batch * pb.heads);
     constexpr int key_bytes = 6 * smem_tile_bytes<DH> + 4 * tile * int(sizeof(float)), query_bytes = 6 * smem_tile_bytes<DH>;
     allow_dynamic_smem<key_grads_mma<DH>>(key_bytes);
     allow_dynamic_smem<query_grads_mma<DH>>(query_bytes);
@@ -257,7 +253,7 @@ void launch_backward_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, co
 template <class T, int DH>
 void launch_backward_scalar(const T* qkv, const T* dout, const float* lse, const float* rowdot, T* dqkv, const problem& pb,
                             cudaStream_t s) {
-    const dim3 grid(tiles(pb.seq, tile), pb.batch * pb.heads);
+    const dim3 grid(blocks_for(pb.seq, tile), pb.batch * pb.heads);
     key_grads_scalar<T, DH><<<grid, tile, 0, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
     CHECKED("flash_attention_backward (dK, dV)");
     query_grads_scalar<T, DH><<<grid, tile, 0, s>>>(qkv, dout, lse, rowdot, dqkv, pb);

@@ -18,14 +18,13 @@
 
 namespace gpt::kernels::detail::flash {
 
-constexpr int tile = 64;  // rows of the tile a block streams through (keys, or queries for dK, dV)
+// A block owns 64 rows (queries, or keys for dK and dV), 16 per warp, and streams the other side
+// through shared memory 64 rows at a time. (Two 16-row blocks per warp, which share each loaded
+// fragment between two products, measured slower on the H100: 167 against 158 us for the
+// forward at h2048 s2048, so shared-memory traffic is not what limits these kernels.)
+constexpr int tile = 64;
 constexpr int warps = 4;
 constexpr int threads = warps * 32;
-// A warp owns RB blocks of 16 rows: each fragment of the streamed tile it loads feeds RB products.
-// One everywhere: on the H100, two in the forward (heads of 64, 255 registers, two blocks per SM)
-// took 167 us against 158 us for one at h2048 s2048, so shared-memory traffic is not what limits it.
-template <int DH> constexpr int forward_row_blocks = 1;
-template <int RB> constexpr int block_rows = warps * 16 * RB;
 constexpr float log2e = 1.4426950408889634f;
 
 struct problem {
@@ -49,10 +48,19 @@ template <class T> __device__ __forceinline__ T* head_rows(T* base, long stride,
     return base + long(b) * p.seq * stride + long(h) * p.dh;
 }
 
-// The end (exclusive) of the keys that query rows [q0, q0 + rows) see, and the first query that
+// The end (exclusive) of the keys that the query tile from q0 sees, and the first query that
 // sees key k0.
-__device__ __forceinline__ int key_end(const problem& p, int limit, int q0, int rows) {
-    return p.mask == attention_mask::causal ? min(p.seq, q0 + rows) : limit;
+__device__ __forceinline__ int key_end(const problem& p, int limit, int q0) {
+    return p.mask == attention_mask::causal ? min(p.seq, q0 + tile) : limit;
+}
+// The (sample, head) of this block (blockIdx.y), the hidden size, and the packed QKV's row stride.
+struct block_head {
+    int bh, b, h;
+    long H, qkv_stride;
+};
+__device__ __forceinline__ block_head this_block_head(const problem& p) {
+    const int bh = blockIdx.y;
+    return {bh, bh / p.heads, bh % p.heads, p.hidden(), 3L * p.hidden()};
 }
 __device__ __forceinline__ int first_query(const problem& p, int k0) { return p.mask == attention_mask::causal ? k0 : 0; }
 
@@ -62,7 +70,7 @@ template <int DH> struct smem_tile {
     __nv_bfloat16* data;
     __device__ __nv_bfloat16* row(int r) const { return data + r * pitch; }
 };
-template <int DH, int Rows = tile> constexpr int smem_tile_bytes = Rows * (DH + 8) * 2;
+template <int DH> constexpr int smem_tile_bytes = tile * (DH + 8) * 2;
 // Two stages of two streamed tiles each, from `from` on: stage s is read while stage s ^ 1 loads.
 // (An address computed from the stage, not an array indexed by it, which would live in local memory.)
 template <int DH> struct double_buffer {
@@ -70,12 +78,12 @@ template <int DH> struct double_buffer {
     __device__ smem_tile<DH> at(int stage, int which) const { return {from + (2 * stage + which) * tile * smem_tile<DH>::pitch}; }
 };
 
-// Rows [r0, r0 + Rows) of a head into shared memory with cp.async, 16 bytes per copy; rows past
+// Rows [r0, r0 + tile) of a head into shared memory with cp.async, 16 bytes per copy; rows past
 // `rows` and columns past dh are zero (a zero-sized source fills the destination with zeros).
-template <int DH, int Rows = tile>
+template <int DH>
 __device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const __nv_bfloat16* head, long stride, int r0, int rows, int dh) {
     constexpr int chunks = DH / 8;
-    for (int c = threadIdx.x; c < Rows * chunks; c += threads) {
+    for (int c = threadIdx.x; c < tile * chunks; c += threads) {
         const int r = c / chunks, col = (c % chunks) * 8;
         const bool real = r0 + r < rows && col < dh;
         const __nv_bfloat16* src = real ? head + long(r0 + r) * stride + col : head;
@@ -118,26 +126,22 @@ __device__ __forceinline__ void mma(float (&d)[4], const frag_a& a, unsigned b0,
     __trap();
 #endif
 }
-// Four 8x8 matrices, transposed: B fragments of k x n where shared memory holds k-major rows
-// (V or dO or Q or K as the right operand over keys or queries). Lane l names row l % 8 of
-// matrix l / 8; matrices 0,1 are k rows 0-7, 8-15 of n columns 0-7, matrices 2,3 the same of n 8-15.
-__device__ __forceinline__ void ldmatrix_trans(unsigned (&r)[4], const __nv_bfloat16* row) {
+// Four 8x8 matrices of 16-bit elements from shared memory; lane l names row l % 8 of matrix l / 8.
+// Not transposed, lane l gets row l / 4, columns 2(l % 4) and 2(l % 4) + 1 of each (A fragments,
+// and B fragments of a tile whose rows are B's columns). Transposed, it gets column l / 4, rows
+// 2(l % 4) and 2(l % 4) + 1: B fragments of k x n where shared memory holds k-major rows (V, dO,
+// Q or K as the right operand over keys or queries).
+template <bool Transposed> __device__ __forceinline__ void ldmatrix(unsigned (&r)[4], const __nv_bfloat16* row) {
 #if CAPSCOPE_FLASH_SM80
     const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(at));
-#else
-    __trap();
-#endif
-}
-// The same four 8x8 matrices, not transposed: lane l gets row l / 4, columns 2(l % 4), +1 of each.
-__device__ __forceinline__ void ldmatrix(unsigned (&r)[4], const __nv_bfloat16* row) {
-#if CAPSCOPE_FLASH_SM80
-    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(at));
+    if constexpr (Transposed)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
 #else
     __trap();
 #endif
@@ -158,18 +162,18 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
 template <int DH> __device__ __forceinline__ frag_a load_a(smem_tile<DH> s, int r0, int c0) {
     const int lane = threadIdx.x & 31;
     frag_a a;
-    ldmatrix(a.r, s.row(r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) + c0 + 8 * (lane >> 4));
+    ldmatrix<false>(a.r, s.row(r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) + c0 + 8 * (lane >> 4));
     return a;
 }
 // Accumulators of columns [16kk, 16kk+16) (two 16x8 tiles) as the A fragment of the next product.
 __device__ __forceinline__ frag_a as_a(const float (&lo)[4], const float (&hi)[4]) {
     return {{pack(lo[0], lo[1]), pack(lo[2], lo[3]), pack(hi[0], hi[1]), pack(hi[2], hi[3])}};
 }
-// acc[rb][j] += A_rb(16 x DH) . B where B's column n is row 8j + n of `s` (B = s^T): the
-// products of the warp's row blocks with the tile's 64 rows over DH, e.g. S = Q K^T, given A for
-// each of the DH/16 k-steps.
-template <int DH, int RB>
-__device__ __forceinline__ void rows_times_tile_t(float (&acc)[RB][tile / 8][4], const frag_a (&a)[RB][DH / 16], smem_tile<DH> s) {
+// acc[j] += A(16 x DH) . B where B's column n is row 8j + n of `s` (B = s^T): the product of the
+// warp's 16 rows with the tile's 64 rows over DH, e.g. S = Q K^T, given A for each of the DH/16
+// k-steps.
+template <int DH>
+__device__ __forceinline__ void rows_times_tile_t(float (&acc)[tile / 8][4], const frag_a (&a)[DH / 16], smem_tile<DH> s) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int j = 0; j < tile / 8; j += 2)
@@ -178,33 +182,26 @@ __device__ __forceinline__ void rows_times_tile_t(float (&acc)[RB][tile / 8][4],
             // B fragments of key tiles j and j+1 at k-step kk: matrices (rows 8j.., columns 16kk),
             // (8j.., 16kk+8), (8j+8.., 16kk), (8j+8.., 16kk+8).
             unsigned b[4];
-            ldmatrix(b, s.row(8 * j + (lane & 7) + 8 * (lane >> 4)) + 16 * kk + 8 * ((lane >> 3) & 1));
-#pragma unroll
-            for (int rb = 0; rb < RB; ++rb) {
-                mma(acc[rb][j], a[rb][kk], b[0], b[1]);
-                mma(acc[rb][j + 1], a[rb][kk], b[2], b[3]);
-            }
+            ldmatrix<false>(b, s.row(8 * j + (lane & 7) + 8 * (lane >> 4)) + 16 * kk + 8 * ((lane >> 3) & 1));
+            mma(acc[j], a[kk], b[0], b[1]);
+            mma(acc[j + 1], a[kk], b[2], b[3]);
         }
 }
-// acc[rb][n] += P_rb(16 x 64) . s where P comes as accumulators over the tile's 64 rows (k) and s
-// is the tile itself (k-major rows, DH columns): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
-template <int DH, int RB>
-__device__ __forceinline__ void acc_times_tile(float (&acc)[RB][DH / 8][4], const float (&p)[RB][tile / 8][4], smem_tile<DH> s) {
+// acc[n] += P(16 x 64) . s where P comes as accumulators over the tile's 64 rows (k) and s is the
+// tile itself (k-major rows, DH columns): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
+template <int DH>
+__device__ __forceinline__ void acc_times_tile(float (&acc)[DH / 8][4], const float (&p)[tile / 8][4], smem_tile<DH> s) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < tile / 16; ++kk) {
-        frag_a a[RB];
-#pragma unroll
-        for (int rb = 0; rb < RB; ++rb) a[rb] = as_a(p[rb][2 * kk], p[rb][2 * kk + 1]);
+        const frag_a a = as_a(p[2 * kk], p[2 * kk + 1]);
 #pragma unroll
         for (int dn = 0; dn < DH / 16; ++dn) {
+            // Matrices (k rows 16kk.., n columns 16dn), (16kk+8.., 16dn), (16kk.., 16dn+8), (16kk+8.., 16dn+8).
             unsigned b[4];
-            ldmatrix_trans(b, s.row(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) + 16 * dn + 8 * (lane >> 4));
-#pragma unroll
-            for (int rb = 0; rb < RB; ++rb) {
-                mma(acc[rb][2 * dn], a[rb], b[0], b[1]);
-                mma(acc[rb][2 * dn + 1], a[rb], b[2], b[3]);
-            }
+            ldmatrix<true>(b, s.row(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) + 16 * dn + 8 * (lane >> 4));
+            mma(acc[2 * dn], a, b[0], b[1]);
+            mma(acc[2 * dn + 1], a, b[2], b[3]);
         }
     }
 }

@@ -15,37 +15,31 @@ using namespace detail::flash;
 
 template <int DH>
 __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, problem pb) {
-    constexpr int RB = forward_row_blocks<DH>, rows_per_block = block_rows<RB>;
     extern __shared__ __align__(16) unsigned char smem[];
-    // The block's Q rows, then K and V twice: the next key tile loads while this one is used.
+    // Q, then K and V twice: the next key tile loads while this one is used.
     const smem_tile<DH> qs{reinterpret_cast<__nv_bfloat16*>(smem)};
-    const double_buffer<DH> stages{qs.data + rows_per_block * qs.pitch};
+    const double_buffer<DH> stages{qs.data + tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x; // the longest causal rows start first
-    const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
-    const long stride = 3L * pb.hidden();
+    const auto [bh, b, h, H, stride] = this_block_head(pb);
     const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
-    const __nv_bfloat16 *k = q + pb.hidden(), *v = q + 2 * pb.hidden();
+    const __nv_bfloat16 *k = q + H, *v = q + 2 * H;
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const int q0 = qt * rows_per_block, warp_row0 = q0 + 16 * RB * warp;
-    const int limit = key_limit(pb, b), end = key_end(pb, limit, q0, rows_per_block);
+    const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
+    const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
 
-    load_tile_async<DH, rows_per_block>(qs, q, stride, q0, pb.seq, pb.dh);
+    load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
     if (end > 0) {
         load_tile_async(stages.at(0, 0), k, stride, 0, pb.seq, pb.dh);
         load_tile_async(stages.at(0, 1), v, stride, 0, pb.seq, pb.dh);
     }
     commit_tiles();
     wait_tiles();
-    frag_a qa[RB][DH / 16];
+    frag_a qa[DH / 16];
 #pragma unroll
-    for (int rb = 0; rb < RB; ++rb)
-#pragma unroll
-        for (int kk = 0; kk < DH / 16; ++kk) qa[rb][kk] = load_a(qs, warp_row0 - q0 + 16 * rb, 16 * kk);
+    for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk);
 
-    float o[RB][DH / 8][4] = {};
-    float m[RB][2], l[RB][2];
-#pragma unroll
-    for (int rb = 0; rb < RB; ++rb) m[rb][0] = m[rb][1] = -INFINITY, l[rb][0] = l[rb][1] = 0.f;
+    float o[DH / 8][4] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
         const smem_tile<DH> ks = stages.at(stage, 0), vs = stages.at(stage, 1);
         __syncthreads(); // every warp is done with the other stage (the tile before)
@@ -55,70 +49,61 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
         }
         commit_tiles();
         wait_tiles<1>();
-        float s[RB][tile / 8][4] = {};
-        rows_times_tile_t<DH, RB>(s, qa, ks);
+        float s[tile / 8][4] = {};
+        rows_times_tile_t<DH>(s, qa, ks);
         const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && k0 + tile > q0 + 1);
 #pragma unroll
-        for (int rb = 0; rb < RB; ++rb)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = warp_row0 + 16 * rb + 8 * half + g;
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < tile / 8; ++j)
-#pragma unroll
-                    for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                        const int key = k0 + 8 * j + 2 * t + (e & 1);
-                        if (edge && !visible(pb, limit, row, key)) s[rb][j][e] = -INFINITY;
-                        mx = fmaxf(mx, s[rb][j][e]);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                // The maximum of the raw scores, then one FMA per score: exp2(scale_log2 * s - max).
-                const float m_new = fmaxf(m[rb][half], mx * pb.scale_log2);
-                const float base = m_new == -INFINITY ? 0.f : m_new; // a row with nothing visible yet stays at zero
-                const float rescale = fast_exp2(m[rb][half] - base);
-                m[rb][half] = m_new;
-                l[rb][half] *= rescale;
-#pragma unroll
-                for (int n = 0; n < DH / 8; ++n) o[rb][n][2 * half] *= rescale, o[rb][n][2 * half + 1] *= rescale;
-#pragma unroll
-                for (int j = 0; j < tile / 8; ++j)
-#pragma unroll
-                    for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                        s[rb][j][e] = fast_exp2(fmaf(s[rb][j][e], pb.scale_log2, -base));
-                        l[rb][half] += s[rb][j][e];
-                    }
-            }
-        acc_times_tile<DH, RB>(o, s, vs);
-    }
-    const long H = pb.hidden();
-#pragma unroll
-    for (int rb = 0; rb < RB; ++rb) {
-#pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float& sum = l[rb][half];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f; // no visible key: the output is zero
+            float mx = -INFINITY;
 #pragma unroll
-            for (int n = 0; n < DH / 8; ++n) o[rb][n][2 * half] *= inv, o[rb][n][2 * half + 1] *= inv;
-            const int row = warp_row0 + 16 * rb + 8 * half + g;
-            if (t == 0 && row < pb.seq) lse[long(bh) * pb.seq + row] = sum > 0.f ? m[rb][half] + log2f(sum) : INFINITY;
+            for (int j = 0; j < tile / 8; ++j)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    const int key = k0 + 8 * j + 2 * t + (e & 1);
+                    if (edge && !visible(pb, limit, rows[half], key)) s[j][e] = -INFINITY;
+                    mx = fmaxf(mx, s[j][e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // The maximum of the raw scores, then one FMA per score: exp2(scale_log2 * s - max).
+            const float m_new = fmaxf(m[half], mx * pb.scale_log2);
+            const float base = m_new == -INFINITY ? 0.f : m_new; // a row with nothing visible yet stays at zero
+            const float rescale = fast_exp2(m[half] - base);
+            m[half] = m_new;
+            l[half] *= rescale;
+#pragma unroll
+            for (int n = 0; n < DH / 8; ++n) o[n][2 * half] *= rescale, o[n][2 * half + 1] *= rescale;
+#pragma unroll
+            for (int j = 0; j < tile / 8; ++j)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    s[j][e] = fast_exp2(fmaf(s[j][e], pb.scale_log2, -base));
+                    l[half] += s[j][e];
+                }
         }
-        store_rows<DH>(head_rows(out, H, pb, b, h), H, warp_row0 + 16 * rb, pb.seq, pb.dh, o[rb], 1.f);
+        acc_times_tile<DH>(o, s, vs);
     }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+        const float inv = l[half] > 0.f ? 1.f / l[half] : 0.f; // no visible key: the output is zero
+#pragma unroll
+        for (int n = 0; n < DH / 8; ++n) o[n][2 * half] *= inv, o[n][2 * half + 1] *= inv;
+        if (t == 0 && rows[half] < pb.seq)
+            lse[long(bh) * pb.seq + rows[half]] = l[half] > 0.f ? m[half] + log2f(l[half]) : INFINITY;
+    }
+    store_rows<DH>(head_rows(out, H, pb, b, h), H, q0 + 16 * warp, pb.seq, pb.dh, o, 1.f);
 }
 
 // One thread per query row, fp32 throughout: the reference path of the same algorithm.
 template <class T, int DH>
 __global__ void __launch_bounds__(tile) forward_scalar(const T* qkv, T* out, float* lse, problem pb) {
     __shared__ float ks[scalar_keys][DH], vs[scalar_keys][DH];
-    const int bh = blockIdx.y, b = bh / pb.heads, h = bh % pb.heads;
-    const long stride = 3L * pb.hidden(), H = pb.hidden();
+    const auto [bh, b, h, H, stride] = this_block_head(pb);
     const T* q = head_rows(qkv, stride, pb, b, h);
     const T *k = q + H, *v = q + 2 * H;
-    const int q0 = blockIdx.x * tile, i = q0 + threadIdx.x, limit = key_limit(pb, b), end = key_end(pb, limit, q0, tile);
+    const int q0 = blockIdx.x * tile, i = q0 + threadIdx.x, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
     float qi[DH], o[DH];
 #pragma unroll
     for (int d = 0; d < DH; ++d) qi[d] = i < pb.seq && d < pb.dh ? to_f(q[long(i) * stride + d]) : 0.f, o[d] = 0.f;
@@ -151,12 +136,12 @@ __global__ void __launch_bounds__(tile) forward_scalar(const T* qkv, T* out, flo
 }
 
 template <int DH> void launch_forward_mma(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, const problem& pb, cudaStream_t s) {
-    constexpr int rows = block_rows<forward_row_blocks<DH>>, bytes = smem_tile_bytes<DH, rows> + 4 * smem_tile_bytes<DH>;
+    constexpr int bytes = 5 * smem_tile_bytes<DH>;
     allow_dynamic_smem<forward_mma<DH>>(bytes);
-    forward_mma<DH><<<dim3(tiles(pb.seq, rows), pb.batch * pb.heads), threads, bytes, s>>>(qkv, out, lse, pb);
+    forward_mma<DH><<<dim3(blocks_for(pb.seq, tile), pb.batch * pb.heads), threads, bytes, s>>>(qkv, out, lse, pb);
 }
 template <class T, int DH> void launch_forward_scalar(const T* qkv, T* out, float* lse, const problem& pb, cudaStream_t s) {
-    forward_scalar<T, DH><<<dim3(tiles(pb.seq, tile), pb.batch * pb.heads), tile, 0, s>>>(qkv, out, lse, pb);
+    forward_scalar<T, DH><<<dim3(blocks_for(pb.seq, tile), pb.batch * pb.heads), tile, 0, s>>>(qkv, out, lse, pb);
 }
 
 } // namespace
