@@ -7,8 +7,9 @@
 // 2. One inference forward, eager vs scope layer vs scope block, at batch 1, 8 and 64 on the
 //    example model (bf16, hidden 512, seq 128, layers D E M D: dense, MoE drop-and-pad, Mamba).
 //
-//   inference [--rounds R] [--markdown FILE]        Exits 77 without a GPU.
+//   inference [--rounds R] [--markdown FILE] [--csv FILE]        Exits 77 without a GPU.
 
+#include "figures_csv.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/inference.hpp>
@@ -168,13 +169,14 @@ template <class Runner> double time_runner(Runner& r, int rows, int reps, cudaSt
 
 int main(int argc, char** argv) {
     int rounds = 15;
-    std::string markdown;
+    std::string markdown, csv_path;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
         else if (a == "--markdown" && i + 1 < argc) markdown = argv[++i];
+        else if (a == "--csv" && i + 1 < argc) csv_path = argv[++i];
         else {
-            std::fprintf(stderr, "usage: inference [--rounds R] [--markdown FILE]\n");
+            std::fprintf(stderr, "usage: inference [--rounds R] [--markdown FILE] [--csv FILE]\n");
             return 2;
         }
     }
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
     cuda::stream s;
+    bench::figures_csv csv(csv_path);
     std::string md = "### Inference graphs: exec update against instantiation, and step time by scope\n\nDevice: " + std::string(prop.name) +
                      ", bf16, hidden 512, seq 128. Host times (steady_clock) are medians of " + std::to_string(rounds) +
                      " rounds; all variants run in one process.\n\n";
@@ -206,6 +209,12 @@ int main(int argc, char** argv) {
                           (r.capture_us + r.instantiate_us) / (r.capture_us + r.update_us), r.refusals);
             md += line;
             std::printf("%s", line);
+            const std::string what = r.what + ": " + std::to_string(r.graphs) + (r.graphs == 1 ? " graph" : " graphs");
+            csv.row("exec update", what, "", "nodes", double(r.nodes));
+            csv.row("exec update", what, "", "capture_us", r.capture_us);
+            csv.row("exec update", what, "", "instantiate_us", r.instantiate_us);
+            csv.row("exec update", what, "", "update_us", r.update_us);
+            csv.row("exec update", what, "", "refused_updates", double(r.refusals));
         }
         long updates = 0;
         const auto [inst, upd] = runner_paths(m, 8, rounds, s.get(), updates);
@@ -216,6 +225,8 @@ int main(int argc, char** argv) {
                       inst, upd, inst / upd, updates);
         md += line;
         std::printf("%s", line);
+        csv.row("exec update", "through the runner, scope block", "reset() + capture_all()", "host_us", inst);
+        csv.row("exec update", "through the runner, scope block", "rebind() + capture_all()", "host_us", upd);
     }
 
     // 2. Step time by scope.
@@ -247,6 +258,10 @@ int main(int argc, char** argv) {
                           median(e) / median(l), median(e) / median(b));
             md += line;
             std::printf("%s", line);
+            const std::string what = "batch " + std::to_string(batch);
+            csv.row("inference by scope", what, "eager", "device_us", median(e));
+            csv.row("inference by scope", what, "scope layer", "device_us", median(l));
+            csv.row("inference by scope", what, "scope block", "device_us", median(b));
         }
         md += "\n";
     }

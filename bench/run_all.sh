@@ -1,27 +1,67 @@
 #!/usr/bin/env bash
-# The benchmarks the GPU machine runs end to end, in one lease. So far: the example model beside
-# its PyTorch peer at the three sizes of issue 17 (bf16, dense, vocab 256, a whole training step
-# with AdamW), with the check that both do the same work; one Markdown table and one CSV.
+# Every benchmark behind docs/performance.md, run end to end on the GPU machine; then one
+# report of them (bench/report.py): $OUT/results.md (the tables), $OUT/results.csv (every figure)
+# and $OUT/results.svg (the plot).
 #
 #   bench/run_all.sh [BUILD_DIR]   (default build-gpu, a release build; writes under $OUT)
+#
+# The parts, in order (PARTS="..." runs some of them, e.g. where one call may not run long):
+#   compile    bench/compile_time.py: a TU with capscope.hpp and one config against an empty one, g++ and nvcc
+#   runner     bench/runner_overhead: the runner against hand-written graph code, dense and mixed
+#   inference  bench/inference: exec update against instantiation, and one forward by scope
+#   peer       bench/same_model beside bench/peers/gpt_peer.py at each size of SIZES, dense and
+#              mixed (PATTERNS), with the check that both do the same work
+# Then, locally: python3 bench/report.py --out docs/bench/run_all-h100 --docs docs/performance.md RUN...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
 OUT=${OUT:-/tmp/capscope-bench}
+PARTS=${PARTS:-compile runner inference peer}
+PATTERNS=${PATTERNS:-dense mixed}
 mkdir -p "$OUT"
+export PATH="/usr/local/cuda/bin:$PATH"
 rc=0
-dirs=()
-sizes=("512 128 1 24" "1024 512 2 24" "2048 2048 1 12")
-[ -n "${SIZES:-}" ] && IFS=, read -ra sizes <<<"$SIZES" # e.g. SIZES="512 128 1 24,1024 512 2 24"
-for size in "${sizes[@]}"; do
-  read -r h s b l <<<"$size"
-  d="$OUT/peer-h$h-s$s-b$b-L$l"
-  "$BUILD/bench/same_model" --hidden "$h" --seq "$s" --batch "$b" --layers "$l" --out "$d" 2>&1 | tee "$d.log" || { rc=1; continue; }
-  PYTHONUNBUFFERED=1 python3 bench/peers/gpt_peer.py "$d" 2>&1 | tee -a "$d.log"
-  prc=${PIPESTATUS[0]}
-  [ "$prc" -eq 0 ] && dirs+=("$d") || rc=$prc
-  rm -f "$d/weights.safetensors" "$d/gradients_step1.safetensors" "$d/batches.bin" # large, and only the peer reads them
-done
-[ ${#dirs[@]} -gt 0 ] && python3 bench/peer_table.py "$OUT/peer.md" "$OUT/peer.csv" "${dirs[@]}"
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+step() { # NAME COMMAND...: runs it, keeps its output in $OUT/NAME.log, remembers a failure (77: skipped)
+  local name=$1
+  shift
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  local r=${PIPESTATUS[0]}
+  echo "$name exit $r"
+  [ "$r" -eq 0 ] || [ "$r" -eq 77 ] || rc=$r
+  return "$r"
+}
+
+{
+  gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/, / (driver /; s/$/)/')
+  printf '%s' "${gpu:-no GPU}"
+  printf ', CUDA %s' "$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  printf ', PyTorch %s' "$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)"
+  printf ', %s x %s' "$(nproc)" "$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
+  printf '; %s\n' "$(date -u +%Y-%m-%d)"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+want compile && step compile_time python3 bench/compile_time.py --csv "$OUT/compile_time.csv"
+want runner && step runner_overhead "$BUILD/bench/runner_overhead" --csv "$OUT/runner_overhead.csv" --markdown "$OUT/runner_overhead.md"
+want inference && step inference "$BUILD/bench/inference" --csv "$OUT/inference.csv" --markdown "$OUT/inference.md"
+
+if want peer; then
+  sizes=("512 128 1 24" "1024 512 2 24" "2048 2048 1 12")
+  [ -n "${SIZES:-}" ] && IFS=, read -ra sizes <<<"$SIZES" # e.g. SIZES="512 128 1 24,1024 512 2 24"
+  for size in "${sizes[@]}"; do
+    read -r h s b l <<<"$size"
+    for pattern in $PATTERNS; do
+      d="$OUT/peer-h$h-s$s-b$b-L$l-$pattern"
+      flag=()
+      [ "$pattern" = mixed ] && flag=(--mixed)
+      step "peer-h$h-$pattern-capscope" "$BUILD/bench/same_model" --hidden "$h" --seq "$s" --batch "$b" --layers "$l" "${flag[@]}" --out "$d" &&
+        PYTHONUNBUFFERED=1 step "peer-h$h-$pattern-pytorch" python3 bench/peers/gpt_peer.py "$d"
+      rm -f "$d/weights.safetensors" "$d/gradients_step1.safetensors" "$d/batches.bin" # large, and only the peer reads them
+    done
+  done
+fi
+
+python3 bench/report.py --out "$OUT" "$OUT" >"$OUT/report.log" 2>&1 || { cat "$OUT/report.log"; rc=1; }
 echo "run_all exit $rc"
 exit $rc

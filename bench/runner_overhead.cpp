@@ -6,11 +6,12 @@
 // step through the runtime and the driver (cuBLAS launches through the driver) (CUPTI).
 // Variants run round-robin in one process, so drift hits them alike; the ratios are the result.
 //
-//   runner_overhead [--rounds R] [--steps-per-round K] [--markdown FILE]
+//   runner_overhead [--rounds R] [--steps-per-round K] [--markdown FILE] [--csv FILE]
 //
 // Exits 77 without a GPU.
 
 #include "api_counter.hpp"
+#include "figures_csv.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/model.hpp>
@@ -136,11 +137,11 @@ using mixed_facts = model<layers<24>, experts<8>, capacity_factor<1.0>, pad_to_c
 struct options {
     int layers = 24; // the configs state it: model<layers<24>>
     int rounds = 12, steps_per_round = 20;
-    std::string markdown;
+    std::string markdown, csv;
 };
 
 template <class Facts>
-std::string run_pattern(const std::string& label, const std::string& pattern, const options& o, cudaStream_t s) {
+std::string run_pattern(const std::string& label, const std::string& pattern, const options& o, bench::figures_csv& csv, cudaStream_t s) {
     using local_cfg = config<impl::lazy_per_layer, modules<>, Facts, warmup_steps<2>>;
     using te_cfg = config<impl::ahead_of_time_per_layer, modules<>, Facts, warmup_steps<2>>;
     using full_cfg = config<impl::whole_iteration, Facts, no_nan_check, warmup_steps<2>>;
@@ -217,7 +218,12 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
     std::string table = "\n### " + label + " (`" + pattern + "`, " + std::to_string(m.parameters().total()) + " parameters)\n\n";
     table += "| variant | device ms/step (median) | host µs/step (median) | runtime API calls/step | launches/step | device vs its reference | host vs its reference | API calls vs its reference |\n";
     table += "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    const std::string what = label + " (" + pattern + ")";
     for (const auto& x : v) {
+        csv.row("runner overhead", what, x.name, "device_ms", median(x.device_ms));
+        csv.row("runner overhead", what, x.name, "host_us", median(x.host_us));
+        csv.row("runner overhead", what, x.name, "runtime_api_calls", double(bench::api_counter::total(x.api.runtime)));
+        csv.row("runner overhead", what, x.name, "launches", double(x.api.launches));
         const variant& ref = x.name.find("full_iteration") != std::string::npos || x.name.find("whole-step") != std::string::npos
                                  ? whole_ref
                              : x.name.find("local") != std::string::npos || x.name.find("transformer_engine") != std::string::npos ||
@@ -262,8 +268,9 @@ int main(int argc, char** argv) {
         if (a == "--rounds") o.rounds = std::atoi(next().c_str());
         else if (a == "--steps-per-round") o.steps_per_round = std::atoi(next().c_str());
         else if (a == "--markdown") o.markdown = next();
+        else if (a == "--csv") o.csv = next();
         else {
-            std::fprintf(stderr, "runner_overhead: unknown option '%s'\nusage: runner_overhead [--rounds R] [--steps-per-round K] [--markdown FILE]\n", a.c_str());
+            std::fprintf(stderr, "runner_overhead: unknown option '%s'\nusage: runner_overhead [--rounds R] [--steps-per-round K] [--markdown FILE] [--csv FILE]\n", a.c_str());
             return 2;
         }
     }
@@ -283,8 +290,9 @@ int main(int argc, char** argv) {
                              std::to_string(o.steps_per_round) + " steps per variant, round-robin.\n";
         std::string dense(std::size_t(o.layers), 'D'), mixed;
         for (int i = 0; i < o.layers / 4; ++i) mixed += "DEDM";
-        report += run_pattern<dense_facts>("dense", dense, o, s);
-        report += run_pattern<mixed_facts>("mixed dense/MoE (drop-and-pad)/Mamba", mixed, o, s);
+        bench::figures_csv csv(o.csv);
+        report += run_pattern<dense_facts>("dense", dense, o, csv, s);
+        report += run_pattern<mixed_facts>("mixed dense/MoE (drop-and-pad)/Mamba", mixed, o, csv, s);
         std::fputs(report.c_str(), stdout);
         if (!o.markdown.empty()) std::ofstream(o.markdown) << report;
         return 0;

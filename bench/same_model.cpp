@@ -1,8 +1,10 @@
 // The example model's side of the comparison with its PyTorch peer (bench/peers/gpt_peer.py).
 //
-//   same_model --hidden H --seq S --batch B --layers L [--vocab V] [--check-steps N] [--rounds R] --out DIR
+//   same_model --hidden H --seq S --batch B --layers L [--mixed] [--vocab V] [--check-steps N] [--rounds R] --out DIR
 //
-// bf16, dense layers, heads of 64, ffn 4 x hidden, one microbatch, AdamW (lr 1e-4). Writes to DIR:
+// bf16, heads of 64, ffn 4 x hidden, one microbatch, AdamW (lr 1e-4). Dense layers, or with
+// --mixed the layer pattern EDMD repeated (an MoE layer with 8 experts, top-2, drop-and-pad at
+// capacity factor 1.0, then dense, Mamba-style, dense; L a multiple of 4). Writes to DIR:
 // - weights.safetensors: the initial fp32 master weights, and the config as metadata;
 // - batches.bin: N batches (int32 tokens, then int32 labels, each batch x seq), a learnable
 //   task (each next token is 3 x + 7 mod vocab of the one before, from a random start);
@@ -10,6 +12,9 @@
 //   (N = 10 by default: the task's early loss spikes amplify rounding differences, so past about
 //   ten steps two correct bf16 implementations drift apart by more than rounding);
 // - gradients_step1.safetensors: every parameter's gradient after the first step;
+// - routing_step1.bin (mixed only): each MoE layer's routing map in the first step (int32,
+//   tokens x top-k experts, layer after layer), so the peer can check its gradients on the same
+//   routing: one token routed differently (a near tie, a capacity drop) changes whole rows;
 // - capscope.csv: median device ms per training step (zero_grad, forward, backward, AdamW) for
 //   eager, per-layer graphs (transformer_engine, whole layers) and the whole step as one graph
 //   (full_iteration), timed round-robin (R rounds x 10 steps each, after warmup).
@@ -43,6 +48,7 @@ using namespace capscope;
 
 struct options {
     int hidden = 512, seq = 128, batch = 1, layers = 24, vocab = 256, check_steps = 10, rounds = 10;
+    bool mixed = false;
     std::string out;
 };
 
@@ -61,11 +67,13 @@ options parse(int argc, char** argv) {
         else if (a == "--vocab") number(o.vocab);
         else if (a == "--check-steps") number(o.check_steps);
         else if (a == "--rounds") number(o.rounds);
+        else if (a == "--mixed") o.mixed = true;
         else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
         else throw std::invalid_argument("unknown argument '" + a + "'");
     }
     if (o.out.empty()) throw std::invalid_argument("--out DIR is required");
     if (o.hidden % 64) throw std::invalid_argument("--hidden must be a multiple of 64 (heads of 64)");
+    if (o.mixed && o.layers % 4) throw std::invalid_argument("--mixed repeats EDMD: --layers must be a multiple of 4");
     return o;
 }
 
@@ -78,6 +86,14 @@ gpt::model_config model_of(const options& o) {
     c.seq_len = o.seq;
     c.batch = o.batch;
     c.layer_pattern = std::string(std::size_t(o.layers), 'D');
+    if (o.mixed) {
+        c.layer_pattern.clear();
+        for (int i = 0; i < o.layers / 4; ++i) c.layer_pattern += "EDMD";
+        c.experts = 8;
+        c.top_k = 2;
+        c.capacity_factor = 1.0;
+        c.moe_mode = gpt::moe_mode::drop_and_pad;
+    }
     return c;
 }
 
@@ -104,6 +120,49 @@ struct variant {
     void step(cudaStream_t s) { run(s); }
 };
 
+//! Each MoE router's routing map (its stage's output "routing_map"), in stage order, to `path`.
+void save_routing(const training_program& program, const std::string& path, cudaStream_t s) {
+    std::ofstream f(path, std::ios::binary);
+    std::vector<char> host;
+    for (const stage& st : program.microbatches.at(0))
+        for (const tensor_ref& r : st.outputs) {
+            if (st.kind != stage_kind::moe_router || r.name != "routing_map") continue;
+            host.resize(r.bytes);
+            CAPSCOPE_CHECK(cudaMemcpyAsync(host.data(), r.data, r.bytes, cudaMemcpyDeviceToHost, s));
+            CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+            f.write(host.data(), std::streamsize(host.size()));
+        }
+    if (!f) throw std::runtime_error("could not write '" + path + "'");
+}
+
+// What the timed configs state about the model (rule P10 checks it against the program): nothing
+// for the dense model; for the mixed one, its MoE layers (every 4th from the first) and their
+// drop-and-pad capacity, which the whole-layer and whole-step captures need.
+using mixed_facts = capscope::model<experts<8>, moe_every<4>, capacity_factor<1.0>, pad_to_capacity>;
+
+//! The three ways to run the same step, timed round-robin; writes DIR/capscope.csv.
+template <class Facts>
+void time_three_ways(gpt::gpt_model<T>& model, runner<config<impl::eager>>& eager, const options& o, cudaStream_t s) {
+    using te = config<impl::ahead_of_time_per_layer, modules<>, Facts, warmup_steps<2>>;
+    using whole = config<impl::whole_iteration, Facts, no_nan_check, warmup_steps<2>>;
+    runner<te, gpt::schemas::drop_and_pad_model> per_layer(model.training_program());
+    runner<whole, gpt::schemas::drop_and_pad_model> whole_step(model.training_program());
+    std::vector<variant> variants;
+    variants.push_back({"eager", [&](cudaStream_t st) { eager.step(st); }, {}, {}});
+    variants.push_back({"per-layer graphs", [&](cudaStream_t st) { per_layer.step(st); }, {}, {}});
+    variants.push_back({"whole-step graph", [&](cudaStream_t st) { whole_step.step(st); }, {}, {}});
+    for (auto& v : variants)
+        for (int i = 0; i < 5; ++i) v.step(s); // warmup and capture
+    bench::time_round_robin(variants, o.rounds, 10, s);
+    std::ofstream csv(o.out + "/capscope.csv");
+    csv << "variant,ms\n";
+    for (const auto& v : variants) {
+        csv << v.name << ',' << bench::median(v.device_ms) << '\n';
+        std::printf("capscope %-18s %9.3f ms/step\n", v.name.c_str(), bench::median(v.device_ms));
+    }
+    if (!csv) throw std::runtime_error("could not write '" + o.out + "/capscope.csv'");
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -111,7 +170,7 @@ int main(int argc, char** argv) {
     try {
         o = parse(argc, argv);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "same_model: %s\nusage: same_model --hidden H --seq S --batch B --layers L [--vocab V] [--check-steps N] "
+        std::fprintf(stderr, "same_model: %s\nusage: same_model --hidden H --seq S --batch B --layers L [--mixed] [--vocab V] [--check-steps N] "
                              "[--rounds R] --out DIR\n", e.what());
         return 2;
     }
@@ -128,7 +187,8 @@ int main(int argc, char** argv) {
         gpt::save_parameters(model, o.out + "/weights.safetensors", s);
 
         // The check: N eager steps on fixed batches (eager and graphed steps are the same bits).
-        runner<config<impl::eager>> eager(model.training_program());
+        const training_program program = model.training_program();
+        runner<config<impl::eager>> eager(program);
         std::mt19937 rng(2026);
         std::ofstream batches(o.out + "/batches.bin", std::ios::binary), losses(o.out + "/losses.txt");
         std::vector<int> tokens, labels;
@@ -139,28 +199,15 @@ int main(int argc, char** argv) {
             model.set_batch(tokens, labels, s);
             eager.step(s);
             losses << model.loss(s) << '\n';
-            if (step == 0) gpt::save_parameters(model, o.out + "/gradients_step1.safetensors", s, gpt::saved_arena::gradients);
+            if (step == 0) {
+                gpt::save_parameters(model, o.out + "/gradients_step1.safetensors", s, gpt::saved_arena::gradients);
+                if (o.mixed) save_routing(program, o.out + "/routing_step1.bin", s);
+            }
         }
         if (!batches || !losses) throw std::runtime_error("could not write to '" + o.out + "'");
 
-        // The timing: the three ways to run the same step, round-robin.
-        using te = config<impl::ahead_of_time_per_layer, modules<>, capscope::model<>, warmup_steps<2>>;
-        using whole = config<impl::whole_iteration, capscope::model<>, no_nan_check, warmup_steps<2>>;
-        runner<te, gpt::schemas::drop_and_pad_model> per_layer(model.training_program());
-        runner<whole, gpt::schemas::drop_and_pad_model> whole_step(model.training_program());
-        std::vector<variant> variants;
-        variants.push_back({"eager", [&](cudaStream_t st) { eager.step(st); }, {}, {}});
-        variants.push_back({"per-layer graphs", [&](cudaStream_t st) { per_layer.step(st); }, {}, {}});
-        variants.push_back({"whole-step graph", [&](cudaStream_t st) { whole_step.step(st); }, {}, {}});
-        for (auto& v : variants)
-            for (int i = 0; i < 5; ++i) v.step(s); // warmup and capture
-        bench::time_round_robin(variants, o.rounds, 10, s);
-        std::ofstream csv(o.out + "/capscope.csv");
-        csv << "variant,ms\n";
-        for (const auto& v : variants) {
-            csv << v.name << ',' << bench::median(v.device_ms) << '\n';
-            std::printf("capscope %-18s %9.3f ms/step\n", v.name.c_str(), bench::median(v.device_ms));
-        }
+        if (o.mixed) time_three_ways<mixed_facts>(model, eager, o, s);
+        else time_three_ways<capscope::model<>>(model, eager, o, s);
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "same_model: %s\n", e.what());

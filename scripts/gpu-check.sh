@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One batch for the GPU machine: build (release, sm_90 included), run the `gpu` suite (gradient
 # checks, determinism, padding, MoE modes, CUDA layer, the runner's parity matrix, the training
-# and capture tutorials), memcheck the GPU test executables, and run the benchmark. Logs go to
-# $OUT (the device tool brings them back).
+# and capture tutorials), memcheck the GPU test executables, and run the benchmarks
+# (bench/run_all.sh). Logs go to $OUT (the device tool brings them back).
 #
 #   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|racecheck|bench]...   (default: all)
 set -uo pipefail
@@ -93,24 +93,12 @@ if want racecheck; then
 fi
 
 if want bench; then
-  build-gpu/bench/inference --markdown "$OUT/bench-inference.md" >"$OUT/bench-inference.log" 2>&1
-  irc=$?
-  cat "$OUT/bench-inference.md" 2>/dev/null | grep -E "^\| |^Through|^Device"; tail -3 "$OUT/bench-inference.log"
-  echo "inference bench exit $irc"
-  [ $irc -eq 0 ] || rc=$irc
-  if [ -x build-gpu/bench/runner_overhead ]; then
-    build-gpu/bench/runner_overhead --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
-    brc=$?
-    cat "$OUT/bench.md" 2>/dev/null | grep -E "^###|^\| |^Device|^Per-layer" ; tail -3 "$OUT/bench.log"
-    [ $brc -eq 0 ] || rc=$brc
-    # PyTorch's paths on a layer stack of the same shape, same machine, same run (reference only).
-    PYTHONUNBUFFERED=1 python3 bench/torch_reference.py >>"$OUT/bench.md" 2>>"$OUT/bench.log"
-    trc=$?
-    echo "torch reference exit $trc"; tail -6 "$OUT/bench.md"
-    [ $trc -eq 0 ] || [ $trc -eq 77 ] || rc=$trc
-  else
-    echo "bench: runner_overhead was not built (CUPTI missing?)"; rc=1
-  fi
+  # Every benchmark behind docs/performance.md (bench/run_all.sh; PARTS, SIZES and PATTERNS pick
+  # some of them where one call may not run long), into $OUT/bench with its report.
+  OUT="$OUT/bench" bench/run_all.sh build-gpu >"$OUT/bench.log" 2>&1
+  brc=$?
+  grep -E "exit|same work|ms/step" "$OUT/bench.log" | tail -60
+  [ $brc -eq 0 ] || rc=$brc
 fi
 echo "gpu-check exit $rc"
 exit $rc

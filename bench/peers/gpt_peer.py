@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The example model in PyTorch: the peer that bench/same_model compares capscope with.
 
-usage: python3 bench/peers/gpt_peer.py DIR [--steps N]
+usage: python3 bench/peers/gpt_peer.py DIR [--check-only]
 
 DIR is what bench/same_model wrote: weights.safetensors (the C++ model's initial fp32 master
 weights, its config in the metadata), batches.bin and losses.txt. The peer builds the same model
-(dense layers: token + position embedding; per layer RMSNorm -> QKV -> causal softmax attention
--> output projection + residual, RMSNorm -> fc1 -> tanh GELU -> fc2 + residual; final RMSNorm,
-LM head, mean cross-entropy over labels != -1) with fp32 master weights, bf16 working copies
-and activations, and AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.01, on every
-parameter) as the C++ model has.
+(token + position embedding; the layers of the config's pattern: D is RMSNorm -> QKV -> causal
+softmax attention -> output projection + residual, then RMSNorm -> fc1 -> tanh GELU -> fc2 +
+residual; E is the same attention, then a drop-and-pad MoE; M the Mamba-style gated recurrence;
+then final RMSNorm, LM head, mean cross-entropy over labels != -1) with fp32 master weights,
+bf16 working copies and activations, and AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8, weight decay
+0.01, on every parameter) as the C++ model has. The vision encoder is not in it: the bench does
+not train it.
 
 1. The check: N training steps from the same weights on the same batches; every loss must agree
    with capscope's, and every parameter's gradient after the first step with capscope's
@@ -17,7 +19,8 @@ parameter) as the C++ model has.
 2. The timing: median device ms of a whole training step (zero grads, forward, backward, AdamW)
    under eager, torch.compile (default), torch.compile(mode="reduce-overhead"),
    make_graphed_callables per layer, and one torch.cuda.graph of the whole step.
-Writes DIR/peer.csv (variant,ms) and DIR/peer_check.txt. Exits 77 without torch or a GPU.
+Writes DIR/peer.csv (variant,ms), DIR/peer_check.txt and DIR/peer_gradients.txt (each
+parameter's gradient difference). Exits 77 without torch or a GPU.
 """
 import json
 import math
@@ -47,6 +50,9 @@ TOLERANCE = 0.02
 # attention scale gave 11% (layer0.qkv) while the losses stayed within 0.05%; dropping the causal
 # mask, 109%.
 GRAD_TOLERANCE = 0.05
+# The peer's own top-k choices in the first step against capscope's: a near tie between two
+# experts' logits (within bf16 rounding of inputs that differ by rounding) may go either way.
+ROUTING_AGREEMENT = 0.98
 DT = torch.bfloat16
 
 
@@ -76,24 +82,126 @@ def residual_matmul(x, a, w):
     return torch.addmm(x.reshape(-1, shape[-1]), a.reshape(-1, a.shape[-1]), w).view(shape)
 
 
-class Layer(nn.Module):
-    def __init__(self, cfg, w, i):
+def linear_scan(a, b):
+    """h_t = a_t h_(t-1) + b_t from h_(-1) = 0, along dim 1, in log2(seq) steps (Hillis-Steele):
+    after the step of width w, element t holds the composition of the maps (t - 2w, t]. PyTorch has
+    no scan kernel for this recurrence; this form is what torch.compile fuses and graphs capture."""
+    w = 1
+    while w < a.shape[1]:
+        b = torch.cat((b[:, :w], b[:, w:] + a[:, w:] * b[:, :-w]), 1)
+        a = torch.cat((a[:, :w], a[:, w:] * a[:, :-w]), 1)
+        w *= 2
+    return b
+
+
+class Part(nn.Module):
+    """A block's parameters, each under the C++ model's name (layer<i>.<name>)."""
+
+    def __init__(self, w, i, shapes):
         super().__init__()
-        h, f = cfg["hidden"], cfg["ffn_hidden"]
-        p = lambda name, *shape: nn.Parameter(w[f"layer{i}.{name}"].clone().view(*shape))
+        self.capscope_names = {}
+        for name, shape in shapes.items():
+            param = nn.Parameter(w[f"layer{i}.{name}"].clone().view(*shape))
+            self.register_parameter(name.replace(".", "_"), param)
+            self.capscope_names[f"layer{i}.{name}"] = param
+
+
+class Attention(Part):
+    """RMSNorm -> QKV -> causal softmax attention -> output projection + residual."""
+
+    def __init__(self, cfg, w, i):
+        h = cfg["hidden"]
+        super().__init__(w, i, {"input_norm": (h,), "qkv": (h, 3 * h), "proj": (h, h)})
         self.heads = cfg["heads"]
-        self.input_norm, self.qkv, self.proj = p("input_norm", h), p("qkv", h, 3 * h), p("proj", h, h)
-        self.pre_mlp_norm, self.fc1, self.fc2 = p("pre_mlp_norm", h), p("fc1", h, f), p("fc2", f, h)
 
     def forward(self, x):
         b, s, h = x.shape
-        dh = h // self.heads
         qkv = rms_norm(x, self.input_norm.to(DT)) @ self.qkv.to(DT)
-        q, k, v = qkv.view(b, s, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
-        x = residual_matmul(x, ctx, self.proj.to(DT))
+        return residual_matmul(x, ctx, self.proj.to(DT))
+
+
+class Mlp(Part):
+    """RMSNorm -> fc1 -> tanh GELU -> fc2 + residual."""
+
+    def __init__(self, cfg, w, i):
+        h, f = cfg["hidden"], cfg["ffn_hidden"]
+        super().__init__(w, i, {"pre_mlp_norm": (h,), "fc1": (h, f), "fc2": (f, h)})
+
+    def forward(self, x):
         act = F.gelu(rms_norm(x, self.pre_mlp_norm.to(DT)) @ self.fc1.to(DT), approximate="tanh")
         return residual_matmul(x, act, self.fc2.to(DT))
+
+
+class MoE(Part):
+    """Drop-and-pad MoE as the C++ kernels compute it (kernels/moe.cu): RMSNorm -> router logits
+    (bf16) -> top-k experts and a softmax over the chosen logits (fp32) -> each expert keeps the
+    first `capacity` of its assignments in token order (assignment t*k + j), the rest are dropped ->
+    per expert fc1 -> tanh GELU -> fc2 on a padded batch of `capacity` rows -> x + the gate-weighted
+    sum of a token's kept outputs, in fp32 with one rounding."""
+
+    def __init__(self, cfg, w, i):
+        h, f, e = cfg["hidden"], cfg["ffn_hidden"], cfg["experts"]
+        super().__init__(w, i, {"pre_mlp_norm": (h,), "router": (h, e), "experts.fc1": (e, h, f), "experts.fc2": (e, f, h)})
+        self.experts, self.k = e, cfg["top_k"]
+        self.capacity = math.ceil(cfg["capacity_factor"] * cfg["batch"] * cfg["seq_len"] * self.k / e)
+        # The check's first step routes as capscope did (tokens x k expert ids), and counts how
+        # many of the peer's own choices were the same.
+        self.forced, self.agreed = None, None
+
+    def forward(self, x):
+        h, e, k, c = x.shape[-1], self.experts, self.k, self.capacity
+        xt = x.reshape(-1, h)
+        t = xt.shape[0]
+        normed = rms_norm(xt, self.pre_mlp_norm.to(DT))
+        logits = (normed @ self.router.to(DT)).float()
+        top, expert = torch.topk(logits, k, dim=-1)
+        if self.forced is not None:
+            self.agreed = (expert == self.forced).sum()
+            expert, top = self.forced, logits.gather(1, self.forced)
+        gate = torch.softmax(top, dim=-1)
+        flat = expert.reshape(-1)  # assignment a = token * k + j
+        arange = torch.arange(t * k, device=x.device)
+        # Its position among its expert's assignments, counted in assignment order.
+        pos = (flat[:, None] == torch.arange(e, device=x.device)).to(torch.int32).cumsum(0).gather(1, flat[:, None]).squeeze(1) - 1
+        kept = pos < c
+        slot = torch.where(kept, flat * c + pos, e * c)  # a dropped assignment goes to a row past the end
+        owner = torch.full((e * c + 1,), -1, dtype=torch.long, device=x.device).scatter(0, slot, arange)[: e * c]
+        permuted = normed[owner.clamp(min=0) // k] * (owner >= 0).unsqueeze(1).to(DT)  # empty slots are zero rows
+        pre = torch.bmm(permuted.view(e, c, h), self.experts_fc1.to(DT))
+        out = torch.bmm(F.gelu(pre, approximate="tanh"), self.experts_fc2.to(DT)).view(e * c, h)
+        picked = out[slot.clamp(max=e * c - 1)].view(t, k, h)
+        weight = (gate * kept.view(t, k)).unsqueeze(-1)
+        return (xt.float() + (weight * picked.float()).sum(1)).to(DT).view(x.shape)
+
+
+class Mamba(Part):
+    """The Mamba-style block (kernels/scan.cu): RMSNorm -> in_proj to (u, z, a) -> the gated
+    recurrence h_t = s_t h_(t-1) + (1 - s_t) u_t with s = sigmoid(a), in fp32 -> h * silu(z) ->
+    out_proj + residual."""
+
+    def __init__(self, cfg, w, i):
+        h, d = cfg["hidden"], cfg["mamba_inner"]
+        super().__init__(w, i, {"norm": (h,), "in_proj": (h, 3 * d), "out_proj": (d, h)})
+        self.inner = d
+
+    def forward(self, x):
+        proj = rms_norm(x, self.norm.to(DT)) @ self.in_proj.to(DT)
+        u, z, a = proj.float().split(self.inner, dim=-1)
+        a = torch.sigmoid(a)
+        mixed = (linear_scan(a, (1 - a) * u) * F.silu(z)).to(DT)
+        return residual_matmul(x, mixed, self.out_proj.to(DT))
+
+
+PARTS = {"D": (Attention, Mlp), "E": (Attention, MoE), "M": (Mamba,)}
+
+
+class Layer(nn.Sequential):
+    """One letter of the layer pattern: D dense, E attention + MoE, M Mamba-style."""
+
+    def __init__(self, cfg, w, i, kind):
+        super().__init__(*(part(cfg, w, i) for part in PARTS[kind]))
 
 
 class Peer(nn.Module):
@@ -102,7 +210,7 @@ class Peer(nn.Module):
         v, h, s = cfg["vocab"], cfg["hidden"], cfg["seq_len"]
         self.tokens = nn.Parameter(w["embedding.tokens"].clone().view(v, h))
         self.positions = nn.Parameter(w["embedding.positions"].clone().view(s, h))
-        self.layers = nn.ModuleList(Layer(cfg, w, i) for i in range(len(cfg["layer_pattern"])))
+        self.layers = nn.ModuleList(Layer(cfg, w, i, kind) for i, kind in enumerate(cfg["layer_pattern"]))
         self.final_norm = nn.Parameter(w["final_norm"].clone().view(h))
         self.head = nn.Parameter(w["lm_head"].clone().view(h, v))
 
@@ -116,9 +224,9 @@ class Peer(nn.Module):
     def by_capscope_name(self):
         """Each parameter under the name the C++ model declared it with."""
         names = {"embedding.tokens": self.tokens, "embedding.positions": self.positions, "final_norm": self.final_norm, "lm_head": self.head}
-        for i, layer in enumerate(self.layers):
-            for part in ("input_norm", "qkv", "proj", "pre_mlp_norm", "fc1", "fc2"):
-                names[f"layer{i}.{part}"] = getattr(layer, part)
+        for layer in self.layers:
+            for part in layer:
+                names.update(part.capscope_names)
         return names
 
     def forward(self, tokens, labels):
@@ -130,8 +238,11 @@ class Peer(nn.Module):
 
 def config_of(meta):
     cfg = {k: (v if k in ("layer_pattern", "moe_mode") else float(v) if "." in v else int(v)) for k, v in meta.items()}
-    if set(cfg["layer_pattern"]) != {"D"}:
-        raise SystemExit(f"gpt_peer: layer pattern {cfg['layer_pattern']!r}: the peer has dense layers only so far")
+    if not set(cfg["layer_pattern"]) <= set(PARTS):
+        raise SystemExit(f"gpt_peer: layer pattern {cfg['layer_pattern']!r}: the peer builds D, E and M layers only")
+    if "E" in cfg["layer_pattern"] and cfg["moe_mode"] != "drop_and_pad":
+        raise SystemExit(f"gpt_peer: moe_mode {cfg['moe_mode']}: the peer's MoE is drop-and-pad only (its shapes must not "
+                         "depend on data, for the graphed variants)")
     return cfg
 
 
@@ -213,16 +324,24 @@ def variants(cfg, w, tokens, labels):
             ("make_graphed_callables per layer", per_layer), ("whole-step torch.cuda.graph", whole_step)]
 
 
-def check(cfg, w, data, want, want_grads):
+def check(cfg, w, data, want, want_grads, routing):
     """The losses of every step, and every parameter's gradient after the first step (the early
     losses hardly see the attention scale or mask: the scores of small initial weights are near
     zero, so a softmax of them is near uniform whatever they are scaled by; their gradients
-    are not). Returns the largest relative loss difference, the largest relative gradient
-    difference (L2, per parameter) and a line per step."""
+    are not). In the first step each MoE layer routes as capscope's did (`routing`), since one
+    token routed to another expert by a rounding-level near tie changes its whole row from
+    there on; the share of the peer's own choices that were capscope's is checked instead.
+    Returns the largest relative loss difference, the largest relative gradient difference (L2,
+    per parameter), the share of routing choices agreed (1 without MoE), a line per step and a
+    line per parameter's gradient."""
     model = Peer(cfg, w).cuda()
     opt = adamw(model.parameters())
-    worst, worst_grad, worst_name, lines = 0.0, 0.0, "", []
+    moes = [part for layer in model.layers for part in layer if isinstance(part, MoE)]
+    assert len(routing) == len(moes), "routing_step1.bin has a map per MoE layer"
+    worst, worst_grad, worst_name, agreed, lines, each = 0.0, 0.0, "", 1.0, [], []
     for i, (tokens, labels) in enumerate(data):
+        for moe, forced in zip(moes, routing):
+            moe.forced = forced if i == 0 else None
         loss = eager_step(model, opt, tokens, labels)().item()
         rel = abs(loss - want[i]) / abs(want[i])
         worst = max(worst, rel)
@@ -231,10 +350,27 @@ def check(cfg, w, data, want, want_grads):
             for name, p in model.by_capscope_name().items():
                 g = want_grads[name].cuda()
                 d = ((p.grad.view(-1) - g).norm() / g.norm()).item()
+                each.append(f"  {name:28s} relative L2 difference {d:.2e}")
                 if d > worst_grad:
                     worst_grad, worst_name = d, name
             lines.append(f"step   1 gradients: largest relative L2 difference {worst_grad:.2e} ({worst_name})")
-    return worst, worst_grad, lines
+            if moes:
+                agreed = sum(m.agreed.item() for m in moes) / sum(r.numel() for r in routing)
+                lines.append(f"step   1 routing: {agreed:.2%} of the peer's own top-{cfg['top_k']} choices are capscope's "
+                             f"(over {len(moes)} MoE layers; the step routed as capscope's did)")
+    return worst, worst_grad, agreed, lines, each
+
+
+def routing_of(path, cfg):
+    """capscope's routing maps of the first step, one [tokens, top_k] tensor per MoE layer."""
+    moe_layers = cfg["layer_pattern"].count("E")
+    if not moe_layers:
+        return []
+    ints = torch.frombuffer(bytearray(open(path, "rb").read()), dtype=torch.int32).to(torch.long)
+    shape = (moe_layers, cfg["batch"] * cfg["seq_len"], cfg["top_k"])
+    if ints.numel() != math.prod(shape):
+        raise SystemExit(f"gpt_peer: {path} holds {ints.numel()} expert ids, not {math.prod(shape)} ({shape})")
+    return list(ints.view(shape).cuda().unbind(0))
 
 
 def time_variant(out, cfg, w, data, name):
@@ -270,16 +406,22 @@ def main():
         return
 
     _, want_grads = load_safetensors(f"{out}/gradients_step1.safetensors")
-    worst, worst_grad, lines = check(cfg, w, data, want, want_grads)
-    same = worst <= TOLERANCE and worst_grad <= GRAD_TOLERANCE
+    routing = routing_of(f"{out}/routing_step1.bin", cfg)
+    worst, worst_grad, agreed, lines, each = check(cfg, w, data, want, want_grads, routing)
+    same = worst <= TOLERANCE and worst_grad <= GRAD_TOLERANCE and agreed >= ROUTING_AGREEMENT
+    routed = f", routing choices agreed {agreed:.2%} (at least {ROUTING_AGREEMENT:.0%})" if routing else ""
     verdict = f"same work: {len(want)} steps from the same weights and batches, largest relative loss difference {worst:.2e} " \
-              f"(tolerance {TOLERANCE}), first step's gradients within {worst_grad:.2e} (tolerance {GRAD_TOLERANCE}): " \
+              f"(tolerance {TOLERANCE}), first step's gradients within {worst_grad:.2e} (tolerance {GRAD_TOLERANCE}){routed}: " \
               f"{'yes' if same else 'NO'}"
     with open(f"{out}/peer_check.txt", "w") as f:
         f.write("\n".join(lines + [verdict]) + "\n")
-    print(lines[0], lines[-1], verdict, sep="\n")
+    with open(f"{out}/peer_gradients.txt", "w") as f:
+        f.write("step 1, each parameter's gradient, peer against capscope:\n" + "\n".join(each) + "\n")
+    print(*[l for l in lines if l.startswith("step   1")], lines[-1], verdict, sep="\n")
     if not same:
         sys.exit(1)
+    if args[1:] == ["--check-only"]:
+        return
 
     with open(f"{out}/peer.csv", "w") as f:
         f.write("variant,ms\n")

@@ -1,5 +1,5 @@
 """How the PyTorch benchmarks time a step: warm up, then the median of device times between CUDA
-events, one pair per step (bench/peers/gpt_peer.py, bench/torch_reference.py)."""
+events, one pair per step (bench/peers/gpt_peer.py)."""
 import statistics
 
 import torch
