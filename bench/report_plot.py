@@ -2,6 +2,7 @@
 way to run it, capscope's and PyTorch's, as horizontal bars on a log scale (SVG, standard
 library only)."""
 import math
+import re
 
 CAPSCOPE, PYTORCH = "#1f77b4", "#ff7f0e"
 
@@ -15,13 +16,18 @@ def step_time_svg(f, trees_off):
     lo, hi = 10 ** math.floor(math.log10(min(ms))), 10 ** math.ceil(math.log10(max(ms)))
     x0, x1 = label_w, width - right
     x = lambda v: x0 + (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (x1 - x0)
-    top = 50
+    machines = f.machines("same model")
+    run = lambda case: "" if len(machines) == 1 else \
+        " (run " + ", ".join(chr(ord("a") + machines.index(m)) for m in f.machines("same model", case)) + ")"
+    top = 40 + 14 * len(machines)
     height = top + len(cases) * (len(variants) * bar + gap + 18) + 40
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="Helvetica" font-size="10">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" font-size="13">Training step time, same model and machine '
-           f'(ms, log scale; shorter is faster)</text>',
-           f'<text x="{width / 2:.0f}" y="34" text-anchor="middle" fill="#555">{f.machine("same model")}</text>']
+           f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" font-size="13">Training step time, same model, capscope and '
+           f'PyTorch side by side in each run (ms, log scale; shorter is faster)</text>']
+    for i, m in enumerate(machines):  # the GPU, CUDA, PyTorch and day (the host CPU does not time these)
+        label = ("" if len(machines) == 1 else f"run {chr(ord('a') + i)}: ") + re.sub(r", \d+ x [^;]*", "", m)
+        out.append(f'<text x="{width / 2:.0f}" y="{34 + 14 * i}" text-anchor="middle" fill="#555">{label}</text>')
     decade = lo
     while decade <= hi:
         for m in (1, 2, 5):
@@ -32,7 +38,7 @@ def step_time_svg(f, trees_off):
         decade *= 10
     y = top
     for case in cases:
-        out.append(f'<text x="4" y="{y + 10}" font-weight="bold">{case}</text>')
+        out.append(f'<text x="4" y="{y + 10}" font-weight="bold">{case}{run(case)}</text>')
         y += 16
         for v in variants:
             value = f.value("same model", case, v, "step_ms")
