@@ -36,6 +36,10 @@ class Figures:
         self.rows = []  # (section, case, variant, metric, value, machine)
 
     def add(self, section, case, variant, metric, value, machine):
+        for r in self.rows:
+            if r[:4] == (section, case, variant, metric):
+                raise SystemExit(f"report: {section} / {case} / {variant} / {metric} is in two runs ({r[5]}; {machine}): "
+                                 "give each figure once")
         self.rows.append((section, case, variant, metric, float(value), machine))
 
     def of(self, section):
@@ -64,6 +68,8 @@ class Figures:
 def collect(runs):
     f, checks, trees_off = Figures(), {}, set()
     for run in runs:
+        if not os.path.isdir(run):
+            raise SystemExit(f"report: {run} is not a directory: give the $OUT directories of bench/run_all.sh runs")
         machine = machine_of(run)
         for name in ("runner_overhead.csv", "inference.csv"):
             for r in read_rows(os.path.join(run, name)):

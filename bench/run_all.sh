@@ -18,6 +18,12 @@ BUILD=${1:-build-gpu}
 OUT=${OUT:-/tmp/capscope-bench}
 PARTS=${PARTS:-compile runner inference peer}
 PATTERNS=${PATTERNS:-dense mixed}
+for p in $PARTS; do
+  case $p in compile | runner | inference | peer) ;; *) echo "run_all: unknown part '$p' in PARTS (compile runner inference peer)" >&2; exit 2 ;; esac
+done
+for p in $PATTERNS; do
+  case $p in dense | mixed) ;; *) echo "run_all: unknown pattern '$p' in PATTERNS (dense mixed)" >&2; exit 2 ;; esac
+done
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
 rc=0

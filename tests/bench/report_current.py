@@ -63,6 +63,12 @@ with tempfile.TemporaryDirectory() as tmp:
     if r.returncode == 0 or "no figures" not in r.stdout:
         failed.append(f"a run without figures was not refused:\n{r.stdout}")
 
+    # A run given twice (each figure twice), and a run that is not there: refused.
+    for args, want in (([runs[0], runs[0]], "give each figure once"), ([os.path.join(tmp, "nowhere")], "is not a directory")):
+        r = run("--out", os.path.join(tmp, "out5"), *args)
+        if r.returncode == 0 or want not in r.stdout:
+            failed.append(f"report.py {args} was not refused with '{want}':\n{r.stdout}")
+
 for f in failed:
     print("FAIL", f)
 print("report.py: the docs are current, and bad input is refused" if not failed else f"{len(failed)} failed")
