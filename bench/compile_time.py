@@ -11,6 +11,7 @@ is not on PATH (nvcc is looked for in /usr/local/cuda/bin too) is reported as mi
 timed. Exits 1 if a TU fails to compile.
 """
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -20,20 +21,23 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The config of tutorial 01: every rule of the table runs on it in a constant expression.
-CONFIG_TU = """#include <capscope/capscope.hpp>
-using namespace capscope;
-using moe_training = config<
-    impl::ahead_of_time_per_layer,
-    modules<capture::attention, capture::moe_router, capture::moe_preprocess>,
-    model<layers<24>, experts<64>, dispatcher<token_dispatcher::alltoall>, attention_dropout<0.0>, hidden_dropout<0.0>>,
-    warmup_steps<3>>;
-static_assert(moe_training::modules.contains(capture_module::moe_router));
-int main() { return moe_training::modules.size(); }
-"""
+TUTORIAL = os.path.join(ROOT, "examples", "01_first_config", "main.cpp")
+
+
+def config_tu():
+    """Tutorial 01's config, read from its source (so the bench times the config the tutorial
+    shows): every rule of the table runs on it in a constant expression."""
+    text = open(TUTORIAL).read()
+    m = re.search(r"^using moe_training = config<.*?^static_assert\(moe_training::[^\n]*\n", text, re.S | re.M)
+    if not m:
+        raise SystemExit(f"compile_time: {TUTORIAL} no longer declares `using moe_training = config<...>` followed by a "
+                         "static_assert on it: point config_tu() at the config it declares now")
+    return "#include <capscope/capscope.hpp>\nusing namespace capscope;\n" + m.group(0) + "int main() { return moe_training::modules.size(); }\n"
+
+
 INCLUDE_TU = "#include <capscope/capscope.hpp>\nint main() { return 0; }\n"
 EMPTY_TU = "int main() { return 0; }\n"
-TUS = (("empty", EMPTY_TU), ("capscope.hpp", INCLUDE_TU), ("capscope.hpp + one config", CONFIG_TU))
+TUS = (("empty", EMPTY_TU), ("capscope.hpp", INCLUDE_TU), ("capscope.hpp + one config", None))
 
 
 def compilers():
@@ -77,6 +81,7 @@ def main():
             sources = {}
             for i, (tu, text) in enumerate(TUS):
                 sources[tu] = os.path.join(work, f"tu{i}{ext}")
+                text = text if text is not None else config_tu()
                 with open(sources[tu], "w") as f:
                     f.write(text)
             times = {tu: [] for tu in sources}
