@@ -34,6 +34,8 @@ def machine_of(run):
 class Figures:
     def __init__(self):
         self.rows = []  # (section, case, variant, metric, value, machine)
+        self.checks = {}  # same-model case -> the peer's same-work verdict
+        self.trees_off = set()  # (same-model case, PyTorch variant) timed with CUDA-graph trees off
 
     def add(self, section, case, variant, metric, value, machine):
         for r in self.rows:
@@ -64,9 +66,14 @@ class Figures:
     def machine(self, section):
         return "; ".join(self.machines(section))
 
+    def runs_of(self, section, case):
+        """'a', 'a, b': the runs (letters, in machines() order) a case's figures come from."""
+        every = self.machines(section)
+        return ", ".join(chr(ord("a") + every.index(m)) for m in self.machines(section, case))
+
 
 def collect(runs):
-    f, checks, trees_off = Figures(), {}, set()
+    f = Figures()
     for run in runs:
         if not os.path.isdir(run):
             raise SystemExit(f"report: {run} is not a directory: give the $OUT directories of bench/run_all.sh runs")
@@ -85,11 +92,11 @@ def collect(runs):
                 name = r["variant"]
                 if name.endswith(TREES_OFF):
                     name = name[: -len(TREES_OFF)]
-                    trees_off.add((case, name))
+                    f.trees_off.add((case, name))
                 f.add("same model", case, "PyTorch " + name, "step_ms", r["ms"], machine)
             if os.path.exists(os.path.join(d, "peer_check.txt")):
-                checks[case] = open(os.path.join(d, "peer_check.txt")).read().strip().splitlines()[-1]
-    return f, checks, trees_off
+                f.checks[case] = open(os.path.join(d, "peer_check.txt")).read().strip().splitlines()[-1]
+    return f
 
 
 def case_of(d):
@@ -125,7 +132,7 @@ def table(head, rows, right_from=1):
     return "\n".join(lines) + "\n"
 
 
-def same_model_block(f, checks, trees_off):
+def same_model_block(f):
     cases = f.cases("same model")
     if not cases:
         return None
@@ -138,14 +145,14 @@ def same_model_block(f, checks, trees_off):
         cells = [case]
         for v in variants:
             ms = f.value("same model", case, v, "step_ms")
-            mark = " †" if (case, v.removeprefix("PyTorch ")) in trees_off else ""
+            mark = " †" if (case, v.removeprefix("PyTorch ")) in f.trees_off else ""
             cells.append("n/a" if ms is None else f"{ms:.2f}{mark}")
         theirs = [f.value("same model", case, v, "step_ms") for v in variants if v.startswith("PyTorch ")]
         theirs = [t for t in theirs if t is not None]
         ours = f.value("same model", case, "capscope whole-step graph", "step_ms")
         cells.append(f"{ours / min(theirs):.2f}" if theirs and ours else "n/a")
         if several:
-            cells.append(", ".join(chr(ord("a") + machines.index(m)) for m in f.machines("same model", case)))
+            cells.append(f.runs_of("same model", case))
         rows.append(cells)
     if several:
         runs = "".join(f"- run {chr(ord('a') + i)}: {m}\n" for i, m in enumerate(machines))
@@ -153,10 +160,10 @@ def same_model_block(f, checks, trees_off):
     else:
         text = f"Device ms per training step; {machines[0]}.\n\n"
     text += table(head, rows)
-    if trees_off:
+    if f.trees_off:
         text += "\n† with CUDA-graph trees off (`torch._inductor.config.triton.cudagraph_trees = False`): with them on, " \
                 "PyTorch 2.11 stopped this model's backward (see below).\n"
-    text += "\n" + "".join(f"- {case}: {checks.get(case, 'no same-work check in this run')}\n" for case in cases)
+    text += "\n" + "".join(f"- {case}: {f.checks.get(case, 'no same-work check in this run')}\n" for case in cases)
     return text
 
 
@@ -263,7 +270,7 @@ def main():
             runs.append(a)
     if not out or not runs:
         raise SystemExit(__doc__)
-    f, checks, trees_off = collect(runs)
+    f = collect(runs)
     if not f.rows:
         raise SystemExit(f"report: no figures in {', '.join(runs)}")
     os.makedirs(out, exist_ok=True)
@@ -271,11 +278,11 @@ def main():
         w = csv.writer(fh)
         w.writerow(["section", "case", "variant", "metric", "value", "machine"])
         w.writerows(f.rows)
-    blocks = {name: fn(*(f, checks, trees_off) if fn is same_model_block else (f,)) for name, _, fn in BLOCKS}
+    blocks = {name: fn(f) for name, _, fn in BLOCKS}
     md = "# bench/run_all.sh\n\n" + "".join(f"## {title}\n\n{blocks[name]}\n" for name, title, _ in BLOCKS if blocks[name])
     open(os.path.join(out, "results.md"), "w").write(md)
     if f.cases("same model"):
-        open(os.path.join(out, "results.svg"), "w").write(step_time_svg(f, trees_off))
+        open(os.path.join(out, "results.svg"), "w").write(step_time_svg(f))
     print(md)
     if docs:
         update_docs(docs, blocks)

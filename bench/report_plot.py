@@ -7,7 +7,7 @@ import re
 CAPSCOPE, PYTORCH = "#1f77b4", "#ff7f0e"
 
 
-def step_time_svg(f, trees_off):
+def step_time_svg(f):
     cases = f.cases("same model")
     variants = f.variants("same model")
     bar, gap, label_w, right = 11, 16, 300, 60
@@ -17,8 +17,7 @@ def step_time_svg(f, trees_off):
     x0, x1 = label_w, width - right
     x = lambda v: x0 + (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (x1 - x0)
     machines = f.machines("same model")
-    run = lambda case: "" if len(machines) == 1 else \
-        " (run " + ", ".join(chr(ord("a") + machines.index(m)) for m in f.machines("same model", case)) + ")"
+    run = lambda case: "" if len(machines) == 1 else f" (run {f.runs_of('same model', case)})"
     top = 40 + 14 * len(machines)
     height = top + len(cases) * (len(variants) * bar + gap + 18) + 40
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="Helvetica" font-size="10">',
@@ -43,7 +42,7 @@ def step_time_svg(f, trees_off):
         for v in variants:
             value = f.value("same model", case, v, "step_ms")
             color = CAPSCOPE if v.startswith("capscope") else PYTORCH
-            name = v + (" †" if (case, v.removeprefix("PyTorch ")) in trees_off else "")
+            name = v + (" †" if (case, v.removeprefix("PyTorch ")) in f.trees_off else "")
             out.append(f'<text x="{label_w - 6}" y="{y + bar - 2}" text-anchor="end">{name}</text>')
             if value is not None:
                 out.append(f'<rect x="{x0}" y="{y}" width="{x(value) - x0:.1f}" height="{bar - 2}" fill="{color}"/>'
