@@ -36,6 +36,7 @@ class Figures:
         self.rows = []  # (section, case, variant, metric, value, machine)
         self.checks = {}  # same-model case -> the peer's same-work verdict
         self.trees_off = set()  # (same-model case, PyTorch variant) timed with CUDA-graph trees off
+        self.breakages = {}  # same-model case -> bench/peers/breakages.py's lines (the check broken on purpose)
 
     def add(self, section, case, variant, metric, value, machine):
         for r in self.rows:
@@ -96,6 +97,8 @@ def collect(runs):
                 f.add("same model", case, "PyTorch " + name, "step_ms", r["ms"], machine)
             if os.path.exists(os.path.join(d, "peer_check.txt")):
                 f.checks[case] = open(os.path.join(d, "peer_check.txt")).read().strip().splitlines()[-1]
+            if os.path.exists(os.path.join(d, "breakages.txt")):
+                f.breakages[case] = open(os.path.join(d, "breakages.txt")).read().strip().splitlines()
     return f
 
 
@@ -163,8 +166,20 @@ def same_model_block(f):
     if f.trees_off:
         text += "\n† with CUDA-graph trees off (`torch._inductor.config.triton.cudagraph_trees = False`): with them on, " \
                 "PyTorch 2.11 stopped this model's backward (see below).\n"
-    text += "\n" + "".join(f"- {case}: {f.checks.get(case, 'no same-work check in this run')}\n" for case in cases)
+    text += "\n" + "".join(f"- {case}: {f.checks.get(case, 'no same-work check in this run')}\n"
+                           + "".join(f"  - broken on purpose, {broken(line)}\n" for line in f.breakages.get(case, []))
+                           for case in cases)
     return text
+
+
+def broken(line):
+    """A bench/peers/breakages.py line, 'WHAT: red: same work: ... loss difference X ..., ... within Y
+    ..., routing choices agreed Z ...: NO', as 'WHAT: red (loss X, gradients Y, routing Z)'."""
+    what, verdict, rest = line.split(": ", 2)
+    found = [(name, re.search(pattern, rest)) for name, pattern in
+             (("loss", r"loss difference (\S+)"), ("gradients", r"gradients within (\S+)"), ("routing", r"agreed (\S+)"))]
+    figures = ", ".join(f"{name} {m.group(1)}" for name, m in found if m)
+    return f"{what}: **{verdict}** ({figures})" if figures else f"{what}: **{verdict}**: {rest}"
 
 
 def reference_of(variant):

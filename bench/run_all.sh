@@ -11,19 +11,25 @@
 #   inference  bench/inference: exec update against instantiation, and one forward by scope
 #   peer       bench/same_model beside bench/peers/gpt_peer.py at each size of SIZES, dense and
 #              mixed (PATTERNS), with the check that both do the same work
+#   breakages  with peer, at the first size: bench/peers/breakages.py breaks the peer on purpose,
+#              one way at a time, and the check must go red each time
 # Then, locally: python3 bench/report.py --out docs/bench/run_all-h100 --docs docs/performance.md RUN...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
 OUT=${OUT:-/tmp/capscope-bench}
-PARTS=${PARTS:-compile runner inference peer}
+PARTS=${PARTS:-compile runner inference peer breakages}
 PATTERNS=${PATTERNS:-dense mixed}
 for p in $PARTS; do
-  case $p in compile | runner | inference | peer) ;; *) echo "run_all: unknown part '$p' in PARTS (compile runner inference peer)" >&2; exit 2 ;; esac
+  case $p in compile | runner | inference | peer | breakages) ;; *) echo "run_all: unknown part '$p' in PARTS (compile runner inference peer breakages)" >&2; exit 2 ;; esac
 done
 for p in $PATTERNS; do
   case $p in dense | mixed) ;; *) echo "run_all: unknown pattern '$p' in PATTERNS (dense mixed)" >&2; exit 2 ;; esac
 done
+if [[ " $PARTS " == *" breakages "* && " $PARTS " != *" peer "* ]]; then
+  echo "run_all: PARTS has breakages without peer: the breakages run on the peer's check at the first size; add peer" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
 rc=0
@@ -63,6 +69,9 @@ if want peer; then
       [ "$pattern" = mixed ] && flag=(--mixed)
       step "peer-h$h-$pattern-capscope" "$BUILD/bench/same_model" --hidden "$h" --seq "$s" --batch "$b" --layers "$l" "${flag[@]}" --out "$d" &&
         PYTHONUNBUFFERED=1 step "peer-h$h-$pattern-pytorch" python3 bench/peers/gpt_peer.py "$d"
+      if want breakages && [ "$size" = "${sizes[0]}" ] && grep -q ': yes$' "$d/peer_check.txt" 2>/dev/null; then
+        PYTHONUNBUFFERED=1 step "peer-h$h-$pattern-breakages" python3 bench/peers/breakages.py "$d"
+      fi
       rm -f "$d/weights.safetensors" "$d/gradients_step1.safetensors" "$d/batches.bin" # large, and only the peer reads them
     done
   done

@@ -105,7 +105,8 @@ class MoE(Part):
         self.experts, self.k = e, cfg["top_k"]
         self.capacity = math.ceil(cfg["capacity_factor"] * cfg["batch"] * cfg["seq_len"] * self.k / e)
         # The check's first step routes as capscope did (tokens x k expert ids), and counts how
-        # many of the peer's own choices were the same.
+        # many of the peer's own choices capscope also made for that token (in either order:
+        # equal logits are ordered by expert id in capscope's kernel, unspecified in topk).
         self.forced, self.agreed = None, None
 
     def forward(self, x):
@@ -116,7 +117,7 @@ class MoE(Part):
         logits = (normed @ self.router.to(DT)).float()
         top, expert = torch.topk(logits, k, dim=-1)
         if self.forced is not None:
-            self.agreed = (expert == self.forced).sum()
+            self.agreed = (expert.unsqueeze(-1) == self.forced.unsqueeze(-2)).any(-1).sum()
             expert, top = self.forced, logits.gather(1, self.forced)
         gate = torch.softmax(top, dim=-1)
         flat = expert.reshape(-1)  # assignment a = token * k + j

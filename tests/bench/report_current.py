@@ -56,6 +56,21 @@ with tempfile.TemporaryDirectory() as tmp:
     if r.returncode != 0 or "OLD" not in text or "| g++ |" not in text or "keeps its old text" not in r.stdout:
         failed.append(f"a partial run did not keep the other blocks, or did not fill compile-time:\n{r.stdout}\n{text}")
 
+    # A peer run broken on purpose (bench/peers/breakages.py): each breakage under its case's check.
+    broke = os.path.join(tmp, "broke")
+    peer = os.path.join(broke, "peer-h512-s128-b1-L24-dense")
+    shutil.copytree(os.path.join(runs[0], os.path.basename(peer)), peer)
+    open(os.path.join(peer, "breakages.txt"), "w").write(
+        "attention without its causal mask: red: same work: 10 steps from the same weights and batches, largest relative "
+        "loss difference 5.12e-02 (tolerance 0.02), first step's gradients within 1.09e+00 (tolerance 0.05): NO\n"
+        "AdamW learning rate x10: NOT RED (exit 0): same work: ...: yes\n")
+    r = run("--out", os.path.join(tmp, "out6"), broke)
+    md = open(os.path.join(tmp, "out6", "results.md")).read() if r.returncode == 0 else r.stdout
+    for want in ("  - broken on purpose, attention without its causal mask: **red** (loss 5.12e-02, gradients 1.09e+00)\n",
+                 "  - broken on purpose, AdamW learning rate x10: **NOT RED (exit 0)**"):
+        if want not in md:
+            failed.append(f"a breakage line did not come out as {want!r}:\n{md}")
+
     # No figures at all: refused.
     empty = os.path.join(tmp, "empty")
     os.makedirs(empty)
