@@ -65,6 +65,7 @@ if want peer; then
     read -r h s b l <<<"$size"
     for pattern in $PATTERNS; do
       d="$OUT/peer-h$h-s$s-b$b-L$l-$pattern"
+      rm -rf "$d" # a run into the same $OUT starts this case afresh: no verdict or breakage of the last one stays
       flag=()
       [ "$pattern" = mixed ] && flag=(--mixed)
       step "peer-h$h-$pattern-capscope" "$BUILD/bench/same_model" --hidden "$h" --seq "$s" --batch "$b" --layers "$l" "${flag[@]}" --out "$d" &&
