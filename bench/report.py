@@ -175,6 +175,8 @@ def same_model_block(f):
 def broken(line):
     """A bench/peers/breakages.py line, 'WHAT: red: same work: ... loss difference X ..., ... within Y
     ..., routing choices agreed Z ...: NO', as 'WHAT: red (loss X, gradients Y, routing Z)'."""
+    if line.count(": ") < 2:
+        return line
     what, verdict, rest = line.split(": ", 2)
     found = [(name, re.search(pattern, rest)) for name, pattern in
              (("loss", r"loss difference (\S+)"), ("gradients", r"gradients within (\S+)"), ("routing", r"agreed (\S+)"))]

@@ -95,9 +95,11 @@ def main():
             verdict = last_line(os.path.join(run, "peer_check.txt"))
         if r.returncode == 1 and verdict.endswith(": NO"):
             line = f"{what}: red: {verdict}"
-        else:
+        else:  # the whole output to the log; one line of it to breakages.txt
             bad += 1
-            line = f"{what}: NOT RED (exit {r.returncode}): {verdict or r.stdout[-2000:]}"
+            print(r.stdout[-4000:], flush=True)
+            said = r.stdout.strip().splitlines()
+            line = f"{what}: NOT RED (exit {r.returncode}): {verdict or (said[-1] if said else 'no output')}"
         print(line, flush=True)
         lines.append(line)
     with open(os.path.join(d, "breakages.txt"), "w") as f:
