@@ -1,6 +1,7 @@
 // The example model's side of the comparison with its PyTorch peer (bench/peers/gpt_peer.py).
 //
-//   same_model --hidden H --seq S --batch B --layers L [--mixed] [--vocab V] [--check-steps N] [--rounds R] --out DIR
+//   same_model --hidden H --seq S --batch B --layers L [--mixed] [--vocab V] [--check-steps N] [--rounds R]
+//              [--profile] --out DIR
 //
 // bf16, heads of 64, ffn 4 x hidden, one microbatch, AdamW (lr 1e-4). Dense layers, or with
 // --mixed the layer pattern EDMD repeated (an MoE layer with 8 experts, top-2, drop-and-pad at
@@ -19,7 +20,9 @@
 //   eager, per-layer graphs (transformer_engine, whole layers) and the whole step as one graph
 //   (full_iteration), timed round-robin (R rounds x 10 steps each, after warmup).
 // The peer loads the weights and batches, checks its losses against losses.txt, and times
-// PyTorch's variants of the same step. Exits 77 without a GPU.
+// PyTorch's variants of the same step. With --profile, no timing: after the warmup one whole-step
+// graph runs between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
+// (bench/profile.sh). Exits 77 without a GPU.
 
 #include "round_robin.hpp"
 
@@ -31,6 +34,8 @@
 #include <capscope/cuda/device.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
+
+#include <cuda_profiler_api.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -48,7 +53,7 @@ using namespace capscope;
 
 struct options {
     int hidden = 512, seq = 128, batch = 1, layers = 24, vocab = 256, check_steps = 10, rounds = 10;
-    bool mixed = false;
+    bool mixed = false, profile = false;
     std::string out;
 };
 
@@ -68,6 +73,7 @@ options parse(int argc, char** argv) {
         else if (a == "--check-steps") number(o.check_steps);
         else if (a == "--rounds") number(o.rounds);
         else if (a == "--mixed") o.mixed = true;
+        else if (a == "--profile") o.profile = true;
         else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
         else throw std::invalid_argument("unknown argument '" + a + "'");
     }
@@ -140,7 +146,8 @@ void save_routing(const training_program& program, const std::string& path, cuda
 // drop-and-pad capacity, which the whole-layer and whole-step captures need.
 using mixed_facts = capscope::model<experts<8>, moe_every<4>, capacity_factor<1.0>, pad_to_capacity>;
 
-//! The three ways to run the same step, timed round-robin; writes DIR/capscope.csv.
+//! The three ways to run the same step, timed round-robin; writes DIR/capscope.csv. With
+//! --profile, one whole-step graph for the profiler instead.
 template <class Facts>
 void time_three_ways(gpt::gpt_model<T>& model, runner<config<impl::eager>>& eager, const options& o, cudaStream_t s) {
     using te = config<impl::ahead_of_time_per_layer, modules<>, Facts, warmup_steps<2>>;
@@ -153,6 +160,15 @@ void time_three_ways(gpt::gpt_model<T>& model, runner<config<impl::eager>>& eage
     variants.push_back({"whole-step graph", [&](cudaStream_t st) { whole_step.step(st); }, {}, {}});
     for (auto& v : variants)
         for (int i = 0; i < 5; ++i) v.step(s); // warmup and capture
+    if (o.profile) {
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        CAPSCOPE_CHECK(cudaProfilerStart());
+        whole_step.step(s);
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        CAPSCOPE_CHECK(cudaProfilerStop());
+        std::puts("capscope whole-step graph: one step between cudaProfilerStart and cudaProfilerStop");
+        return;
+    }
     bench::time_round_robin(variants, o.rounds, 10, s);
     std::ofstream csv(o.out + "/capscope.csv");
     csv << "variant,ms\n";
@@ -171,7 +187,7 @@ int main(int argc, char** argv) {
         o = parse(argc, argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "same_model: %s\nusage: same_model --hidden H --seq S --batch B --layers L [--mixed] [--vocab V] [--check-steps N] "
-                             "[--rounds R] --out DIR\n", e.what());
+                             "[--rounds R] [--profile] --out DIR\n", e.what());
         return 2;
     }
     if (cuda::usable_device_count() == 0) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The example model in PyTorch: the peer that bench/same_model compares capscope with.
 
-usage: python3 bench/peers/gpt_peer.py DIR [--check-only]
+usage: python3 bench/peers/gpt_peer.py DIR [--check-only | --profile VARIANT]
 
 DIR is what bench/same_model wrote: weights.safetensors (the C++ model's initial fp32 master
 weights, its config in the metadata), batches.bin, losses.txt, gradients_step1.safetensors and,
@@ -19,7 +19,9 @@ encoder is not in it: the bench does not train it.
    under eager, torch.compile (default), torch.compile(mode="reduce-overhead"),
    make_graphed_callables per layer, and one torch.cuda.graph of the whole step.
 Writes DIR/peer.csv (variant,ms), DIR/peer_check.txt and DIR/peer_gradients.txt (each
-parameter's gradient difference). Exits 77 without torch or a GPU.
+parameter's gradient difference). --profile VARIANT neither checks nor times: it warms the
+variant up, then runs one step between torch.cuda.profiler.start() and stop(), for
+`ncu --profile-from-start off` (bench/profile.sh). Exits 77 without torch or a GPU.
 """
 import math
 import os
@@ -183,16 +185,39 @@ def routing_of(path, cfg):
     return list(ints.view(shape).cuda().unbind(0))
 
 
-def time_variant(out, cfg, w, data, name):
-    """One variant, in a process of its own (compiled graphs and memory pools of one do not meet
-    another's): its median step time, appended to DIR/peer.csv."""
+def step_of(cfg, w, data, name):
+    """The named variant's step function, and its name as reported (with the CUDA-graph trees
+    off where GPT_PEER_CUDAGRAPH_TREES=0 says so)."""
     tokens, labels = data[0]
-    make = dict(variants(cfg, w, tokens, labels))[name]
+    every = dict(variants(cfg, w, tokens, labels))
+    if name not in every:
+        raise SystemExit(f"gpt_peer: no variant {name!r}; the variants are: {', '.join(every)}")
     if os.environ.get("GPT_PEER_CUDAGRAPH_TREES") == "0":
         import torch._inductor.config
         torch._inductor.config.triton.cudagraph_trees = False
         name += " (CUDA-graph trees off)"
-    ms = median_ms(make())
+    return every[name.removesuffix(" (CUDA-graph trees off)")](), name
+
+
+def profile_variant(cfg, w, data, name):
+    """One step of a variant, after the warmup (compilation included), for a profiler that
+    starts at torch.cuda.profiler.start()."""
+    step, name = step_of(cfg, w, data, name)
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"torch {name}: one step between torch.cuda.profiler.start() and stop()", flush=True)
+
+
+def time_variant(out, cfg, w, data, name):
+    """One variant, in a process of its own (compiled graphs and memory pools of one do not meet
+    another's): its median step time, appended to DIR/peer.csv."""
+    step, name = step_of(cfg, w, data, name)
+    ms = median_ms(step)
     print(f"torch {name:34s} {ms:9.3f} ms/step", flush=True)
     with open(f"{out}/peer.csv", "a") as f:
         f.write(f"{name},{ms}\n")
@@ -213,6 +238,9 @@ def main():
     torch.manual_seed(0)
     if len(args) == 3 and args[1] == "--variant":
         time_variant(out, cfg, w, data, args[2])
+        return
+    if len(args) == 3 and args[1] == "--profile":
+        profile_variant(cfg, w, data, args[2])
         return
 
     _, want_grads = load_safetensors(f"{out}/gradients_step1.safetensors")
