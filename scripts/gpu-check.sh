@@ -2,9 +2,10 @@
 # One batch for the GPU machine: build (release, sm_90 included), run the `gpu` suite (gradient
 # checks, determinism, padding, MoE modes, CUDA layer, the runner's parity matrix, the training
 # and capture tutorials), memcheck the GPU test executables, and run the benchmarks
-# (bench/run_all.sh). Logs go to $OUT (the device tool brings them back).
+# (bench/run_all.sh), and profile one step's kernels beside PyTorch's (bench/profile.sh). Logs go
+# to $OUT (the device tool brings them back).
 #
-#   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|racecheck|bench]...   (default: all)
+#   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|racecheck|bench|profile]...   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -99,6 +100,14 @@ if want bench; then
   brc=$?
   grep -E "exit|same work|ms/step" "$OUT/bench.log" | tail -60
   [ $brc -eq 0 ] || rc=$brc
+fi
+if want profile; then
+  # One step's kernels, capscope's whole-step graph beside PyTorch's torch.compile (bench/profile.sh;
+  # SIZE, PATTERN and VARIANT pick another), into $OUT/profile.
+  OUT="$OUT/profile" bench/profile.sh build-gpu >"$OUT/profile.log" 2>&1
+  prc=$?
+  tail -20 "$OUT/profile.log"
+  [ $prc -eq 0 ] || [ $prc -eq 77 ] || rc=$prc
 fi
 echo "gpu-check exit $rc"
 exit $rc
