@@ -10,9 +10,10 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
+
+import outcome  # tests/bench/outcome.py
 
 root = sys.argv[1]
 failed = []
@@ -53,7 +54,7 @@ with tempfile.TemporaryDirectory() as tmp:
     script = os.path.join(peers, "breakages.py")
 
     def breakages(d):
-        r = subprocess.run([sys.executable, script, d], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        r = outcome.run(script, d)
         listed = os.path.join(d, "breakages.txt")
         return r, (open(listed).read().splitlines() if os.path.exists(listed) else [])
 
@@ -78,8 +79,4 @@ with tempfile.TemporaryDirectory() as tmp:
     if r.returncode != 1 or len(lines) != 6 or len(not_red) != 1 or not not_red[0].startswith("router takes the smallest logits"):
         failed.append(f"mixed: want 5 red, the router's NOT RED and exit 1, got exit {r.returncode}:\n" + "\n".join(lines) + "\n" + r.stdout)
 
-for f in failed:
-    print("FAIL", f)
-print("breakages.py: refuses a failed check, picks breakages by layer kind, and reports what stays green"
-      if not failed else f"{len(failed)} failed")
-sys.exit(1 if failed else 0)
+outcome.finish(failed, "breakages.py: refuses a failed check, picks breakages by layer kind, and reports what stays green")

@@ -6,9 +6,10 @@ ncu did not write or that holds no kernel.
 usage: kernel_breakdown_cases.py SOURCE_ROOT
 """
 import os
-import subprocess
 import sys
 import tempfile
+
+import outcome  # tests/bench/outcome.py
 
 root = sys.argv[1]
 script = os.path.join(root, "bench", "kernel_breakdown.py")
@@ -31,7 +32,7 @@ DETAILS = """"ID","Process ID","Process Name","Host Name","Kernel Name","Context
 
 
 def run(*args):
-    return subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return outcome.run(script, *args)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +54,4 @@ with tempfile.TemporaryDirectory() as tmp:
         if r.returncode == 0 or want not in r.stdout:
             failed.append(f"{os.path.basename(path)} was not refused with {want!r}:\n{r.stdout}")
 
-for f in failed:
-    print("FAIL", f)
-print("kernel_breakdown.py: both ncu pages summed by category, bad input refused" if not failed else f"{len(failed)} failed")
-sys.exit(1 if failed else 0)
+outcome.finish(failed, "kernel_breakdown.py: both ncu pages summed by category, bad input refused")

@@ -8,9 +8,10 @@ import filecmp
 import glob
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+import outcome  # tests/bench/outcome.py
 
 root = sys.argv[1]
 report = os.path.join(root, "bench", "report.py")
@@ -19,7 +20,7 @@ failed = []
 
 
 def run(*args):
-    return subprocess.run([sys.executable, report, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return outcome.run(report, *args)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +85,4 @@ with tempfile.TemporaryDirectory() as tmp:
         if r.returncode == 0 or want not in r.stdout:
             failed.append(f"report.py {args} was not refused with '{want}':\n{r.stdout}")
 
-for f in failed:
-    print("FAIL", f)
-print("report.py: the docs are current, and bad input is refused" if not failed else f"{len(failed)} failed")
-sys.exit(1 if failed else 0)
+outcome.finish(failed, "report.py: the docs are current, and bad input is refused")
