@@ -67,7 +67,8 @@ def layer_pattern(d):
 
 
 def last_line(path):
-    return open(path).read().strip().splitlines()[-1] if os.path.exists(path) else ""
+    lines = open(path).read().strip().splitlines() if os.path.exists(path) else []
+    return lines[-1] if lines else ""
 
 
 def main():
