@@ -61,6 +61,8 @@ def apply_only():
 
 
 def layer_pattern(d):
+    """The config's layer pattern from the safetensors header alone (gpt_model.load_safetensors
+    would read every tensor, gigabytes at h2048)."""
     with open(os.path.join(d, "weights.safetensors"), "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         return json.loads(f.read(n))["__metadata__"]["layer_pattern"]

@@ -192,11 +192,12 @@ def step_of(cfg, w, data, name):
     every = dict(variants(cfg, w, tokens, labels))
     if name not in every:
         raise SystemExit(f"gpt_peer: no variant {name!r}; the variants are: {', '.join(every)}")
+    make = every[name]
     if os.environ.get("GPT_PEER_CUDAGRAPH_TREES") == "0":
         import torch._inductor.config
         torch._inductor.config.triton.cudagraph_trees = False
         name += " (CUDA-graph trees off)"
-    return every[name.removesuffix(" (CUDA-graph trees off)")](), name
+    return make(), name
 
 
 def profile_variant(cfg, w, data, name):
