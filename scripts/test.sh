@@ -2,7 +2,7 @@
 # From a fresh Debian machine (with the CUDA Toolkit) to green tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --tests
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -d build ] || meson setup build --buildtype=debugoptimized
 meson compile -C build

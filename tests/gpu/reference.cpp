@@ -215,6 +215,27 @@ double model_loss(const gpt::model_config& c, const parameters& p, const std::ve
     return count ? total / count : 0.0;
 }
 
+std::vector<std::pair<std::string, std::size_t>> model_parameters(const gpt::model_config& c) {
+    using sz = std::size_t;
+    const sz h = sz(c.hidden), f = sz(c.ffn_hidden), e = sz(c.experts), d = sz(c.inner());
+    std::vector<std::pair<std::string, std::size_t>> out{{"embedding.tokens", sz(c.vocab) * h}, {"embedding.positions", sz(c.seq_len) * h}};
+    for (int l = 0; l < int(c.layer_pattern.size()); ++l) {
+        const std::string name = "layer" + std::to_string(l);
+        const char kind = c.layer_pattern[l];
+        if (kind == 'M') {
+            out.insert(out.end(), {{name + ".norm", h}, {name + ".in_proj", h * 3 * d}, {name + ".out_proj", d * h}});
+            continue;
+        }
+        out.insert(out.end(), {{name + ".input_norm", h}, {name + ".qkv", h * 3 * h}, {name + ".proj", h * h}, {name + ".pre_mlp_norm", h}});
+        if (kind == 'D')
+            out.insert(out.end(), {{name + ".fc1", h * f}, {name + ".fc2", f * h}});
+        else
+            out.insert(out.end(), {{name + ".router", h * e}, {name + ".experts.fc1", e * h * f}, {name + ".experts.fc2", e * f * h}});
+    }
+    out.insert(out.end(), {{"final_norm", h}, {"lm_head", h * sz(c.vocab)}});
+    return out;
+}
+
 int dropped_assignments(const gpt::model_config& c, const parameters& p, const std::vector<int>& tokens, int moe_layer) {
     const vec x = model_hidden(c, p, tokens, moe_layer, true);
     const std::string name = "layer" + std::to_string(moe_layer);

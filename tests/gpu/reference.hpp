@@ -7,7 +7,9 @@
 
 #include <functional>
 #include <map>
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace reference {
@@ -16,6 +18,10 @@ using parameters = std::map<std::string, std::vector<double>>;
 
 //! Mean next-token cross-entropy of the GPT model (labels -1 carry no loss).
 double model_loss(const gpt::model_config& cfg, const parameters& p, const std::vector<int>& tokens, const std::vector<int>& labels);
+
+//! The parameters model_loss reads, by name and element count, in the order the example model
+//! declares them: what a caller must fill (the peer's CPU check draws them at random).
+std::vector<std::pair<std::string, std::size_t>> model_parameters(const gpt::model_config& cfg);
 
 //! Vision encoder output [batch * padded_len, hidden] for patches [batch * padded_len, patch_dim].
 std::vector<double> vision_forward(const gpt::vision_config& cfg, const parameters& p, const std::vector<double>& patches,

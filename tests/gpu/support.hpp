@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -102,6 +103,27 @@ inline gpt::model_config small_model(const char* pattern, gpt::moe_mode mode, do
     c.moe_mode = mode;
     c.capacity_factor = capacity_factor;
     c.init_stddev = 0.1f;
+    return c;
+}
+
+//! The float64 checks' tiny model (hidden 16, 2 heads, seq 6, batch 2, 4 experts top-2), small
+//! enough for central differences over every weight: the GPU gradient checks' and the peer's
+//! CPU check's (tests/bench/peer_reference_case.cpp).
+inline gpt::model_config tiny_model(const std::string& pattern, gpt::moe_mode mode, double capacity_factor, std::uint64_t seed) {
+    gpt::model_config c;
+    c.vocab = 11;
+    c.hidden = 16;
+    c.heads = 2;
+    c.ffn_hidden = 24;
+    c.seq_len = 6;
+    c.batch = 2;
+    c.layer_pattern = pattern;
+    c.experts = 4;
+    c.top_k = 2;
+    c.capacity_factor = capacity_factor;
+    c.moe_mode = mode;
+    c.seed = seed;
+    c.init_stddev = 0.3f; // large enough that attention and routing are far from uniform
     return c;
 }
 

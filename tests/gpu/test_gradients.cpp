@@ -29,24 +29,6 @@ template <class T> constexpr double gradient_bound = std::is_same_v<T, float> ? 
 template <class T> constexpr double router_bound = std::is_same_v<T, float> ? 1e-4 : 5e-2;
 template <class T> constexpr double forward_bound = std::is_same_v<T, float> ? 1e-5 : 2e-2;
 
-gpt::model_config tiny(const char* pattern, gpt::moe_mode mode, double capacity_factor, std::uint64_t seed) {
-    gpt::model_config c;
-    c.vocab = 11;
-    c.hidden = 16;
-    c.heads = 2;
-    c.ffn_hidden = 24;
-    c.seq_len = 6;
-    c.batch = 2;
-    c.layer_pattern = pattern;
-    c.experts = 4;
-    c.top_k = 2;
-    c.capacity_factor = capacity_factor;
-    c.moe_mode = mode;
-    c.seed = seed;
-    c.init_stddev = 0.3f; // large enough that attention and routing are far from uniform
-    return c;
-}
-
 void report(const char* what, const char* precision, const std::string& param, double err, double bound) {
     std::printf("  %-28s %s %-28s rel.err %.3e (bound %.0e)%s\n", what, precision, param.c_str(), err, bound,
                 err < bound ? "" : "  <-- FAIL");
@@ -90,11 +72,11 @@ template <class T> void check_model(const char* what, const gpt::model_config& c
 
 TEST_CASE_TEMPLATE("model gradients match float64 finite differences, every layer kind", T, float, __nv_bfloat16) {
     using gpt::moe_mode;
-    SUBCASE("dense layer") { check_model<T>("dense", tiny("D", moe_mode::drop_and_pad, 1.0, 11), false); }
-    SUBCASE("MoE drop-and-pad, tokens dropped") { check_model<T>("moe drop-and-pad", tiny("E", moe_mode::drop_and_pad, 0.5, 12), true); }
-    SUBCASE("MoE dropless") { check_model<T>("moe dropless", tiny("E", moe_mode::dropless, 1.0, 13), false); }
-    SUBCASE("Mamba-style layer") { check_model<T>("mamba", tiny("M", moe_mode::drop_and_pad, 1.0, 14), false); }
-    SUBCASE("mixed pattern DEM") { check_model<T>("mixed DEM", tiny("DEM", moe_mode::drop_and_pad, 1.0, 15), false); }
+    SUBCASE("dense layer") { check_model<T>("dense", support::tiny_model("D", moe_mode::drop_and_pad, 1.0, 11), false); }
+    SUBCASE("MoE drop-and-pad, tokens dropped") { check_model<T>("moe drop-and-pad", support::tiny_model("E", moe_mode::drop_and_pad, 0.5, 12), true); }
+    SUBCASE("MoE dropless") { check_model<T>("moe dropless", support::tiny_model("E", moe_mode::dropless, 1.0, 13), false); }
+    SUBCASE("Mamba-style layer") { check_model<T>("mamba", support::tiny_model("M", moe_mode::drop_and_pad, 1.0, 14), false); }
+    SUBCASE("mixed pattern DEM") { check_model<T>("mixed DEM", support::tiny_model("DEM", moe_mode::drop_and_pad, 1.0, 15), false); }
 }
 
 TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite differences", T, float, __nv_bfloat16) {

@@ -6,6 +6,7 @@
 
 #include <capscope/cuda/error.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -46,17 +47,16 @@ std::string metadata(const model_config& c) {
 }
 } // namespace
 
-template <class T> void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s, saved_arena arena) {
-    const auto& store = model.parameters();
-    if (store.sharded()) throw std::invalid_argument("save_parameters: the store is sharded; save from a replicated model");
-    std::vector<float> all(store.total());
-    CAPSCOPE_CHECK(cudaMemcpyAsync(all.data(), arena == saved_arena::masters ? store.masters() : store.grads(), all.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+void write_safetensors(const std::string& path, const model_config& config, const std::vector<parameter_info>& tensors,
+                       const float* values) {
     std::ostringstream h;
-    h << '{' << quoted("__metadata__") << ':' << metadata(model.config());
-    for (const parameter_info& p : store.list())
+    h << '{' << quoted("__metadata__") << ':' << metadata(config);
+    std::size_t total = 0;
+    for (const parameter_info& p : tensors) {
         h << ',' << quoted(p.name) << ":{\"dtype\":\"F32\",\"shape\":[" << p.count << "],\"data_offsets\":[" << p.offset * sizeof(float)
           << ',' << (p.offset + p.count) * sizeof(float) << "]}";
+        total = std::max(total, p.offset + p.count);
+    }
     h << '}';
     std::string header = h.str();
     header.append((8 - header.size() % 8) % 8, ' '); // the format pads the header to 8 bytes
@@ -66,8 +66,17 @@ template <class T> void save_parameters(const gpt_model<T>& model, const std::st
     std::ofstream f(path, std::ios::binary);
     f.write(reinterpret_cast<const char*>(len), 8);
     f.write(header.data(), std::streamsize(header.size()));
-    f.write(reinterpret_cast<const char*>(all.data()), std::streamsize(all.size() * sizeof(float)));
-    if (!f) throw std::runtime_error("save_parameters: could not write '" + path + "'");
+    f.write(reinterpret_cast<const char*>(values), std::streamsize(total * sizeof(float)));
+    if (!f) throw std::runtime_error("write_safetensors: could not write '" + path + "'");
+}
+
+template <class T> void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s, saved_arena arena) {
+    const auto& store = model.parameters();
+    if (store.sharded()) throw std::invalid_argument("save_parameters: the store is sharded; save from a replicated model");
+    std::vector<float> all(store.total());
+    CAPSCOPE_CHECK(cudaMemcpyAsync(all.data(), arena == saved_arena::masters ? store.masters() : store.grads(), all.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    write_safetensors(path, model.config(), store.list(), all.data());
 }
 
 template void save_parameters(const gpt_model<float>&, const std::string&, cudaStream_t, saved_arena);

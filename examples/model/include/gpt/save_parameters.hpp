@@ -8,6 +8,7 @@
 #include <gpt/model.hpp>
 
 #include <string>
+#include <vector>
 
 namespace gpt {
 
@@ -20,5 +21,12 @@ enum class saved_arena { masters, gradients };
 //! or when the file cannot be written.
 template <class T>
 void save_parameters(const gpt_model<T>& model, const std::string& path, cudaStream_t s, saved_arena arena = saved_arena::masters);
+
+//! The same file from host memory: each of `tensors` lies in `values` at its offset, in fp32,
+//! and the header's metadata is `config`. save_parameters writes it after copying an arena down;
+//! the peer's CPU check writes the float64 reference's weights with it
+//! (tests/bench/peer_reference_case.cpp). Throws when the file cannot be written.
+void write_safetensors(const std::string& path, const model_config& config, const std::vector<parameter_info>& tensors,
+                       const float* values);
 
 } // namespace gpt
