@@ -6,6 +6,8 @@
 //                              gpt::save_parameters writes a model's
 //   DIR/batch.bin              tokens, then labels (-1: no loss), int32, batch x seq_len each
 //   DIR/gradients.safetensors  the loss's gradient for every parameter, by central differences
+//   DIR/routing.bin            each MoE layer's routing map, tokens x top_k expert ids, int32, in
+//                              layer order (as bench/same_model writes routing_step1.bin)
 //   DIR/reference.txt          "loss <value>", then "dropped <layer> <assignments>" per MoE layer
 // usage: peer_reference_case DIR LAYER_PATTERN CAPACITY_FACTOR SEED
 
@@ -79,6 +81,11 @@ int main(int argc, char** argv) try {
     std::vector<float> flat;
     for (const auto& info : list) flat.insert(flat.end(), grads.at(info.name).begin(), grads.at(info.name).end());
     gpt::write_safetensors(dir + "/gradients.safetensors", cfg, list, flat.data());
+
+    std::ofstream routing(dir + "/routing.bin", std::ios::binary);
+    for (int l = 0; l < int(cfg.layer_pattern.size()); ++l)
+        if (cfg.layer_pattern[l] == 'E') write_ints(routing, reference::routing_map(cfg, params, b.tokens, l));
+    if (!routing.flush()) throw std::runtime_error("could not write " + dir + "/routing.bin");
 
     std::ofstream out(dir + "/reference.txt");
     char line[64];

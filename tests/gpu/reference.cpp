@@ -194,6 +194,13 @@ vec model_hidden(const gpt::model_config& c, const parameters& p, const std::vec
     return x;
 }
 
+// MoE layer `moe_layer`'s routing of its input rows.
+routing layer_routing(const gpt::model_config& c, const parameters& p, const std::vector<int>& tokens, int moe_layer) {
+    const vec x = model_hidden(c, p, tokens, moe_layer, true);
+    const std::string name = "layer" + std::to_string(moe_layer);
+    return route(rms_norm(x, get(p, name, ".pre_mlp_norm"), c.tokens(), c.hidden), p, name, c);
+}
+
 } // namespace
 
 double model_loss(const gpt::model_config& c, const parameters& p, const std::vector<int>& tokens, const std::vector<int>& labels) {
@@ -236,10 +243,12 @@ std::vector<std::pair<std::string, std::size_t>> model_parameters(const gpt::mod
     return out;
 }
 
+std::vector<int> routing_map(const gpt::model_config& c, const parameters& p, const std::vector<int>& tokens, int moe_layer) {
+    return layer_routing(c, p, tokens, moe_layer).expert;
+}
+
 int dropped_assignments(const gpt::model_config& c, const parameters& p, const std::vector<int>& tokens, int moe_layer) {
-    const vec x = model_hidden(c, p, tokens, moe_layer, true);
-    const std::string name = "layer" + std::to_string(moe_layer);
-    const routing r = route(rms_norm(x, get(p, name, ".pre_mlp_norm"), c.tokens(), c.hidden), p, name, c);
+    const routing r = layer_routing(c, p, tokens, moe_layer);
     return int(std::count(r.kept.begin(), r.kept.end(), false));
 }
 

@@ -31,6 +31,10 @@ std::vector<double> vision_forward(const gpt::vision_config& cfg, const paramete
 //! scaled to each value's magnitude.
 parameters finite_difference_gradients(const parameters& p, const std::function<double(const parameters&)>& f);
 
+//! The experts that MoE layer `moe_layer` routes each token to, [tokens * top_k], each token's
+//! choices in descending logit order (ties to the lower id), as the router kernel writes them.
+std::vector<int> routing_map(const gpt::model_config& cfg, const parameters& p, const std::vector<int>& tokens, int moe_layer);
+
 //! Which (token, choice) assignments a drop-and-pad MoE layer keeps, for the layer's input
 //! rows: used to assert the check really exercised dropped tokens.
 int dropped_assignments(const gpt::model_config& cfg, const parameters& p, const std::vector<int>& tokens, int moe_layer);
