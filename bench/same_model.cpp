@@ -126,18 +126,22 @@ struct variant {
     void step(cudaStream_t s) { run(s); }
 };
 
-//! Each MoE router's routing map (its stage's output "routing_map"), in stage order, to `path`.
+//! Each MoE router's routing map (its stage's output "<layer>.routing_map"), in stage order, to
+//! `path`. Throws if the program has none (a file without maps would fail the peer's check later).
 void save_routing(const training_program& program, const std::string& path, cudaStream_t s) {
     std::ofstream f(path, std::ios::binary);
     std::vector<char> host;
+    int maps = 0;
     for (const stage& st : program.microbatches.at(0))
         for (const tensor_ref& r : st.outputs) {
-            if (st.kind != stage_kind::moe_router || r.name != "routing_map") continue;
+            if (st.kind != stage_kind::moe_router || !r.name.ends_with(".routing_map")) continue;
+            ++maps;
             host.resize(r.bytes);
             CAPSCOPE_CHECK(cudaMemcpyAsync(host.data(), r.data, r.bytes, cudaMemcpyDeviceToHost, s));
             CAPSCOPE_CHECK(cudaStreamSynchronize(s));
             f.write(host.data(), std::streamsize(host.size()));
         }
+    if (maps == 0) throw std::logic_error("save_routing: no moe_router stage has an output named '<layer>.routing_map'");
     if (!f) throw std::runtime_error("could not write '" + path + "'");
 }
 
