@@ -4,13 +4,14 @@ usage: peer_reference.py SOURCE_ROOT PEER_REFERENCE_CASE
 
 The GPU suite checks the CUDA model against the float64 reference (tests/gpu/reference.cpp); the
 peer's same-work check compares the peer with the CUDA model, on the GPU. This test closes the
-triangle without a GPU: for tiny models with every layer kind (MoE with tokens dropped, the
-Mamba-style scan), peer_reference_case writes the reference's weights, batch, loss and
-central-difference gradients, and the peer, built from those weights in float64, must give the same
-loss and every parameter the same gradient. Its MoE layers route as the reference's did, and its
-own top-k choices must be the reference's, as in the first step of gpt_peer.py's check. Then each breakage of bench/peers/breakages.py that
-edits the model is applied to a copy of the peer, and the comparison must fail for each: the test
-can go red. Exits 77 without torch (scripts/install-deps.sh installs Debian's python3-torch).
+triangle without a GPU. For tiny models with every layer kind (MoE with tokens dropped, the
+Mamba-style scan), peer_reference_case writes the reference's weights, batch, routing, loss and
+central-difference gradients. The peer, built from those weights in float64 and routed as the
+reference routed (as gpt_peer.py's check routes its first step as capscope's), must give the same
+loss and every parameter the same gradient, and its own top-k choices must be the reference's.
+Then each breakage of bench/peers/breakages.py that edits the model is applied to a copy of the
+peer, and the comparison must fail for each: the test can go red. Exits 77 without torch
+(scripts/install-deps.sh --tests installs Debian's python3-torch).
 """
 import importlib.util
 import os
@@ -22,7 +23,7 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError:
-    print("torch is not installed: skipped (scripts/install-deps.sh installs python3-torch)")
+    print("torch is not installed: skipped (scripts/install-deps.sh --tests installs python3-torch)")
     sys.exit(77)
 
 SOURCE, CASE = sys.argv[1], sys.argv[2]
