@@ -55,7 +55,7 @@ GRAD_TOLERANCE = 0.05
 ROUTING_AGREEMENT = 0.98
 
 
-def batches(path, cfg, n):
+def batches(path, cfg, n, device="cuda"):
     t = cfg["batch"] * cfg["seq_len"]
     raw = open(path, "rb").read()
     ints = torch.frombuffer(bytearray(raw), dtype=torch.int32).to(torch.long)
@@ -63,7 +63,7 @@ def batches(path, cfg, n):
     for i in range(n):
         chunk = ints[2 * t * i: 2 * t * (i + 1)]
         shape = (cfg["batch"], cfg["seq_len"])
-        out.append((chunk[:t].view(shape).cuda(), chunk[t:].view(shape).cuda()))
+        out.append((chunk[:t].view(shape).to(device), chunk[t:].view(shape).to(device)))
     return out
 
 
@@ -170,7 +170,7 @@ def check(cfg, w, data, want, want_grads, routing):
     return worst, worst_grad, agreed, lines, each
 
 
-def routing_of(path, cfg):
+def routing_of(path, cfg, device="cuda"):
     """capscope's routing maps of the first step, one [tokens, top_k] tensor per MoE layer."""
     moe_layers = cfg["layer_pattern"].count("E")
     if not moe_layers:
@@ -182,7 +182,7 @@ def routing_of(path, cfg):
     shape = (moe_layers, cfg["batch"] * cfg["seq_len"], cfg["top_k"])
     if ints.numel() != math.prod(shape):
         raise SystemExit(f"gpt_peer: {path} holds {ints.numel()} expert ids, not {math.prod(shape)} ({shape})")
-    return list(ints.view(shape).cuda().unbind(0))
+    return list(ints.view(shape).to(device).unbind(0))
 
 
 def step_of(cfg, w, data, name):

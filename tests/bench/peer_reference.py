@@ -30,6 +30,7 @@ SOURCE, CASE = sys.argv[1], sys.argv[2]
 PEERS = os.path.join(SOURCE, "bench", "peers")
 sys.path.insert(0, PEERS)
 import breakages  # noqa: E402  (bench/peers/breakages.py: the edits)
+import gpt_peer  # noqa: E402  (bench/peers/gpt_peer.py: its readers of the batch and routing files)
 
 # (layer pattern, capacity factor, seed): every layer kind, in the bench's mixed order and in
 # another; both capacities drop assignments (the test asks that they do).
@@ -81,14 +82,13 @@ def compare(gpt_model, case_dir, reference_loss):
     meta, w = gpt_model.load_safetensors(os.path.join(case_dir, "weights.safetensors"))
     cfg = gpt_model.config_of(meta)
     _, want = gpt_model.load_safetensors(os.path.join(case_dir, "gradients.safetensors"))
-    ints = torch.frombuffer(bytearray(open(os.path.join(case_dir, "batch.bin"), "rb").read()), dtype=torch.int32).long()
-    shape, t = (cfg["batch"], cfg["seq_len"]), cfg["batch"] * cfg["seq_len"]
+    (tokens, labels), = gpt_peer.batches(os.path.join(case_dir, "batch.bin"), cfg, 1, device="cpu")
+    routing = gpt_peer.routing_of(os.path.join(case_dir, "routing.bin"), cfg, device="cpu")
     model = gpt_model.Peer(cfg, w)
     moes = [part for layer in model.layers for part in layer if isinstance(part, gpt_model.MoE)]
-    routing = torch.frombuffer(bytearray(open(os.path.join(case_dir, "routing.bin"), "rb").read()), dtype=torch.int32).long()
-    for moe, forced in zip(moes, routing.view(len(moes), t, cfg["top_k"]).unbind(0)):
+    for moe, forced in zip(moes, routing):
         moe.forced = forced
-    loss = model(ints[:t].view(shape), ints[t:].view(shape))
+    loss = model(tokens, labels)
     loss.backward()
     names = model.by_capscope_name()
     if set(names) != set(want):
@@ -99,7 +99,7 @@ def compare(gpt_model, case_dir, reference_loss):
         d = ((p.grad.double().view(-1) - g).norm() / g.norm()).item()
         if d > worst:
             worst, worst_name = d, name
-    agreed = sum(m.agreed.item() for m in moes) / routing.numel() if moes else 1.0
+    agreed = sum(m.agreed.item() for m in moes) / sum(r.numel() for r in routing) if moes else 1.0
     return abs(loss.item() - reference_loss) / abs(reference_loss), worst, worst_name, agreed
 
 
