@@ -41,6 +41,7 @@ bool all_equal(const std::vector<int>& v, int x) {
     return true;
 }
 void poison(const ints& b, cudaStream_t s) { support::poison(b.data(), b.bytes(), s); }
+tensor_ref ref(const ints& b) { return {"", b.data(), b.bytes()}; }
 
 stage make_stage(std::string name, int layer, capture_module_set regions, stream_fn fwd, stream_fn bwd) {
     stage st;
@@ -80,12 +81,25 @@ struct laned_model {
             // Listed before the layer's work, so that in backward (reverse order) it runs after it.
             stage reduce = make_stage(name + ".reduce", l, {capture_module::mlp}, {}, stream_fn::of<&layer_fns::reduce>(&fns[l]));
             reduce.lane = 1;
+            // What it touches: the plan makes the optimizer, which reads red[l], wait for it.
+            reduce.buffers_declared = true;
+            reduce.backward_inputs = {ref(grad[l])};
+            reduce.backward_outputs = {ref(red[l])};
             p.microbatches[0].push_back(std::move(reduce));
-            p.microbatches[0].push_back(make_stage(name + ".work", l, {capture_module::mlp}, stream_fn::of<&layer_fns::forward>(&fns[l]),
-                                                   stream_fn::of<&layer_fns::backward>(&fns[l])));
+            stage work = make_stage(name + ".work", l, {capture_module::mlp}, stream_fn::of<&layer_fns::forward>(&fns[l]),
+                                    stream_fn::of<&layer_fns::backward>(&fns[l]));
+            work.buffers_declared = true;
+            work.inputs = {ref(counter)};
+            work.outputs = {ref(act[l])};
+            work.backward_outputs = {ref(grad[l])};
+            p.microbatches[0].push_back(std::move(work));
         }
         stage opt = make_stage("optimizer", -1, {}, stream_fn::of<&laned_model::optimizer>(this), {});
-        opt.waits_for = 1u << 1;
+        opt.buffers_declared = true;
+#ifndef CAPSCOPE_BREAK_OPTIMIZER_WAIT // broken on purpose: the optimizer no longer says it reads the reductions
+        opt.inputs = {ref(red[0]), ref(red[1])};
+#endif
+        opt.outputs = {ref(out)};
         p.step_end.push_back(std::move(opt));
         return p;
     }

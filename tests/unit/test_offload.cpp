@@ -44,23 +44,29 @@ training_program keeping_program(fake::model& m, int layers, int microbatches, s
     for (auto& list : p.microbatches)
         for (stage& s : list) {
             if (s.layer < 0) continue;
-            char* base = memory.data() + 64 * s.layer;
+            char* base = memory.data() + 64 * (s.layer % 2); // a ring of two slots: layer l reuses layer l - 2's
             if (s.kind == stage_kind::attention) {
-                s.saves = {{om::qkv_linear, {"normed", base, 1000}, 2}};
+                s.saves = {{om::qkv_linear, {"normed", base, 24}, 2}};
                 s.makes = {om::mlp_norm};
             } else {
-                s.saves = {{om::mlp_norm, {"residual", base + 32, 600}, 2}};
+                s.saves = {{om::mlp_norm, {"residual", base + 32, 24}, 2}};
             }
         }
     return p;
 }
 
-std::vector<offload_copies> fake_copies(const offload_plan& plan, fake::model& m) {
+//! Copies between the keeping program's slots (`memory`) and a host area of their own per group.
+std::vector<offload_copies> fake_copies(const offload_plan& plan, fake::model& m, std::vector<char>& memory, std::vector<char>& host) {
     std::vector<offload_copies> c(plan.groups.size());
+    host.assign(64 * plan.groups.size(), 0);
     for (std::size_t g = 0; g < plan.groups.size(); ++g) {
         m.recorders.push_back(std::make_unique<fake::recorder>(fake::recorder{&m.log, "copy" + std::to_string(g)}));
         c[g].out = stream_fn::of<&fake::recorder::forward>(m.recorders.back().get());
         c[g].back = stream_fn::of<&fake::recorder::backward>(m.recorders.back().get());
+        const offload_group& grp = plan.groups[g];
+        const bool norm = grp.module == om::mlp_norm;
+        c[g].device = {{"slot", memory.data() + 64 * (grp.layer % 2) + (norm ? 32 : 0), 24}};
+        c[g].host = {{"host copy", host.data() + 64 * g, 32}};
     }
     return c;
 }
@@ -109,53 +115,72 @@ TEST_CASE("the offload plan: eligible tensors, the last groups of each name stay
                          doctest::Contains("needs lanes 2..9, outside 1..8"), std::invalid_argument);
 }
 
-TEST_CASE("copies under transformer_engine: a branch of the writer's graph, back ahead of the keeper, waits where slots are reused") {
+TEST_CASE("copies under transformer_engine: a branch of the writer's graph, back ahead of the keeper, the keeper waits for it") {
     fake::model m;
     std::vector<char> memory(64 * 4);
     const auto p = keeping_program(m, 4, 1, memory);
     const auto plan = plan_offload(policy({om::qkv_linear, om::mlp_norm}), dense_tensors(4));
     using te = config<impl::ahead_of_time_per_layer, modules<>>;
-    const auto copies = fake_copies(plan, m);
+    std::vector<char> host;
+    const auto copies = fake_copies(plan, m, memory, host);
     const auto q = with_offload(p, plan, copies, capture_scope_of<te>);
     const auto tp = plan_for<te>(q);
     CHECK(summary(tp, q, phase::forward, 0) ==
           "e:embedding g0:layer0.attention+layer0.qkv_linear.to_host+layer0.mlp_norm.to_host+layer0.mlp "
           "g1:layer1.attention+layer1.qkv_linear.to_host+layer1.mlp_norm.to_host+layer1.mlp "
-          "g2:layer2.qkv_linear.wait_slot+layer2.mlp_norm.wait_slot+layer2.attention+layer2.mlp "
-          "g3:layer3.qkv_linear.wait_slot+layer3.mlp_norm.wait_slot+layer3.attention+layer3.mlp e:head");
+          "g2:layer2.attention+layer2.mlp g3:layer3.attention+layer3.mlp e:head");
     CHECK(summary(tp, q, phase::backward, 0) ==
           "e:head g4:layer3.mlp+layer3.attention g5:layer1.mlp_norm.to_device+layer1.qkv_linear.to_device "
           "g6:layer2.mlp+layer2.attention g7:layer0.mlp_norm.to_device+layer0.qkv_linear.to_device "
-          "g8:layer1.mlp_norm.wait_reload+layer1.mlp+layer1.qkv_linear.wait_reload+layer1.attention "
-          "g9:layer0.mlp_norm.wait_reload+layer0.mlp+layer0.qkv_linear.wait_reload+layer0.attention e:embedding");
-    // Lanes: copies of slot 0 on lane 2, of slot 1 on lane 3; the waits name them.
+          "g8:layer1.mlp+layer1.attention g9:layer0.mlp+layer0.attention e:embedding");
+    // Lanes: copies of slot 0 on lane 2, of slot 1 on lane 3. The keepers' backwards wait for the
+    // copies back (derived: they read the slot the copy writes). Layer 2 rewrites layer 0's slot
+    // while its copies out are still... joined: they are branches of g0, so g2 needs no wait.
     const std::string text = to_text(tp, q);
     CHECK(text.find("graph g5     layer1.mlp_norm.to_device layer1.qkv_linear.to_device  [side lane 3]") != std::string::npos);
-    CHECK(text.find("graph g8     layer1.mlp_norm.wait_reload layer1.mlp layer1.qkv_linear.wait_reload layer1.attention  [waits for lane 3]") !=
-          std::string::npos);
-    CHECK(text.find("layer2.attention layer2.mlp  [waits for lane 2]") != std::string::npos);
+    CHECK(text.find("graph g8     layer1.mlp layer1.attention  [waits for layer1.mlp_norm.to_device on lane 3]\n") != std::string::npos);
+    CHECK(text.find("graph g9     layer0.mlp layer0.attention  [waits for layer0.mlp_norm.to_device on lane 2]\n") != std::string::npos);
+    CHECK(text.find("graph g2     layer2.attention layer2.mlp\n") != std::string::npos);
+    CHECK(tp.waits.size() == 2);
     CHECK(text.find("graph g0     layer0.attention layer0.qkv_linear.to_host layer0.mlp_norm.to_host layer0.mlp  [branches joined at the "
                     "segment's end: layer0.qkv_linear.to_host on lane 2, layer0.mlp_norm.to_host on lane 2]") != std::string::npos);
     const std::string dot = to_dot(tp, q);
     CHECK(dot.find("layer0.qkv_linear.to_host [lane 2]") != std::string::npos);
 }
 
-TEST_CASE("delay_offload_until_cuda_graph: the copy out is a graph of its own after the writer's; max in-flight adds a wait") {
+TEST_CASE("delay_offload_until_cuda_graph: the copy out is a graph of its own after the writer's; the slot's next writer waits for it") {
     fake::model m;
     std::vector<char> memory(64 * 4);
     const auto p = keeping_program(m, 4, 1, memory);
     auto o = policy({om::qkv_linear});
     o.delay_until_cuda_graph = true;
-    o.max_inflight = 0;
     const auto plan = plan_offload(o, dense_tensors(4));
     using te = config<impl::ahead_of_time_per_layer, modules<>>;
-    const auto copies = fake_copies(plan, m);
+    std::vector<char> host;
+    const auto copies = fake_copies(plan, m, memory, host);
     const auto q = with_offload(p, plan, copies, capture_scope_of<te>);
     const auto tp = plan_for<te>(q);
     CHECK(summary(tp, q, phase::forward, 0) ==
+          "e:embedding g0:layer0.attention+layer0.mlp g1:layer0.qkv_linear.to_host g2:layer1.attention+layer1.mlp "
+          "g3:layer1.qkv_linear.to_host g4:layer2.attention+layer2.mlp g5:layer3.attention+layer3.mlp e:head");
+    // Layer 2 rewrites the slot layer 0's copy out reads, on another stream: it waits for it.
+    const std::string text = to_text(tp, q);
+    CHECK(text.find("graph g4     layer2.attention layer2.mlp  [waits for layer0.qkv_linear.to_host on lane 2]\n") != std::string::npos);
+    CHECK(text.find("graph g5     layer3.attention layer3.mlp  [waits for layer1.qkv_linear.to_host on lane 3]\n") != std::string::npos);
+    // At most none in flight: the next stage reads the host copy, so it waits for the copy out,
+    // and then the slot's next writer needs no wait of its own.
+    o.max_inflight = 0;
+    const auto limited_plan = plan_offload(o, dense_tensors(4));
+    const auto limited = with_offload(p, limited_plan, copies, capture_scope_of<te>);
+    const auto lp = plan_for<te>(limited);
+    CHECK(summary(lp, limited, phase::forward, 0) ==
           "e:embedding g0:layer0.attention+layer0.mlp g1:layer0.qkv_linear.to_host g2:layer0.qkv_linear.wait_inflight+layer1.attention+layer1.mlp "
-          "g3:layer1.qkv_linear.to_host g4:layer1.qkv_linear.wait_inflight+layer2.qkv_linear.wait_slot+layer2.attention+layer2.mlp "
-          "g5:layer3.qkv_linear.wait_slot+layer3.attention+layer3.mlp e:head");
+          "g3:layer1.qkv_linear.to_host g4:layer1.qkv_linear.wait_inflight+layer2.attention+layer2.mlp g5:layer3.attention+layer3.mlp e:head");
+    const std::string limited_text = to_text(lp, limited);
+    CHECK(limited_text.find("graph g2     layer0.qkv_linear.wait_inflight layer1.attention layer1.mlp  [waits for layer0.qkv_linear.to_host on lane 2]\n") !=
+          std::string::npos);
+    CHECK(limited_text.find("graph g4     layer1.qkv_linear.wait_inflight layer2.attention layer2.mlp  [waits for layer1.qkv_linear.to_host on lane 3]\n") !=
+          std::string::npos);
     // Under the whole iteration nothing is delayed: one graph, the copies forked inside it.
     using whole = config<impl::whole_iteration, no_nan_check>;
     const auto w = with_offload(p, plan, copies, capture_scope_of<whole>);
@@ -172,7 +197,8 @@ TEST_CASE("rule P11 from the stages: a tensor written in one graph and kept in a
     std::vector<char> memory(64 * 4);
     const auto p = keeping_program(m, 4, 1, memory);
     const auto plan = plan_offload(policy({om::mlp_norm}), dense_tensors(4));
-    const auto copies = fake_copies(plan, m);
+    std::vector<char> host;
+    const auto copies = fake_copies(plan, m, memory, host);
     using attn_only = config<impl::ahead_of_time_per_layer, modules<capture::attention>>;
     CHECK_THROWS_WITH_AS(with_offload(p, plan, copies, capture_scope_of<attn_only>),
                          doctest::Contains("offloaded tensor mlp_norm of layer 0 is written by stage 'layer0.attention' (captured) and kept for "
@@ -198,13 +224,14 @@ TEST_CASE("under the whole iteration the copy back sits right before the stage t
     auto o = policy({om::qkv_linear});
     o.max_inflight = 1;
     const auto plan = plan_offload(o, dense_tensors(4));
-    const auto copies = fake_copies(plan, m);
+    std::vector<char> host;
+    const auto copies = fake_copies(plan, m, memory, host);
     const auto w = with_offload(p, plan, copies, capture_scope_of<config<impl::whole_iteration, no_nan_check>>);
     std::string order;
     for (const stage& s : w.microbatches[0]) order += s.name + " ";
     // One copy out may be in flight: layer 1's waits for layer 0's.
-    CHECK(order == "embedding layer0.attention layer0.qkv_linear.wait_reload layer0.qkv_linear.to_host layer0.mlp "
-                   "layer1.attention layer1.qkv_linear.wait_reload layer1.qkv_linear.to_host layer1.qkv_linear.wait_inflight layer1.mlp "
-                   "layer0.qkv_linear.to_device layer2.qkv_linear.wait_slot layer2.attention layer2.mlp "
-                   "layer1.qkv_linear.to_device layer3.qkv_linear.wait_slot layer3.attention layer3.mlp head ");
+    CHECK(order == "embedding layer0.attention layer0.qkv_linear.to_host layer0.mlp "
+                   "layer1.attention layer1.qkv_linear.to_host layer1.qkv_linear.wait_inflight layer1.mlp "
+                   "layer0.qkv_linear.to_device layer2.attention layer2.mlp "
+                   "layer1.qkv_linear.to_device layer3.attention layer3.mlp head ");
 }

@@ -66,27 +66,36 @@ TEST_CASE("a stage in no capture region gets a fix it can follow") {
           "(modules<...>) so that this stage is left out, or move it out of the layer (layer -1)");
 }
 
-TEST_CASE("lanes: side-lane stages form segments of their own, and the plan shows the lanes and the waits") {
+TEST_CASE("lanes: side-lane stages form segments of their own, and the plan derives and shows the waits") {
     fake::model m;
     auto p = m.program("DD", false, 1);
-    // A gradient reduction per layer on lane 1 (backward only), which the optimizer waits for.
+    // A gradient reduction per layer on lane 1 (backward only). As a stage of layer L it writes
+    // layer L's gradients in its backward, and the optimizer touches every layer's.
     for (int layer : {0, 1}) {
         stage reduce = p.microbatches[0][std::size_t(2 + 2 * layer)];
         reduce.name = "layer" + std::to_string(layer) + ".reduce";
         reduce.forward = {};
+        reduce.outputs = {};
         reduce.lane = 1;
         p.microbatches[0].insert(p.microbatches[0].begin() + 1 + 2 * layer + (layer ? 1 : 0), reduce);
     }
-    p.step_end[0].waits_for = 1u << 1;
+    p.layers = {{{}, {{"layer0.grads", &m.buffers[20], 1}}}, {{}, {{"layer1.grads", &m.buffers[21], 1}}}};
     const auto plan = plan_for<config<impl::lazy_per_layer, modules<>>>(p);
     CHECK(summary(plan, p, phase::forward, 0) == "e:embedding g0:layer0.attention+layer0.mlp g1:layer1.attention+layer1.mlp e:head");
     CHECK(summary(plan, p, phase::backward, 0) ==
           "e:head g2:layer1.mlp+layer1.attention g3:layer1.reduce g4:layer0.mlp+layer0.attention g5:layer0.reduce e:embedding");
+    // One wait: the optimizer, for the last reduction (the lane runs them in order). Layer 0's
+    // backward touches other gradients than layer 1's reduction, so it overlaps it.
+    REQUIRE(plan.waits.size() == 1);
     const plan_segment& last = plan.segments.back();
-    CHECK(last.waits_for == 1u << 1);
+    CHECK(last.waits.count == 1);
+    CHECK(stage_of(p, plan.calls[std::size_t(plan.waits[0].producer)]).name == "layer0.reduce");
+    CHECK(plan.waits[0].buffer == "layer0.grads");
     const std::string text = to_text(plan, p);
     CHECK(text.find("graph g3     layer1.reduce  [side lane 1]") != std::string::npos);
-    CHECK(text.find("eager        optimizer  [waits for lane 1]") != std::string::npos);
+    CHECK(text.find("graph g4     layer0.mlp layer0.attention\n") != std::string::npos);
+    CHECK(text.find("eager        optimizer  [waits for layer0.reduce on lane 1]") != std::string::npos);
+    CHECK_FALSE(find_order_violation(plan, p));
     // The whole iteration keeps them in its one graph (lanes fork and join inside it).
     CHECK(plan_for<config<impl::whole_iteration, no_nan_check>>(p).segments.size() == 1);
 }

@@ -17,14 +17,19 @@
 //! and site run in declaration order; a region's hooks nest inside the layer's (a layer's
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
 //! The stage names are "layerN.hook.<name>". A hook on a side lane (`on_lane<K>`) is a stage on
-//! that lane; when it runs before its stages (forward_pre, backward_pre), the stage it precedes
-//! waits for the lane, so it reads what the hook brought (an all-gather on the communication lane).
+//! that lane. What a hook touches follows from its phase, as its context gives it: a pre hook
+//! (forward_pre, backward_pre) writes its layer's parameters (it brings what the layer reads: an
+//! all-gather), a forward hook reads them, a backward hook reads them and writes the layer's
+//! gradients (a reduction). The plan orders the other stages against that
+//! (capscope/plan/stream_order.hpp): the layer's stages wait for its pre hook's lane, the
+//! optimizer (which touches every layer's parameters and gradients) for every backward hook.
 
 #include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/stage/program.hpp>
 
+#include <algorithm>
 #include <cstddef>
-#include <cstdint>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <utility>
@@ -47,24 +52,35 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
     s.synchronizes_with_host = host;
     s.capture_only = at_capture;
     s.last_microbatch_only = Hook::last_microbatch;
+    s.added = true;
     const stream_fn fn = stream_fn::from([hook = &h, tensors, layer, microbatch](stream_handle stream) {
         hook_context<p> context(stream, layer, microbatch, *tensors);
         (*hook)(context);
     });
     (pass_of(p) == phase::forward ? s.forward : s.backward) = fn;
-    for (const tensor_ref& t : tensors->parameters) s.inputs.push_back(t);
-    if constexpr (p == hook_phase::backward)
-        for (const tensor_ref& t : tensors->gradients) s.inputs.push_back(t);
+    // What it touches, by phase (see the file comment).
+    const std::vector<tensor_ref> parameters(tensors->parameters.begin(), tensors->parameters.end());
+    switch (p) {
+    case hook_phase::forward_pre: s.outputs = parameters; break;
+    case hook_phase::backward_pre: s.backward_outputs = parameters; break;
+    case hook_phase::forward: s.inputs = parameters; break;
+    case hook_phase::backward:
+        s.inputs = parameters;
+        s.backward_outputs.assign(tensors->gradients.begin(), tensors->gradients.end());
+        break;
+    }
     s.buffers_declared = true;
     return s;
 }
 
-//! The [first, last] stages of `list` a hook of `regions` belongs to in `layer`, or {-1, -1}.
+//! The [first, last] stages of `list` a hook of `regions` belongs to in `layer`, or {-1, -1}: the
+//! trainer's own stages (what capscope added, activation copies, is not what a hook hooks, so
+//! the order of with_hooks and with_offload does not matter).
 inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, const region_set& regions) {
     int first = -1, last = -1;
     for (int i = 0; i < int(list.size()); ++i) {
         const stage& s = list[std::size_t(i)];
-        if (s.layer != layer || (!regions.empty() && !s.captured_by.intersects(regions))) continue;
+        if (s.added || s.layer != layer || (!regions.empty() && !s.captured_by.intersects(regions))) continue;
         if (first < 0) first = i;
         last = i;
     }
@@ -74,7 +90,6 @@ inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, 
 //! Hook stages next to one stage, each list in execution order.
 struct hook_slot {
     std::vector<stage> forward_before, forward_after, backward_before, backward_after;
-    std::uint32_t waits_for = 0; //!< lanes of pre-phase hooks whose work the stage reads
 };
 
 //! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
@@ -97,7 +112,6 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
                     stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
                     s.lane = H::lane ? H::lane : next_to.lane;
                     hook_slot& slot = slots[std::size_t(at)];
-                    if (pre && H::lane) slot.waits_for |= std::uint32_t{1} << H::lane; // it reads what the hook brings
                     const bool forward = pass_of(H::phase) == phase::forward;
                     (at_first ? (forward ? slot.forward_before : slot.backward_before)
                               : (forward ? slot.forward_after : slot.backward_after))
@@ -120,46 +134,43 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
         for (auto it = slot.backward_before.rbegin(); it != slot.backward_before.rend(); ++it) out.push_back(std::move(*it));
         for (stage& s : slot.forward_before) out.push_back(std::move(s));
         out.push_back(list[i]);
-        out.back().waits_for |= slot.waits_for;
         for (stage& s : slot.forward_after) out.push_back(std::move(s));
         for (auto it = slot.backward_after.rbegin(); it != slot.backward_after.rend(); ++it) out.push_back(std::move(*it));
     }
     return out;
 }
 
-//! The lanes (bits, as `stage::waits_for`) that the hooks run on; with `every_microbatch`, only
-//! those of hooks that run in every microbatch (not `last_microbatch_only`).
-template <class... Hooks>
-constexpr std::uint32_t hook_lanes(bool every_microbatch) {
-    std::uint32_t lanes = 0;
-    ([&] {
-        if constexpr (is_layer_hook<Hooks>)
-            if (Hooks::lane && !(every_microbatch && Hooks::last_microbatch)) lanes |= std::uint32_t{1} << Hooks::lane;
-    }(), ...);
-    return lanes;
+//! The number of layers in `list`: one more than its largest layer index.
+inline int layer_count(const std::vector<stage>& list) {
+    int n = 0;
+    for (const stage& s : list) n = std::max(n, s.layer + 1);
+    return n;
 }
 
 } // namespace detail
 
 //! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
 //! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
-//! the hooks). Warmup hooks are not stages: `runner::set_warmup_hooks` runs them. What hooks on a
-//! lane (`on_lane<K>`) write is waited for by the step's first end stage (the optimizer) and, for
-//! hooks that run in every microbatch, by the next microbatch's first stage, so nothing reads it
-//! early; the runner joins every lane at the end of the step anyway.
+//! the hooks; one entry per layer of the program). Warmup hooks are not stages:
+//! `runner::set_warmup_hooks` runs them. The program also learns what each layer's stages touch
+//! (`training_program::layers`), so the plan can order them against the hooks on lanes.
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
                             std::span<const layer_tensors> tensors) {
-    constexpr std::uint32_t lanes = detail::hook_lanes<Hooks...>(false), every = detail::hook_lanes<Hooks...>(true);
+    const int layers = program.microbatches.empty() ? 0 : detail::layer_count(program.microbatches.front());
+    if (int(tensors.size()) != layers)
+        throw std::invalid_argument("capscope::with_hooks: " + std::to_string(tensors.size()) + " layer_tensors for a program of " +
+                                    std::to_string(layers) + " layers -- fix: give one layer_tensors per layer, in layer order");
     training_program out;
     out.step_begin = program.step_begin;
     out.step_end = program.step_end;
-    if (!out.step_end.empty()) out.step_end.front().waits_for |= lanes;
-    const std::size_t count = program.microbatches.size();
-    for (std::size_t mb = 0; mb < count; ++mb) {
+    for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
-        // Every microbatch's (the lists stay alike, P3); in the first, nothing is pending.
-        if (!out.microbatches.back().empty()) out.microbatches.back().front().waits_for |= every;
+    out.layers = program.layers;
+    out.layers.resize(tensors.size());
+    for (std::size_t l = 0; l < tensors.size(); ++l) {
+        out.layers[l].parameters.assign(tensors[l].parameters.begin(), tensors[l].parameters.end());
+        out.layers[l].gradients.assign(tensors[l].gradients.begin(), tensors[l].gradients.end());
     }
     return out;
 }

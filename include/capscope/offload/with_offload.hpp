@@ -11,21 +11,21 @@
 //! - `<layer>.<module>.to_device` (backward only, on the same lane): just before the segment
 //!   that keeps the group that reuses its slot, so it runs right after that segment's backward
 //!   frees the slot, a prefetch ahead of its own backward;
-//! - `wait_reload` (backward only): the keeper's backward waits for the copy back;
-//! - `wait_slot` (forward only): the stage that writes the next group of the slot waits for the
-//!   copy out of the one before (every ring member past the first `slots`);
-//! - `wait_inflight` (forward only, with `max_inflight_offloads<N>`): after a copy out, the step
-//!   waits for the one N groups earlier, so at most N copies out are in flight (0: each joins at
-//!   once).
-//! Waits are lane waits (capscope/run/lanes.hpp): events the runner records and waits for
-//! between segments, and CUDA turns into graph edges inside one capture.
+//! - `wait_inflight` (forward only, with `max_inflight_offloads<N>`): after a copy out, a stage
+//!   that reads the host copy of the group N groups earlier, so at most N copies out are in
+//!   flight (0: each joins at once).
+//! No wait is placed here. The copies declare what they read and write (out: the device tensors
+//! and their host copies; back: the reverse), the stage that writes a ring member declares its
+//! tensors, and the keeper's backward reads them (it saves them), so the plan derives each wait
+//! (capscope/plan/stream_order.hpp): the keeper's backward after the copy back, the writer of a
+//! slot's next group after the copy out of the one before, and the step's end after every copy.
 
 #include <capscope/offload/offload_plan.hpp>
 #include <capscope/plan/offload_placement.hpp>
 #include <capscope/plan/training_plan.hpp>
 #include <capscope/stage/program.hpp>
 
-#include <cstdint>
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,11 +52,12 @@ inline stage offload_stage(const stage& like, const offload_group& g, std::strin
     return s;
 }
 
-//! A stage that does nothing but wait for `lane` before it runs (in the phase `dir`).
-inline stage wait_stage(const stage& like, const offload_group& g, const char* what, int lane, phase dir) {
+//! A stage that does nothing on the step's stream but read `host` (in the forward): it runs
+//! once the copy out that writes them is done.
+inline stage read_stage(const stage& like, const offload_group& g, const char* what, const std::vector<tensor_ref>& host) {
     stage s = offload_stage(like, g, what, like.lane);
-    s.waits_for = std::uint32_t{1} << lane;
-    (dir == phase::forward ? s.forward : s.backward) = stream_fn::from([](stream_handle) {});
+    s.inputs = host;
+    s.forward = stream_fn::from([](stream_handle) {});
     return s;
 }
 
@@ -99,9 +100,10 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
     };
 
     // Stages to put around each stage of the list, in list order: copies back (their own
-    // segments, before the segment they precede), then waits (in the stage's segment), the stage,
-    // its reload waits, its copies out.
-    std::vector<std::vector<stage>> backs(list.size()), waits(list.size()), reloads(list.size()), outs(list.size());
+    // segments, before the segment they precede), then in-flight limits (in the stage's segment),
+    // the stage, its copies out. Each ring member's writer declares its tensors.
+    std::vector<std::vector<stage>> backs(list.size()), waits(list.size()), outs(list.size());
+    std::vector<std::vector<tensor_ref>> writes(list.size());
     const int k = plan.ring.slots;
     const auto& policy = plan.policy;
     for (std::size_t gi = 0; gi < plan.groups.size(); ++gi) {
@@ -112,7 +114,8 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
             throw plan_error("P11", "", "no stage of layer " + std::to_string(g.layer) + " keeps the offloaded module input " +
                                             std::string(megatron_name(g.module)) + " declared for it",
                              "list the tensor in stage::saves of the stage whose backward reads it");
-        if (g.member >= k) waits[std::size_t(p)].push_back(wait_stage(list[std::size_t(p)], g, "wait_slot", plan.groups[std::size_t(member_group(g, g.member - k))].lane, phase::forward));
+        for (const saved_tensor& t : list[std::size_t(keep)].saves)
+            if (t.module == g.module) writes[std::size_t(p)].push_back(t.tensor);
         if (!g.copied) continue;
         const offload_copies& c = copies[gi];
         // The copy out: a branch of the producer's segment, or after it when delayed.
@@ -130,17 +133,15 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
             const bool last = std::size_t(at) + 1 == list.size();
             const std::size_t next = last ? std::size_t(at) : std::size_t(at) + 1;
             const int earlier = member_group(g, g.member - *policy.max_inflight);
-            (last ? outs[next] : waits[next])
-                .push_back(wait_stage(list[next], g, "wait_inflight", plan.groups[std::size_t(earlier)].lane, phase::forward));
+            (last ? outs[next] : waits[next]).push_back(read_stage(list[next], g, "wait_inflight", copies[std::size_t(earlier)].host));
         }
         // The copy back: right after the backward of the segment that keeps the group reusing the slot.
         const int next_keeper = keeper[std::size_t(member_group(g, g.member + k))];
         stage back = offload_stage(list[std::size_t(next_keeper)], g, "to_device", g.lane);
         back.backward = c.back;
-        back.inputs = c.host;
-        back.outputs = c.device;
+        back.backward_inputs = c.host;
+        back.backward_outputs = c.device;
         backs[std::size_t(segment_of(scope, facts, next_keeper).first)].push_back(std::move(back));
-        reloads[std::size_t(keep)].push_back(wait_stage(list[std::size_t(keep)], g, "wait_reload", g.lane, phase::backward));
     }
 
     std::vector<stage> out;
@@ -148,7 +149,8 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
         for (stage& s : backs[i]) out.push_back(std::move(s));
         for (stage& s : waits[i]) out.push_back(std::move(s));
         out.push_back(list[i]);
-        for (stage& s : reloads[i]) out.push_back(std::move(s));
+        for (const tensor_ref& t : writes[i])
+            if (std::find(out.back().outputs.begin(), out.back().outputs.end(), t) == out.back().outputs.end()) out.back().outputs.push_back(t);
         for (stage& s : outs[i]) out.push_back(std::move(s));
     }
     return out;
@@ -168,6 +170,7 @@ inline training_program with_offload(const training_program& program, const offl
     training_program out;
     out.step_begin = program.step_begin;
     out.step_end = program.step_end;
+    out.layers = program.layers;
     for (const auto& list : program.microbatches) out.microbatches.push_back(detail::add_copies(list, plan, copies, scope));
     return out;
 }

@@ -94,7 +94,7 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
                                      "') differs from the first bucket's ('" + first[i].name + "') in kind, layer, regions or capture facts",
                                  "every bucket runs the same stages (only their sizes may differ)");
             if (!list[i].forward) throw plan_error("P3", list[i].name, "stage '" + list[i].name + "' has no forward function", "bind stage::forward");
-            if (list[i].lane != 0 || list[i].waits_for != 0)
+            if (list[i].lane != 0)
                 throw plan_error("P3", list[i].name, "stage '" + list[i].name + "' of an inference program uses a side lane",
                                  "inference runners run a forward on one stream; fork and join inside the stage (stage::forks_to) instead");
         }
@@ -131,7 +131,7 @@ inline inference_plan make_inference_plan(inference_scope scope, const region_se
             seg.microbatch = b; // the bucket
             seg.layer = plan.capture.impl == graph_impl::whole_iteration ? -1 : facts[std::size_t(r.first)].layer;
             seg.first_call = int(plan.calls.size());
-            for (int k = 0; k < r.count; ++k) plan.calls.push_back({step_part::microbatch, b, r.first + k, phase::forward});
+            for (int k = 0; k < r.count; ++k) plan.calls.push_back({step_part::microbatch, b, r.first + k, phase::forward, {}, -1});
             seg.call_count = r.count;
             seg.graphed = r.graphed;
             seg.graph = r.graphed ? graph++ : -1;

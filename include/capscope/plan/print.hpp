@@ -49,11 +49,13 @@ inline std::string capture_policy(const training_plan& plan) {
     return "";
 }
 
-//! Which lanes a mask names: "1, 3".
-inline std::string lane_list(std::uint32_t lanes) {
+//! The calls a range of the plan's waits waits for: "layer1.hook.gather on lane 1, ...".
+inline std::string wait_list(const training_plan& plan, const training_program& program, wait_range r) {
     std::string out;
-    for (int k = 1; k <= max_lanes; ++k)
-        if (lanes & (std::uint32_t{1} << k)) out += (out.empty() ? "" : ", ") + std::to_string(k);
+    for (const derived_wait& w : plan.waits_of(r)) {
+        const stage& p = stage_of(program, plan.calls[std::size_t(w.producer)]);
+        out += (out.empty() ? "" : ", ") + p.name + (p.lane ? " on lane " + std::to_string(p.lane) : std::string());
+    }
     return out;
 }
 
@@ -74,7 +76,10 @@ inline std::string segment_notes(const training_plan& plan, const training_progr
     std::string out;
     if (s.lane != 0) out += "  [side lane " + std::to_string(s.lane) + "]";
     if (const std::string b = branch_list(plan, program, s); !b.empty()) out += "  [branches joined at the segment's end: " + b + "]";
-    if (s.waits_for) out += "  [waits for lane " + lane_list(s.waits_for) + "]";
+    if (s.waits.count) out += "  [waits for " + wait_list(plan, program, s.waits) + "]";
+    for (int k = 0; k < s.call_count; ++k) // inside the segment: a call waiting for a branch of it
+        if (const stage_call& c = plan.calls[std::size_t(s.first_call + k)]; c.waits.count)
+            out += "  [" + stage_of(program, c).name + " waits for " + wait_list(plan, program, c.waits) + "]";
     if (s.undeclared_call >= 0)
         out += "  [own graph: '" + stage_of(program, plan.calls[std::size_t(s.undeclared_call)]).name +
                "' does not declare its buffers (stage::buffers_declared)]";
@@ -103,8 +108,7 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
                 const stage& st = stage_of(program, c);
                 const std::string where = c.microbatch >= 0 ? " (microbatch " + std::to_string(c.microbatch) + " " + std::string(phase_name(c.direction)) + ")" : "";
                 if (st.lane) out += "    " + st.name + where + ": forked onto lane " + std::to_string(st.lane) + "\n";
-                if (st.waits_for && (c.direction == phase::forward ? bool(st.forward) : bool(st.backward)))
-                    out += "    " + st.name + where + ": waits for lane " + detail::lane_list(st.waits_for) + "\n";
+                if (c.waits.count) out += "    " + st.name + where + ": waits for " + detail::wait_list(plan, program, c.waits) + "\n";
             }
             continue;
         }
@@ -115,6 +119,7 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
         tag.resize(std::max<std::size_t>(tag.size() + 1, 13), ' ');
         out += "  " + tag + detail::segment_stages(plan, program, s, " ") + detail::segment_notes(plan, program, s) + "\n";
     }
+    if (plan.end_waits.count) out += "step end: the step's stream waits for " + detail::wait_list(plan, program, plan.end_waits) + "\n";
     return out;
 }
 
@@ -147,7 +152,7 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
         } else {
             label = (s.graphed ? "g" + std::to_string(s.graph) + (s.shared ? " (shared)" : "") + "\\n" : std::string()) +
                     detail::segment_stages(plan, program, s, "\\n", true) + (s.lane ? "\\n[side lane " + std::to_string(s.lane) + "]" : std::string()) +
-                    (s.waits_for ? "\\n[waits for lane " + detail::lane_list(s.waits_for) + "]" : std::string());
+                    (s.waits.count ? "\\n[waits for " + detail::wait_list(plan, program, s.waits) + "]" : std::string());
         }
         out += "    s" + std::to_string(i) + " [label=\"" + label + "\"" +
                (s.graphed ? ", style=\"filled,bold\", fillcolor=\"#9fd3a8\"" : ", style=dashed") + "];\n";

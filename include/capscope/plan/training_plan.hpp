@@ -3,13 +3,18 @@
 //! The plan of a training step (pure host): from a capture scope and a `training_program`,
 //! every stage call of one step in execution order, grouped into segments (graphs and eager
 //! islands), with graphs numbered in the order an ahead-of-time runner captures them: forward
-//! in layer order, backward in reverse, microbatch after microbatch. A graphed segment of a
+//! in layer order, backward in reverse, microbatch after microbatch; and the stream order
+//! between them, derived from what the calls touch (capscope/plan/stream_order.hpp) and, in
+//! tests and debug builds (or with CAPSCOPE_VERIFY_PLANS defined), verified. A graphed segment of a
 //! later microbatch whose stages all declare their buffers, bound exactly as in microbatch 0,
 //! reuses that graph; otherwise it gets its own, and the plan says which stage kept it apart.
 //! Everything that cannot work is found here, before any capture (`plan_error`).
 
 #include <capscope/plan/capture_region.hpp>
+#include <capscope/plan/plan_calls.hpp>
 #include <capscope/plan/plan_error.hpp>
+#include <capscope/plan/stream_order.hpp>
+#include <capscope/plan/verify.hpp>
 #include <capscope/stage/program.hpp>
 
 #include <algorithm>
@@ -18,66 +23,6 @@
 #include <vector>
 
 namespace capscope {
-
-//! One call of a stage function: which list, which stage, which phase.
-struct stage_call {
-    step_part part = step_part::microbatch;
-    int microbatch = -1; //!< -1 for step_begin / step_end
-    int stage = 0;       //!< index in its list
-    phase direction = phase::forward;
-};
-
-struct plan_segment {
-    step_part part = step_part::microbatch;
-    int microbatch = -1;
-    phase direction = phase::forward;
-    int layer = -1;      //!< the layer of its stages; -1 outside the layers (or the whole step)
-    int first_call = 0;  //!< into training_plan::calls
-    int call_count = 0;
-    bool graphed = false;
-    int graph = -1;      //!< graph number when graphed
-    bool shared = false; //!< reuses the graph of an earlier microbatch
-    //! A graphed segment of a later microbatch that could have shared microbatch 0's graph but
-    //! has its own because this call's stage (an index into training_plan::calls) leaves its
-    //! buffers undeclared; -1 otherwise.
-    int undeclared_call = -1;
-    int lane = 0;                //!< the stream it runs on: 0 the step's, k the runner's side stream k
-    std::uint32_t waits_for = 0; //!< the lanes its calls wait for (the runner waits before the segment)
-};
-
-struct training_plan {
-    capture_scope scope;
-    int warmup_steps = 0;
-    int microbatches = 0;
-    std::vector<stage_call> calls;       //!< one step, in execution order
-    std::vector<plan_segment> segments;  //!< one step, in execution order, covering `calls`
-    int graph_count = 0;                 //!< graphs numbered 0.. in capture order
-
-    int graph_launches_per_step() const {
-        int n = 0;
-        for (const auto& s : segments) n += s.graphed ? 1 : 0;
-        return n;
-    }
-    int eager_islands_per_step() const { return static_cast<int>(segments.size()) - graph_launches_per_step(); }
-    int eager_calls_per_step() const {
-        int n = 0;
-        for (const auto& s : segments) n += s.graphed ? 0 : s.call_count;
-        return n;
-    }
-};
-
-//! The stage list a call refers to.
-inline const std::vector<stage>& stage_list(const training_program& p, step_part part, int microbatch) {
-    switch (part) {
-    case step_part::step_begin: return p.step_begin;
-    case step_part::step_end: return p.step_end;
-    case step_part::microbatch: break;
-    }
-    return p.microbatches[static_cast<std::size_t>(microbatch)];
-}
-inline const stage& stage_of(const training_program& p, const stage_call& c) {
-    return stage_list(p, c.part, c.microbatch)[static_cast<std::size_t>(c.stage)];
-}
 
 namespace detail {
 
@@ -107,7 +52,6 @@ inline void check_program_shape(const training_program& p) {
                                      "') differs from microbatch 0's ('" + first[i].name + "') in kind, layer, regions or capture facts",
                                  "every microbatch runs the same stages (only their buffers may differ)");
     }
-    constexpr std::uint32_t lane_bits = ((std::uint32_t{1} << (max_lanes + 1)) - 1) & ~std::uint32_t{1};
     auto check_fns = [&](const std::vector<stage>& list, bool step_level) {
         for (const stage& s : list) {
             if (step_level && !s.forward)
@@ -119,9 +63,6 @@ inline void check_program_shape(const training_program& p) {
             if (s.lane < 0 || s.lane > max_lanes)
                 throw plan_error("P3", s.name, "stage '" + s.name + "' is on lane " + std::to_string(s.lane) + ", outside 0.." + std::to_string(max_lanes),
                                  "use lane 0 (the step's stream) or a side lane 1.." + std::to_string(max_lanes));
-            if ((s.waits_for & ~lane_bits) != 0)
-                throw plan_error("P3", s.name, "stage '" + s.name + "' waits for a lane outside 1.." + std::to_string(max_lanes),
-                                 "set bit k of stage::waits_for for side lane k only (lane 0 is the step's stream, always in order)");
         }
     };
     for (const auto& list : p.microbatches) check_fns(list, false);
@@ -174,8 +115,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
                 const stage& st = list[std::size_t(i)];
                 if (!(dir == phase::forward ? st.forward : st.backward)) continue;
                 if (st.last_microbatch_only && part == step_part::microbatch && mb + 1 != plan.microbatches) continue;
-                plan.calls.push_back({part, mb, i, dir});
-                seg.waits_for |= st.waits_for;
+                plan.calls.push_back({part, mb, i, dir, {}, -1});
             }
             seg.call_count = static_cast<int>(plan.calls.size()) - seg.first_call;
             if (seg.call_count == 0) continue;
@@ -220,6 +160,10 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
         plan.segments = {whole};
         plan.graph_count = 1;
     }
+    derive_stream_order(plan, program);
+#if !defined(NDEBUG) || defined(CAPSCOPE_VERIFY_PLANS)
+    verify_stream_order(plan, program); // in tests and debug builds; runner::verify() on request
+#endif
     return plan;
 }
 

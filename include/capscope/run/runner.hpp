@@ -53,8 +53,9 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
     calls.reserve(plan.calls.size());
     for (const stage_call& c : plan.calls) {
         const stage& st = stage_of(program, c);
-        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, st.waits_for, st.forks_to,
-                         st.capture_only});
+        std::span<const derived_wait> waits;
+        if constexpr (requires { plan.waits_of(c.waits); }) waits = plan.waits_of(c.waits); // inference plans have no lanes
+        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only});
     }
     return calls;
 }
@@ -104,12 +105,13 @@ public:
         }
         scratch_scope scratch(executor_.scratch());
         lane_streams& lanes = executor_.lanes();
+        executor_.prepare_events(plan_.events.size());
         const bool replaying = Config::impl != graph_impl::eager && warm_steps_ >= plan_.warmup_steps;
         if (replaying && Config::impl == graph_impl::ahead_of_time_per_layer && !captured_ahead_) capture_ahead_of_time(s);
         for (const plan_segment& seg : plan_.segments) {
-            // A segment on a side lane forks from the step's stream; waits come before it.
+            // A segment on a side lane forks from the step's stream; the plan's waits come before it.
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
-            if (seg.waits_for) lanes.wait(seg.waits_for, on);
+            executor_.wait(plan_.waits_of(seg.waits), on);
             if (replaying && seg.graphed && !run_eagerly_[std::size_t(seg.graph)] &&
                 (execs_[std::size_t(seg.graph)] || capture_in_step(seg, on))) {
                 execs_[std::size_t(seg.graph)].launch(on);
@@ -117,9 +119,9 @@ public:
             } else {
                 executor_.run_eagerly(calls_of(seg), on, seg.lane);
             }
-            if (seg.lane) lanes.done(seg.lane);
+            executor_.record(seg.record, on);
         }
-        if (lanes.pending()) lanes.join(s);
+        executor_.wait(plan_.waits_of(plan_.end_waits), s); // every lane's last work, before step() returns
         detail::count_one(executor_.counters().steps);
         if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
     }
@@ -148,6 +150,10 @@ public:
     }
 
     const training_plan& plan() const noexcept { return plan_; }
+    //! Proves the plan's stream order (capscope/plan/verify.hpp): throws `plan_error` P12 naming
+    //! two calls that touch one buffer, one writing, with nothing ordering them. Plans are verified
+    //! when made in tests and debug builds; this runs it in any build.
+    void verify() const { verify_stream_order(plan_, program_); }
     const training_program& program() const noexcept { return program_; }
     const runner_counters& counters() const noexcept { return executor_.counters(); }
     //! The last failure met while capturing, in words ("" if none); what was rethrown unchanged

@@ -5,9 +5,11 @@
 //! in place), and say what went wrong. One implementation, so the training runner and the bucket
 //! runners capture, fail and clean up alike.
 //!
-//! Calls on another lane than the segment's (inside the whole iteration) fork from the
-//! segment's stream and join back before it ends (capscope/run/lanes.hpp). Scratch memory comes
-//! from the executor's pool (capscope/run/scratch.hpp).
+//! Calls on another lane than the segment's (inside the whole iteration, or a branch) fork from
+//! the segment's stream and join back before it ends (capscope/run/lanes.hpp); each call waits
+//! for the events the plan gives it and records the one the plan asks for
+//! (capscope/plan/stream_order.hpp), from the executor's event table. Scratch memory comes from
+//! the executor's pool (capscope/run/scratch.hpp), for work on the step's stream only.
 //!
 //! Failures while capturing are sorted in two:
 //! - capture-rule errors (a call that a capture forbids, a capture invalidated or left unjoined):
@@ -21,7 +23,9 @@
 
 #include <capscope/config/engine_options.hpp>
 #include <capscope/cuda/error.hpp>
+#include <capscope/cuda/event.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/plan/plan_calls.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
 #include <capscope/run/lanes.hpp>
@@ -33,6 +37,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace capscope {
 
@@ -47,15 +52,28 @@ constexpr cudaStreamCaptureMode cuda_capture_mode(capture_mode m) {
     return cudaStreamCaptureModeThreadLocal;
 }
 
-//! A resolved stage call: the function, the name it runs under, its lane and what it waits for,
-//! and the streams it forks onto itself.
+//! A resolved stage call: the function, the name it runs under, its lane, the plan's waits
+//! before it and event after it, and the streams it forks onto itself.
 struct bound_call {
     stream_fn fn;
     std::string_view name;
     int lane = 0;
-    std::uint32_t waits_for = 0;
+    std::span<const derived_wait> waits;
+    int record = -1;
     std::span<const stream_handle> forks_to;
     bool capture_only = false; //!< run while capturing only (stage::capture_only)
+};
+
+//! Clears the scratch pool's side-lane mark however the call it brackets ends.
+class side_lane_mark {
+public:
+    side_lane_mark(scratch_pool& pool, bool side) noexcept : pool_(pool) { pool_.on_side_lane(side); }
+    ~side_lane_mark() { pool_.on_side_lane(false); }
+    side_lane_mark(const side_lane_mark&) = delete;
+    side_lane_mark& operator=(const side_lane_mark&) = delete;
+
+private:
+    scratch_pool& pool_;
 };
 
 constexpr bool is_capture_rule_code(int code) {
@@ -133,7 +151,6 @@ public:
             if (ended != cudaSuccess) {
                 if (captured) cudaGraphDestroy(captured);
                 end_side_captures(calls);
-                lanes_.forget(forked_here_);
                 cuda::detail::check_status(ended, "cudaStreamEndCapture(origin, &captured)", __FILE__, __LINE__);
             }
             cuda::graph g(captured);
@@ -189,9 +206,22 @@ public:
         if (had_graphs) detail::trim_graph_memory();
     }
 
+    //! Makes the event table hold `count` events (set-up: the plan's events, created once).
+    void prepare_events(std::size_t count) {
+        while (events_.size() < count) events_.emplace_back();
+    }
+
     scratch_pool& scratch() noexcept { return scratch_; }
     const scratch_pool& scratch() const noexcept { return scratch_; }
     lane_streams& lanes() noexcept { return lanes_; }
+    //! Waits on `s` for the events of `waits`.
+    void wait(std::span<const derived_wait> waits, cudaStream_t s) const {
+        for (const derived_wait& w : waits) events_[std::size_t(w.event)].wait_on(s);
+    }
+    //! Records event `event` on `s` (nothing for -1).
+    void record(int event, cudaStream_t s) const {
+        if (event >= 0) events_[std::size_t(event)].record(s);
+    }
     runner_counters& counters() noexcept { return counters_; }
     const runner_counters& counters() const noexcept { return counters_; }
     //! The last failure met while capturing, in words ("" if none).
@@ -201,9 +231,8 @@ public:
 
 private:
     //! Runs each call under its name; calls on another lane fork from `origin` and are joined
-    //! back into it at the end. `running` is the call running (for failure messages).
-    //! Waits are for lanes forked here only: a runner orders its segments' lanes itself, before
-    //! the segment, where no capture is in progress.
+    //! back into it at the end. Each call waits for the plan's events before it and records the
+    //! plan's event after it. `running` is the call running (for failure messages).
     void execute(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running, bool capturing) {
         forked_here_ = 0;
         for (std::size_t i = 0; i < calls.size(); ++i) {
@@ -211,18 +240,17 @@ private:
             const detail::bound_call& c = calls[i];
             if (c.capture_only && !capturing) continue;
             scope_label label(c.name);
-            if (c.lane == origin_lane) {
-                if (c.waits_for & forked_here_) lanes_.wait(c.waits_for & forked_here_, origin);
-                c.fn(origin);
-                continue;
+            cudaStream_t on = origin;
+            if (c.lane != origin_lane) {
+                on = lanes_.fork(c.lane, origin);
+                forked_here_ |= std::uint32_t{1} << c.lane;
             }
-            const cudaStream_t side = lanes_.fork(c.lane, origin);
-            forked_here_ |= std::uint32_t{1} << c.lane;
-            if (c.waits_for & forked_here_) lanes_.wait(c.waits_for & forked_here_, side);
-            scratch_.on_side_lane(true);
-            c.fn(side);
-            scratch_.on_side_lane(false);
-            lanes_.done(c.lane);
+            wait(c.waits, on);
+            {
+                const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
+                c.fn(on);
+            }
+            record(c.record, on);
         }
         if (forked_here_) lanes_.join(origin, forked_here_);
         forked_here_ = 0;
@@ -245,9 +273,7 @@ private:
         if (partial) cudaGraphDestroy(partial);
         if (join) cudaEventDestroy(join);
         end_side_captures(calls);
-        lanes_.forget(forked_here_);
         forked_here_ = 0;
-        scratch_.on_side_lane(false);
     }
 
     //! A stream still capturing after the origin's capture ended (an invalidated capture leaves
@@ -286,6 +312,7 @@ private:
     capture_failure policy_;
     scratch_pool scratch_;
     lane_streams lanes_;
+    std::vector<cuda::event> events_; //!< the plan's events (capscope/plan/plan_calls.hpp)
     runner_counters counters_;
     std::string last_failure_;
     std::uint32_t forked_here_ = 0; //!< lanes forked by the execution in progress

@@ -17,10 +17,20 @@
 
 namespace capscope {
 
+//! What a layer's stages touch besides the buffers they declare: every stage of layer L reads
+//! `layers[L].parameters`, and its backward writes `layers[L].gradients` (capscope/stage/access.hpp).
+//! Hooks get them as their context's tensors (capscope/hooks/with_hooks.hpp).
+struct layer_buffers {
+    std::vector<tensor_ref> parameters, gradients;
+};
+
 struct training_program {
     std::vector<stage> step_begin;
     std::vector<std::vector<stage>> microbatches;
     std::vector<stage> step_end;
+    //! Per layer, what its stages touch besides their declared buffers; empty when nothing on
+    //! another stream touches a layer's parameters or gradients.
+    std::vector<layer_buffers> layers;
 };
 
 } // namespace capscope

@@ -86,12 +86,6 @@ struct on_lane {
     static constexpr int lane = Lane;
     static constexpr void apply(stage_facts& f) { f.lane = Lane; }
 };
-//! Before the stage, wait for the work issued on lane `Lane` so far.
-template <int Lane>
-struct waits_for_lane {
-    static_assert(Lane >= 1 && Lane <= max_lanes, "capscope::waits_for_lane<k>: lanes are numbered 1..capscope::max_lanes");
-    static constexpr void apply(stage_facts& f) { f.waits_for |= std::uint32_t{1} << Lane; }
-};
 
 //! The stage keeps these module inputs for its backward (what activation offloading may move).
 template <offload_module... Ms>
@@ -121,7 +115,7 @@ struct stage_decl {
     static_assert(sizeof(Regions) > 0); // checks the regions where the schema is named
     static_assert((detail::stage_property<Properties> && ...),
                   "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
-                  "on_lane<k>, waits_for_lane<k>, saves<offload_module...> and makes<offload_module...>");
+                  "on_lane<k>, saves<offload_module...> and makes<offload_module...>");
     static_assert(std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind> || requires { Kind.view(); },
                   "capscope::stage_decl<kind, ...>: the kind is a stage_kind (stage_kind::attention, ...) or a trainer's own, "
                   "capscope::kind<\"name\">");
@@ -147,7 +141,6 @@ struct stage_decl {
         s.shapes_depend_on_data = f.shapes_depend_on_data;
         s.passes_host_values = f.passes_host_values;
         s.lane = f.lane;
-        s.waits_for = f.waits_for;
         s.makes = f.makes; // what it saves, the trainer lists with its tensors (stage::saves)
         s.forward = forward;
         s.backward = backward;

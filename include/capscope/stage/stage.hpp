@@ -10,10 +10,13 @@
 //! of its own and join it back with events before it returns (list them in `forks_to`, so a
 //! failed capture can be ended on each). Work that must outlive the stage, overlapping later
 //! stages (a gradient reduction), goes on a *lane*: the runner's side stream `lane`, forked
-//! from the step's stream before the stage and joined by the first stage that `waits_for` it
-//! (and at the end of every step). A *branch* stage runs on its lane too, but stays in the
-//! segment of the stages around it: forked inside that segment's graph and joined at its end
-//! (an activation copy captured with the layer that writes the tensor).
+//! from the step's stream before the stage. Nothing waits for a lane by hand: every stage
+//! declares what its functions read and write (capscope/stage/access.hpp), and the plan makes
+//! each later call that touches what lane work writes, or writes what it reads, wait for exactly
+//! that work (capscope/plan/stream_order.hpp); the step's stream waits for every lane before
+//! `step()` returns. A *branch* stage runs on its lane too, but stays in the segment of the
+//! stages around it: forked inside that segment's graph and joined at its end (an activation
+//! copy captured with the layer that writes the tensor).
 
 #include <capscope/vocabulary/region.hpp>
 #include <capscope/stage/saved_tensor.hpp>
@@ -23,7 +26,6 @@
 #include <capscope/stage/tensor_ref.hpp>
 #include <capscope/vocabulary/capture_module.hpp>
 
-#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,8 +49,6 @@ struct stage_facts {
     bool passes_host_values = false;
     //! 0: the step's stream; k >= 1: the runner's side stream k (`max_lanes` at most).
     int lane = 0;
-    //! Bit k: before this stage, wait for the work issued on lane k so far.
-    std::uint32_t waits_for = 0;
     //! A lane stage that stays in its neighbours' segment (joined at the segment's end).
     bool branch = false;
     //! Module inputs this stage keeps for its backward (activation offloading may move them).
@@ -73,17 +73,21 @@ struct stage {
     bool shapes_depend_on_data = false;
     bool passes_host_values = false; //!< see stage_facts
     int lane = 0;                    //!< see stage_facts
-    std::uint32_t waits_for = 0;     //!< see stage_facts
     bool branch = false;             //!< see stage_facts
     offload_module_set makes;        //!< see stage_facts
     stream_fn forward;               //!< empty for backward-only work (a gradient reduction)
     stream_fn backward;              //!< empty for forward-only work (optimizer step, zeroing, a frozen layer)
-    std::vector<tensor_ref> inputs;  //!< read by forward
-    std::vector<tensor_ref> outputs; //!< written by forward
+    std::vector<tensor_ref> inputs;  //!< read by forward (and by backward)
+    std::vector<tensor_ref> outputs; //!< written by forward (read by backward)
+    std::vector<tensor_ref> backward_inputs;  //!< read by backward, besides inputs, outputs and saves
+    std::vector<tensor_ref> backward_outputs; //!< written by backward (what other streams may touch)
     //! `inputs` and `outputs` name every buffer the stage's work touches that may differ between
-    //! microbatches or after a rebind (what its own state points to included). Only then may a
-    //! graph captured for one binding replay another: microbatches share graphs, and a rebind
-    //! keeps graphs, only for stages that say so.
+    //! microbatches or after a rebind (what its own state points to included), and with
+    //! `backward_inputs` and `backward_outputs` every buffer it shares with work on another
+    //! stream (its layer's parameters and gradients aside: the composition knows those). Only
+    //! then may a graph captured for one binding replay another (microbatches share graphs, and
+    //! a rebind keeps graphs, only for stages that say so), and only then is the stage ordered
+    //! against other streams by what it touches; an undeclared stage is ordered against all.
     bool buffers_declared = false;
     //! Runs only while its segment is captured, once per capture, never in eager runs or replays
     //! (a capture-time hook, hooks/with_hooks.hpp): host work that sets up what the graph needs.
@@ -105,13 +109,13 @@ struct stage {
     stage_facts facts() const {
         offload_module_set kept;
         for (const saved_tensor& t : saves) kept.insert(t.module);
-        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, waits_for, branch, kept, makes};
+        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, branch, kept, makes};
     }
     //! Same work on the same declared buffers: a graph captured from one replays the other. False
     //! when either stage leaves its buffers undeclared.
     bool same_binding(const stage& o) const {
         return buffers_declared && o.buffers_declared && forward == o.forward && backward == o.backward && inputs == o.inputs &&
-               outputs == o.outputs;
+               outputs == o.outputs && backward_inputs == o.backward_inputs && backward_outputs == o.backward_outputs;
     }
 };
 

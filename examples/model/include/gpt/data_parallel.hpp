@@ -91,7 +91,7 @@ public:
     static_assert(capscope::hooks_fit<Config, hooks_type>);
 
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s)
-        : model_(cfg, s, detail::store_layout<Mode>(comm)), tensors_(layer_tensors_of(model_.parameters(), grad_refs_, buffers_)),
+        : model_(cfg, s, detail::store_layout<Mode>(comm)), tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
           hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_)),
           outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)) {
         capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);
@@ -106,17 +106,24 @@ public:
     const capscope::runner<Config>& runner() const { return runner_; }
 
 private:
-    static std::vector<capscope::layer_tensors> layer_tensors_of(const parameter_store<T>& p, std::vector<capscope::tensor_ref>& grads,
+    //! What each layer's hooks touch: its gradients, and under sharding the full parameter buffer
+    //! the all-gather writes and the layer reads (so the plan orders the layer after the gather).
+    static std::vector<capscope::layer_tensors> layer_tensors_of(const parameter_store<T>& p, int ranks, std::vector<capscope::tensor_ref>& params,
+                                                                 std::vector<capscope::tensor_ref>& grads,
                                                                  std::vector<capscope::sharded_layer_buffers>& buffers) {
-        grads.reserve(std::size_t(p.layers())); // the spans below point into it
+        grads.reserve(std::size_t(p.layers())); // the spans below point into them
+        params.reserve(std::size_t(p.layers()));
         std::vector<capscope::layer_tensors> out;
         for (int l = 0; l < p.layers(); ++l) {
             grads.push_back(p.layer_gradients(l));
-            out.push_back({{}, std::span<const capscope::tensor_ref>(&grads.back(), 1)});
+            std::span<const capscope::tensor_ref> gathered;
             if constexpr (is_sharded) {
                 const layer_shard<T> sh = p.shard_of(l);
                 buffers.push_back({sh.value_shard, sh.value_full, sh.grad_full, sh.grad_shard, sh.shard, detail::nccl_type_of<T>(), ncclFloat32});
+                params.push_back({"layer" + std::to_string(l) + ".parameters (gathered)", sh.value_full, sh.shard * std::size_t(ranks) * sizeof(T)});
+                gathered = std::span<const capscope::tensor_ref>(&params.back(), 1);
             }
+            out.push_back({gathered, std::span<const capscope::tensor_ref>(&grads.back(), 1)});
         }
         return out;
     }
@@ -129,7 +136,7 @@ private:
     }
 
     gpt_model<T> model_;
-    std::vector<capscope::tensor_ref> grad_refs_;
+    std::vector<capscope::tensor_ref> param_refs_, grad_refs_;
     std::vector<capscope::sharded_layer_buffers> buffers_;
     std::vector<capscope::layer_tensors> tensors_;
     hooks_type hooks_;
