@@ -251,7 +251,14 @@ void check_sharded(const char* impl) {
     sharded_model m(mpi().rank(), mpi().size(), s);
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
     static_assert(hooks_fit<Config, decltype(hooks)>);
-    const layer_tensors tensors[layers] = {};
+    // What the hooks touch: the gathered parameters the layer reads, and its gradients.
+    tensor_ref full[layers], grads[layers];
+    layer_tensors tensors[layers];
+    for (int l = 0; l < layers; ++l) {
+        full[l] = {"full", m.full[l % 2].data(), m.full[l % 2].bytes()};
+        grads[l] = {"grad_full", m.grad_full[std::size_t(l)].data(), m.grad_full[std::size_t(l)].bytes()};
+        tensors[l] = {{&full[l], 1}, {&grads[l], 1}};
+    }
     runner<Config> r(with_hooks(m.program(), hooks, tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
     for (int step = 1; step <= Config::warmup_steps + 4; ++step) {

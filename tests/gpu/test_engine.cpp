@@ -192,7 +192,7 @@ TEST_CASE("lanes: a reduction on a side lane overlaps later layers and is joined
     const std::string text = r.plan_text();
     std::printf("%s", text.c_str());
     CHECK(text.find("layer1.reduce  [side lane 1]") != std::string::npos);
-    CHECK(text.find("optimizer  [waits for lane 1]") != std::string::npos);
+    CHECK(text.find("optimizer  [waits for layer0.reduce on lane 1]") != std::string::npos);
 }
 
 TEST_CASE("a stage that forks onto its own stream: captured with the fork, eager and replayed alike") {

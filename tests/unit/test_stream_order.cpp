@@ -242,3 +242,17 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
     CHECK(mutations > 300);
     CHECK(caught == mutations);
 }
+
+TEST_CASE("a hook on a lane whose layer_tensors name nothing it touches is refused: nothing could wait for it") {
+    fake::model m;
+    const layer_tensors nothing[2] = {};
+    CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), hook_pipeline{gather}, nothing),
+                         doctest::Contains("hook 'gather' runs on lane 1 but layer 0's layer_tensors name nothing it touches (no parameters)"),
+                         std::invalid_argument);
+    // On the layer's own stream it needs nothing: the stream orders it.
+    CHECK_NOTHROW(with_hooks(m.program("DD", false, 1), hook_pipeline{inline_pre}, nothing));
+    // One layer_tensors per layer, no fewer and no more.
+    const layer_tensors three[3] = {};
+    CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), hook_pipeline{inline_pre}, three),
+                         doctest::Contains("3 layer_tensors for a program of 2 layers"), std::invalid_argument);
+}

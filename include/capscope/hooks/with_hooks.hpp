@@ -70,6 +70,12 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
         break;
     }
     s.buffers_declared = true;
+    if (Hook::lane != 0 && s.inputs.empty() && s.outputs.empty() && s.backward_outputs.empty())
+        throw std::invalid_argument("capscope::with_hooks: hook '" + std::string(h.name()) + "' runs on lane " + std::to_string(Hook::lane) +
+                                    " but layer " + std::to_string(layer) + "'s layer_tensors name nothing it touches" +
+                                    (p == hook_phase::backward ? " (no parameters, no gradients)" : " (no parameters)") +
+                                    ", so nothing could be ordered after it -- fix: give with_hooks the layer's parameters (what a pre "
+                                    "hook brings and the layer reads) and gradients (what a backward hook reduces)");
     return s;
 }
 
