@@ -57,7 +57,8 @@ stage make_stage(std::string name, int layer, capture_module_set regions, stream
 // ---- lanes: a per-layer reduction on side lane 1 that the optimizer waits for ----------------------
 
 //! Two layers; layer l's forward writes act = step + l, its backward grad = 2 act; a reduction
-//! on lane 1 copies grad to red slowly; the optimizer (step end) waits for lane 1 and writes
+//! on lane 1 copies grad to red slowly; the optimizer (step end) reads red, so the plan makes it
+//! wait for the reductions, and writes
 //! out = red0 + red1 = 4 step + 2 (step counted from 1 on the device).
 struct laned_model {
     ints counter{1}, out{n};
@@ -96,9 +97,7 @@ struct laned_model {
         }
         stage opt = make_stage("optimizer", -1, {}, stream_fn::of<&laned_model::optimizer>(this), {});
         opt.buffers_declared = true;
-#ifndef CAPSCOPE_BREAK_OPTIMIZER_WAIT // broken on purpose: the optimizer no longer says it reads the reductions
         opt.inputs = {ref(red[0]), ref(red[1])};
-#endif
         opt.outputs = {ref(out)};
         p.step_end.push_back(std::move(opt));
         return p;
@@ -192,7 +191,9 @@ TEST_CASE("lanes: a reduction on a side lane overlaps later layers and is joined
     const std::string text = r.plan_text();
     std::printf("%s", text.c_str());
     CHECK(text.find("layer1.reduce  [side lane 1]") != std::string::npos);
+#ifndef CAPSCOPE_TEST_DROP_WAITS_FROM // broken on purpose, the plan has no such wait: only the data may say so
     CHECK(text.find("optimizer  [waits for layer0.reduce on lane 1]") != std::string::npos);
+#endif
 }
 
 TEST_CASE("a stage that forks onto its own stream: captured with the fork, eager and replayed alike") {

@@ -23,16 +23,9 @@ namespace {
 
 using om = offload_module;
 
-//! `plan` without its wait `i`: the ranges that held it shrink, the later ones shift.
+//! `plan` without its wait `i`.
 training_plan without_wait(training_plan plan, int i) {
-    auto fix = [i](wait_range& r) {
-        if (i >= r.first && i < r.first + r.count) --r.count;
-        else if (r.first > i) --r.first;
-    };
-    for (stage_call& c : plan.calls) fix(c.waits);
-    for (plan_segment& s : plan.segments) fix(s.waits);
-    fix(plan.end_waits);
-    plan.waits.erase(plan.waits.begin() + i);
+    detail::erase_wait(plan, i);
     return plan;
 }
 
@@ -109,15 +102,19 @@ const auto peek = hook<hook_phase::forward, capturable, on_lane<8>, of_region<ca
 const auto log_host = hook<hook_phase::forward, boundary>("log", [](forward_context&) {});
 const auto at_capture = hook<hook_phase::forward_pre, capture_time>("setup", [](forward_pre_context&) {});
 const auto inline_pre = hook<hook_phase::backward_pre, capturable>("inline", [](backward_pre_context&) {});
+const auto setup_on_lane = hook<hook_phase::forward_pre, capture_time, on_lane<1>>("setup on lane", [](forward_pre_context&) {});
+const auto note_on_lane = hook<hook_phase::backward, capture_time, on_lane<1>>("note on lane", [](backward_context&) {});
 
 template <class F>
 void with_pipeline(int which, F&& f) {
-    switch (which % 6) {
+    switch (which % 8) {
     case 0: f(hook_pipeline{gather, reduce}); break;
     case 1: f(hook_pipeline{gather, regather, reduce}); break;
     case 2: f(hook_pipeline{reduce_every, peek}); break;
     case 3: f(hook_pipeline{gather, log_host, reduce}); break;
     case 4: f(hook_pipeline{at_capture, inline_pre, peek, reduce_every}); break;
+    case 5: f(hook_pipeline{gather, setup_on_lane}); break; // a capture-time call's event still orders, eagerly
+    case 6: f(hook_pipeline{reduce, note_on_lane}); break;
     default: f(hook_pipeline{regather, reduce, peek}); break;
     }
 }
@@ -210,7 +207,7 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
         std::vector<tensor_ref> params, grads;
         const auto tensors = tensors_of(mem, params, grads, layers, pick(2));
         const capture_scope scope{impls[pick(4)], region_choices[pick(4)]};
-        with_pipeline(pick(6), [&](const auto& hooks) {
+        with_pipeline(pick(8), [&](const auto& hooks) {
             for (int order = 0; order < 2; ++order) {
                 training_program q;
                 training_plan tp;
@@ -255,4 +252,27 @@ TEST_CASE("a hook on a lane whose layer_tensors name nothing it touches is refus
     const layer_tensors three[3] = {};
     CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), hook_pipeline{inline_pre}, three),
                          doctest::Contains("3 layer_tensors for a program of 2 layers"), std::invalid_argument);
+}
+
+TEST_CASE("the verifier refuses an event recorded inside one graph and waited for outside it") {
+    fake::model m;
+    memory mem;
+    const offload_plan plan = plan_offload({}, decls(2));
+    const training_program p = keeping(m, mem, 2, 1, plan);
+    std::vector<tensor_ref> params, grads;
+    const auto tensors = tensors_of(mem, params, grads, 2, false);
+    // The gathers are graphs of their own on lane 1; the layers wait for the graphs' ends.
+    const training_program q = with_hooks(p, hook_pipeline{gather}, tensors);
+    training_plan tp = make_training_plan({graph_impl::ahead_of_time_per_layer, {}}, 1, q);
+    REQUIRE(!tp.waits.empty());
+    // Move the first wait onto an event recorded by the gather call inside its graph: eagerly that
+    // orders the same, replayed no stream outside the graph can see it.
+    derived_wait& w = tp.waits.front();
+    tp.calls[std::size_t(w.producer)].record = int(tp.events.size());
+    tp.events.push_back({w.producer, -1});
+    w.event = tp.calls[std::size_t(w.producer)].record;
+    CHECK_FALSE(detail::first_violation(tp, q, false));
+    const auto v = detail::first_violation(tp, q, true);
+    REQUIRE(v);
+    CHECK(v->message.find("which is recorded inside another graph or outside this one (replayed)") != std::string::npos);
 }

@@ -38,8 +38,8 @@ struct last_microbatch_only {};
 
 //! Hook option `on_lane<K>` (capscope/stage/schema.hpp): the hook's stage runs on the runner's
 //! side stream K, forked from the step's stream at the hook's position, so it overlaps the stages
-//! after it (a gradient reduction beside the backward of earlier layers). `with_hooks` makes the
-//! stages that read its work wait for the lane (capscope/hooks/with_hooks.hpp).
+//! after it (a gradient reduction beside the backward of earlier layers). The stages that touch
+//! what it touches wait for it, as the plan derives (capscope/hooks/with_hooks.hpp).
 
 //! Hook option: the hook belongs to one capture region of its layer (`of_region<capture::attention>`,
 //! or a trainer's `region<"mixer">`), not the whole layer.

@@ -19,8 +19,8 @@
 //! The stage names are "layerN.hook.<name>". A hook on a side lane (`on_lane<K>`) is a stage on
 //! that lane. What a hook touches follows from its phase, as its context gives it: a pre hook
 //! (forward_pre, backward_pre) writes its layer's parameters (it brings what the layer reads: an
-//! all-gather), a forward hook reads them, a backward hook reads them and writes the layer's
-//! gradients (a reduction). The plan orders the other stages against that
+//! all-gather), a forward hook reads them, a backward hook reads and writes the layer's gradients
+//! (a reduction). The plan orders the other stages against that
 //! (capscope/plan/stream_order.hpp): the layer's stages wait for its pre hook's lane, the
 //! optimizer (which touches every layer's parameters and gradients) for every backward hook.
 
@@ -64,16 +64,13 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
     case hook_phase::forward_pre: s.outputs = parameters; break;
     case hook_phase::backward_pre: s.backward_outputs = parameters; break;
     case hook_phase::forward: s.inputs = parameters; break;
-    case hook_phase::backward:
-        s.inputs = parameters;
-        s.backward_outputs.assign(tensors->gradients.begin(), tensors->gradients.end());
-        break;
+    case hook_phase::backward: s.backward_outputs.assign(tensors->gradients.begin(), tensors->gradients.end()); break;
     }
     s.buffers_declared = true;
     if (Hook::lane != 0 && s.inputs.empty() && s.outputs.empty() && s.backward_outputs.empty())
         throw std::invalid_argument("capscope::with_hooks: hook '" + std::string(h.name()) + "' runs on lane " + std::to_string(Hook::lane) +
                                     " but layer " + std::to_string(layer) + "'s layer_tensors name nothing it touches" +
-                                    (p == hook_phase::backward ? " (no parameters, no gradients)" : " (no parameters)") +
+                                    (p == hook_phase::backward ? " (no gradients)" : " (no parameters)") +
                                     ", so nothing could be ordered after it -- fix: give with_hooks the layer's parameters (what a pre "
                                     "hook brings and the layer reads) and gradients (what a backward hook reduces)");
     return s;
@@ -172,11 +169,15 @@ training_program with_hooks(const training_program& program, const hook_pipeline
     out.step_end = program.step_end;
     for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
-    out.layers = program.layers;
-    out.layers.resize(tensors.size());
+    out.layers = program.layers; // an earlier with_hooks' tensors stay: its hooks touch them
+    out.layers.resize(std::max(out.layers.size(), tensors.size()));
     for (std::size_t l = 0; l < tensors.size(); ++l) {
-        out.layers[l].parameters.assign(tensors[l].parameters.begin(), tensors[l].parameters.end());
-        out.layers[l].gradients.assign(tensors[l].gradients.begin(), tensors[l].gradients.end());
+        for (const tensor_ref& t : tensors[l].parameters)
+            if (std::find(out.layers[l].parameters.begin(), out.layers[l].parameters.end(), t) == out.layers[l].parameters.end())
+                out.layers[l].parameters.push_back(t);
+        for (const tensor_ref& t : tensors[l].gradients)
+            if (std::find(out.layers[l].gradients.begin(), out.layers[l].gradients.end(), t) == out.layers[l].gradients.end())
+                out.layers[l].gradients.push_back(t);
     }
     return out;
 }

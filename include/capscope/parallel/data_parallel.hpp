@@ -78,9 +78,10 @@ auto gradient_all_reduce(const cuda::nccl_communicator& comm, ncclDataType_t typ
 }
 
 //! The reduction of gradients outside the layers (an embedding, a head), once per step: a stage
-//! for the step's end, before the optimizer, on side stream `lane` (the optimizer must wait for
-//! it: `with_hooks` makes the first end stage wait for the hooks' lanes, and this is the same lane
-//! as theirs by default). It keeps the list of gradients, so it must outlive the stage.
+//! for the step's end, before the optimizer, on side stream `lane`. It declares the gradients it
+//! reduces, and the optimizer (a step_end stage: it touches every gradient) waits for it wherever
+//! it stands (capscope/plan/stream_order.hpp). It keeps the list of gradients, so it must outlive
+//! the stage.
 class step_gradient_all_reduce {
 public:
     step_gradient_all_reduce(const cuda::nccl_communicator& comm, std::vector<tensor_ref> gradients, ncclDataType_t type = ncclFloat32,

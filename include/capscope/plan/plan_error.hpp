@@ -19,7 +19,8 @@ public:
           rule_(rule), stage_(std::move(stage)) {}
     //! "P1" (host sync captured), "P2" (data-dependent shapes captured), "P3" (the program's shape),
     //! "P8" (host values passed at launch captured), "P9" (named regions match no stage), "P10"
-    //! (model facts that are not the program's); inference: "P4" to "P7".
+    //! (model facts that are not the program's), "P11" (an offloaded tensor across graphs), "P12"
+    //! (two calls that touch one buffer left unordered: the verifier); inference: "P4" to "P7".
     const std::string& rule() const noexcept { return rule_; }
     //! The stage at fault, when there is one.
     const std::string& stage() const noexcept { return stage_; }

@@ -3,7 +3,7 @@
 //! Stream order, derived (pure host). Work on one stream runs in the order issued; work on a lane
 //! is forked from the stream that issues it, so it runs after everything issued there before.
 //! What remains is a call that comes *after* work on another stream and touches what that work
-//! writes, or writes what it reads (capscope/stage/access.hpp). For each such pair the plan puts
+//! writes, or writes what it reads (capscope/plan/access.hpp). For each such pair the plan puts
 //! one wait on the later call's stream, for an event recorded right after the earlier call
 //! (inside one segment) or after its segment (across segments), unless an earlier wait, the
 //! stream's own order or a fork already orders them: one wait per dependency, none repeated.
@@ -15,7 +15,7 @@
 //! the weaker of the two, so it holds eager, captured and replayed.
 
 #include <capscope/plan/plan_calls.hpp>
-#include <capscope/stage/access.hpp>
+#include <capscope/plan/access.hpp>
 
 #include <algorithm>
 #include <array>
@@ -46,6 +46,7 @@ private:
 //! Streams as the plan sees them: 0 the step's, 1..max_lanes the lanes' side streams, and
 //! max_lanes + k lane k inside the graph being captured (fresh in every graphed segment).
 inline constexpr int stream_count = 2 * max_lanes + 1;
+static_assert(stream_count < 32, "the plan keeps sets of streams in 32-bit masks");
 constexpr int graph_lane_stream(int lane) { return max_lanes + lane; }
 
 //! The stream call `c`'s work runs on, in a segment on `origin_lane`.
@@ -224,6 +225,18 @@ private:
     std::vector<call_set> segment_end_;        //!< per segment: what its event orders
     std::vector<int> segment_of_;              //!< per call: its segment
 };
+
+//! Removes wait `i` from `plan`: the range that held it shrinks, the later ones shift.
+inline void erase_wait(training_plan& plan, int i) {
+    auto fix = [i](wait_range& r) {
+        if (i >= r.first && i < r.first + r.count) --r.count;
+        else if (r.first > i) --r.first;
+    };
+    for (stage_call& c : plan.calls) fix(c.waits);
+    for (plan_segment& s : plan.segments) fix(s.waits);
+    fix(plan.end_waits);
+    plan.waits.erase(plan.waits.begin() + i);
+}
 
 } // namespace detail
 

@@ -150,9 +150,9 @@ public:
     }
 
     const training_plan& plan() const noexcept { return plan_; }
-    //! Proves the plan's stream order (capscope/plan/verify.hpp): throws `plan_error` P12 naming
-    //! two calls that touch one buffer, one writing, with nothing ordering them. Plans are verified
-    //! when made in tests and debug builds; this runs it in any build.
+    //! Proves the plan's stream order again (capscope/plan/verify.hpp; every plan is proven when
+    //! made): throws `plan_error` P12 naming two calls that touch one buffer, one writing, with
+    //! nothing ordering them.
     void verify() const { verify_stream_order(plan_, program_); }
     const training_program& program() const noexcept { return program_; }
     const runner_counters& counters() const noexcept { return executor_.counters(); }

@@ -238,7 +238,6 @@ private:
         for (std::size_t i = 0; i < calls.size(); ++i) {
             running = int(i);
             const detail::bound_call& c = calls[i];
-            if (c.capture_only && !capturing) continue;
             scope_label label(c.name);
             cudaStream_t on = origin;
             if (c.lane != origin_lane) {
@@ -246,7 +245,7 @@ private:
                 forked_here_ |= std::uint32_t{1} << c.lane;
             }
             wait(c.waits, on);
-            {
+            if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
                 const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
                 c.fn(on);
             }

@@ -11,7 +11,7 @@
 //! failed capture can be ended on each). Work that must outlive the stage, overlapping later
 //! stages (a gradient reduction), goes on a *lane*: the runner's side stream `lane`, forked
 //! from the step's stream before the stage. Nothing waits for a lane by hand: every stage
-//! declares what its functions read and write (capscope/stage/access.hpp), and the plan makes
+//! declares what its functions read and write (capscope/plan/access.hpp), and the plan makes
 //! each later call that touches what lane work writes, or writes what it reads, wait for exactly
 //! that work (capscope/plan/stream_order.hpp); the step's stream waits for every lane before
 //! `step()` returns. A *branch* stage runs on its lane too, but stays in the segment of the
@@ -115,7 +115,7 @@ struct stage {
     //! when either stage leaves its buffers undeclared.
     bool same_binding(const stage& o) const {
         return buffers_declared && o.buffers_declared && forward == o.forward && backward == o.backward && inputs == o.inputs &&
-               outputs == o.outputs && backward_inputs == o.backward_inputs && backward_outputs == o.backward_outputs;
+               outputs == o.outputs && backward_inputs == o.backward_inputs && backward_outputs == o.backward_outputs && saves == o.saves;
     }
 };
 
