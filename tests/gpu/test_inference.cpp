@@ -62,11 +62,21 @@ template <class T> bool rows_zero(const std::vector<T>& logits, std::size_t firs
     return true;
 }
 
+//! Poisons every buffer a stage of the bucket of `size` declares as its output (the layers'
+//! outputs, not only the logits): a graph that did not run leaves NaNs for the next to read.
+void poison_outputs(const inference_program& p, int size, cudaStream_t s) {
+    for (std::size_t b = 0; b < p.bucket_sizes.size(); ++b)
+        if (p.bucket_sizes[b] == size)
+            for (const stage& st : p.buckets[b])
+                for (const tensor_ref& t : st.outputs) support::poison(t.data, t.bytes, s);
+}
+
 //! For every request size 1..8: eager forward of the padded bucket vs the runner's replay, bitwise.
 template <class Config, class T> void check_parity_every_bucket(const char* name) {
     cuda::stream s;
     gpt::inference_model<T> m(serving_model(), s.get());
-    inference_runner<Config> r(m.inference_program(Config::engine.batch_buckets.view()));
+    const inference_program program = m.inference_program(Config::engine.batch_buckets.view());
+    inference_runner<Config> r(program);
     const std::size_t row = std::size_t(m.config().seq_len) * m.config().vocab;
     int compared = 0;
     for (int pass = 0; pass < 2; ++pass) // pass 0 warms every bucket up (eager), pass 1 replays
@@ -76,9 +86,10 @@ template <class Config, class T> void check_parity_every_bucket(const char* name
             m.forward(c.size, s.get());
             const auto eager = logits_of(m, c.size, s.get());
             const long replays = r.counters().replays;
-            // The eager result is kept on the host; the runner must write every row itself (a no-op
-            // replay, or a smaller bucket's graph, leaves NaNs).
+            // The eager result is kept on the host; the runner must write every row of every
+            // graph's output itself (a no-op replay of any graph, or a smaller bucket's, leaves NaNs).
             poison_logits(m, c.size, s.get());
+            poison_outputs(program, c.size, s.get());
             r.run(c, s.get());
             const auto graphed = logits_of(m, c.size, s.get());
             CHECK_MESSAGE(!support::any_nan(graphed), name, " n=", n, " bucket ", c.size, ": rows left unwritten");

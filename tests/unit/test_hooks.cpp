@@ -89,3 +89,18 @@ TEST_CASE("a pipeline fits a per-layer config whatever its hooks; whole_iteratio
     static_assert(hooks_fit<config<impl::lazy_per_layer>, decltype(pipeline)>);
     CHECK(decltype(pipeline)::has_boundary_hooks == false);
 }
+
+TEST_CASE("a generic-lambda hook takes the phase its declaration names; the empty pipeline compiles") {
+    int seen = 0;
+    // Its body calls gradients(), which only a backward context has: tried as forward_pre first,
+    // it would not compile.
+    const auto reduce = hook<hook_phase::backward, capturable>("reduce", [&seen](auto& c) { seen += int(c.gradients().size()); });
+    static_assert(decltype(reduce)::phase == hook_phase::backward);
+    const tensor_ref grads[2] = {};
+    const layer_tensors tensors{{}, {grads, 2}};
+    backward_context c(nullptr, 0, 0, tensors);
+    reduce(c);
+    CHECK(seen == 2);
+    constexpr hook_pipeline<> none;
+    static_assert(decltype(none)::size == 0);
+}

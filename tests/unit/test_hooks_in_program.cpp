@@ -169,8 +169,8 @@ TEST_CASE("warmup hooks run before the first warmup step and after the last, and
         on_warmup<warmup_point::after>("pin", [&log](warmup_context&) { log.push_back("warmup after"); }),
     };
     const layer_tensors tensors[1] = {};
+    // They travel with the program: nothing more to remember than with_hooks.
     runner<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<2>>> r(with_hooks(m.program("D", false, 1), hooks, tensors));
-    r.set_warmup_hooks(hooks);
     auto marks = [&] {
         std::vector<std::string> out;
         for (std::size_t i = 0; i < log.size(); ++i)
@@ -195,4 +195,15 @@ TEST_CASE("warmup hooks run before the first warmup step and after the last, and
     eager.step(fake_stream);
     eager.step(fake_stream);
     CHECK((before == 1 && after == 1)); // no warmup: both once, before the first step
+}
+
+TEST_CASE("warmup hooks of two pipelines are refused: one pipeline holds them") {
+    fake::model m;
+    hook_pipeline first{on_warmup<warmup_point::before>("a", [](warmup_context&) {})};
+    hook_pipeline second{on_warmup<warmup_point::after>("b", [](warmup_context&) {})};
+    const layer_tensors tensors[1] = {};
+    const training_program p = with_hooks(m.program("D", false, 1), first, tensors);
+    CHECK(p.warmup.run != nullptr);
+    CHECK_THROWS_WITH_AS(with_hooks(p, second, tensors), doctest::Contains("already has the warmup hooks of another pipeline"),
+                         std::invalid_argument);
 }

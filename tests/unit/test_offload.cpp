@@ -235,3 +235,20 @@ TEST_CASE("under the whole iteration the copy back sits right before the stage t
                    "layer0.qkv_linear.to_device layer2.attention layer2.mlp "
                    "layer1.qkv_linear.to_device layer3.attention layer3.mlp head ");
 }
+
+TEST_CASE("a policy that is on but moves nothing is refused, with the reason") {
+    // Every tensor under the minimum size (Megatron's default, 2^20 elements).
+    auto tiny = policy({om::qkv_linear});
+    tiny.min_tensor_size = 1048576;
+    CHECK_THROWS_WITH_AS(require_moves_something(plan_offload(tiny, dense_tensors(4))),
+                         doctest::Contains("all 4 of their tensors hold fewer than min_offloaded_tensor_size (1048576 elements)"),
+                         std::invalid_argument);
+    // Eligible, but the last two groups keep their slots and the fraction keeps the rest.
+    CHECK_THROWS_WITH_AS(require_moves_something(plan_offload(policy({om::qkv_linear}, 0.0), dense_tensors(4))),
+                         doctest::Contains("every eligible group stays on the device"), std::invalid_argument);
+    // A module no layer declared.
+    CHECK_THROWS_WITH_AS(require_moves_something(plan_offload(policy({om::core_attn}), dense_tensors(4))),
+                         doctest::Contains("no layer declared a tensor of those module inputs"), std::invalid_argument);
+    CHECK_NOTHROW(require_moves_something(plan_offload(policy({om::qkv_linear}), dense_tensors(4))));
+    CHECK_NOTHROW(require_moves_something(plan_offload({}, dense_tensors(4)))); // off: nothing to say
+}

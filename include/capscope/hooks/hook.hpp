@@ -53,9 +53,13 @@ struct of_region {
 };
 
 namespace detail {
-template <class F>
+//! The phase whose context F takes: the declared one first, so a generic lambda (`auto& c`) takes
+//! the phase its declaration names, and the others are not tried (trying them would instantiate
+//! its body with a context that lacks what it calls).
+template <class F, hook_phase Declared>
 constexpr int phase_taken() {
-    if constexpr (std::is_invocable_v<const F&, forward_pre_context&>) return int(hook_phase::forward_pre);
+    if constexpr (std::is_invocable_v<const F&, hook_context<Declared>&>) return int(Declared);
+    else if constexpr (std::is_invocable_v<const F&, forward_pre_context&>) return int(hook_phase::forward_pre);
     else if constexpr (std::is_invocable_v<const F&, forward_context&>) return int(hook_phase::forward);
     else if constexpr (std::is_invocable_v<const F&, backward_pre_context&>) return int(hook_phase::backward_pre);
     else if constexpr (std::is_invocable_v<const F&, backward_context&>) return int(hook_phase::backward);
@@ -72,7 +76,7 @@ inline constexpr bool is_on_lane<on_lane<K>> = true;
 
 template <hook_phase Declared, class F>
 struct checked_phase {
-    static constexpr int taken = phase_taken<F>();
+    static constexpr int taken = phase_taken<F, Declared>();
     static_assert(taken != -1,
                   "capscope hook rule H1: a hook's callable takes its phase's context by reference (forward_pre_context&, "
                   "forward_context&, backward_pre_context&, backward_context&) and this one takes none of them -- fix: "

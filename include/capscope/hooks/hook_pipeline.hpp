@@ -52,7 +52,9 @@ class hook_pipeline {
 
 public:
     constexpr hook_pipeline() = default;
-    constexpr explicit hook_pipeline(Hooks... hooks) : hooks_(std::move(hooks)...) {}
+    constexpr explicit hook_pipeline(Hooks... hooks)
+        requires(sizeof...(Hooks) > 0) // the empty pipeline has the default constructor only
+        : hooks_(std::move(hooks)...) {}
 
     static constexpr std::size_t size = sizeof...(Hooks);
 

@@ -154,8 +154,8 @@ inline int layer_count(const std::vector<stage>& list) {
 
 //! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
 //! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
-//! the hooks; one entry per layer of the program). Warmup hooks are not stages:
-//! `runner::set_warmup_hooks` runs them. The program also learns what each layer's stages touch
+//! the hooks; one entry per layer of the program). Warmup hooks are not stages: they travel with
+//! the program (`training_program::warmup`), and the runner runs them around its warmup steps. The program also learns what each layer's stages touch
 //! (`training_program::layers`), so the plan can order them against the hooks on lanes.
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
@@ -169,6 +169,18 @@ training_program with_hooks(const training_program& program, const hook_pipeline
     out.step_end = program.step_end;
     for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
+    out.warmup = program.warmup;
+    if constexpr ((detail::is_warmup_hook<std::remove_cv_t<Hooks>> || ...)) {
+        if (out.warmup.run)
+            throw std::invalid_argument("capscope::with_hooks: the program already has the warmup hooks of another pipeline -- fix: put "
+                                        "every warmup hook in one pipeline");
+        out.warmup = {&hooks, [](const void* p, bool before, stream_handle stream) {
+                          warmup_context context{stream};
+                          const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(p);
+                          if (before) pipeline.template run_warmup<warmup_point::before>(context);
+                          else pipeline.template run_warmup<warmup_point::after>(context);
+                      }};
+    }
     out.layers = program.layers; // an earlier with_hooks' tensors stay: its hooks touch them
     out.layers.resize(std::max(out.layers.size(), tensors.size()));
     for (std::size_t l = 0; l < tensors.size(); ++l) {

@@ -42,10 +42,12 @@ public:
         return id(decls_.size()) - 1;
     }
 
-    //! Plans the declared tensors under `policy` and allocates the arenas (once).
+    //! Plans the declared tensors under `policy` and allocates the arenas (once). A policy that
+    //! is on but would move nothing is refused, with the reason (`require_moves_something`).
     void allocate(const offload_settings& policy, offload_ring ring = {}) {
         if (allocated_) throw std::logic_error("capscope::activation_store: allocate() runs once");
         plan_ = plan_offload(policy, decls_, ring);
+        require_moves_something(plan_);
         ring_ = cuda::device_buffer<std::byte>(plan_.ring_bytes);
         own_ = cuda::device_buffer<std::byte>(plan_.own_bytes);
         host_ = cuda::pinned_buffer<std::byte>(plan_.host_bytes);

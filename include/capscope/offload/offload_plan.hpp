@@ -191,4 +191,32 @@ inline offload_plan plan_offload(const offload_settings& policy, std::vector<off
     return plan;
 }
 
+//! Refuses a policy that is on but moves nothing, saying why: no tensor of its modules reaches
+//! `min_offloaded_tensor_size`, or the groups that do all stay on the device (the last `slots` of
+//! each module, and what the fraction leaves). Nothing would be saved, silently.
+inline void require_moves_something(const offload_plan& plan) {
+    const offload_settings& p = plan.policy;
+    if (!p.enabled || plan.copied_groups() > 0) return;
+    int offloaded = 0, eligible = 0;
+    for (const auto& t : plan.tensors) {
+        if (!p.modules.contains(t.module)) continue;
+        ++offloaded;
+        eligible += (long long)(t.bytes / t.element_bytes) >= p.min_tensor_size;
+    }
+    const std::string modules = detail::names_of(p.modules);
+    if (offloaded == 0)
+        throw std::invalid_argument("capscope offload: the policy offloads " + modules + ", but no layer declared a tensor of those "
+                                    "module inputs, so nothing moves -- fix: declare the tensors the layers keep, or offload the "
+                                    "modules they declare");
+    if (eligible == 0)
+        throw std::invalid_argument("capscope offload: the policy offloads " + modules + ", but all " + std::to_string(offloaded) +
+                                    " of their tensors hold fewer than min_offloaded_tensor_size (" + std::to_string(p.min_tensor_size) +
+                                    " elements), so nothing moves -- fix: lower min_offloaded_tensor_size<N> below their size, or "
+                                    "turn offloading off");
+    throw std::invalid_argument("capscope offload: the policy offloads " + modules + ", but every eligible group stays on the device (the "
+                                "last " + std::to_string(plan.ring.slots) + " of each module keep their slots, and fraction " +
+                                std::to_string(p.fraction) + " leaves the rest), so nothing moves -- fix: raise the fraction, use "
+                                "fewer slots, or turn offloading off");
+}
+
 } // namespace capscope

@@ -126,18 +126,19 @@ public:
         if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
     }
 
-    //! The pipeline's warmup hooks (`on_warmup<warmup_point::before / after>`) run on the step's
-    //! stream before the first warmup step and after the last one (both before the first step when
-    //! there is no warmup), and again after `reset()`. The pipeline must outlive the runner.
+    //! Warmup hooks (`on_warmup<warmup_point::before / after>`) run on the step's stream before
+    //! the first warmup step and after the last one (both before the first step when there is no
+    //! warmup), and again after `reset()`. Those of the pipeline `with_hooks` composed come with
+    //! the program; this sets them for a program composed otherwise. The pipeline must outlive
+    //! the runner.
     template <class... Hooks>
     void set_warmup_hooks(const hook_pipeline<Hooks...>& hooks) noexcept {
-        warmup_hooks_ = &hooks;
-        warmup_run_ = [](const void* h, warmup_point when, cudaStream_t stream) {
-            warmup_context context{stream};
-            const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(h);
-            if (when == warmup_point::before) pipeline.template run_warmup<warmup_point::before>(context);
-            else pipeline.template run_warmup<warmup_point::after>(context);
-        };
+        program_.warmup = {&hooks, [](const void* h, bool before, stream_handle stream) {
+                               warmup_context context{stream};
+                               const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(h);
+                               if (before) pipeline.template run_warmup<warmup_point::before>(context);
+                               else pipeline.template run_warmup<warmup_point::after>(context);
+                           }};
     }
 
     //! Frees every graph and returns to the state after construction: eager until the warmup
@@ -251,11 +252,8 @@ private:
     int warm_steps_ = 0; //!< steps since construction or reset(), up to the warmup
     bool warmup_started_ = false;
     bool captured_ahead_ = false;
-    const void* warmup_hooks_ = nullptr; //!< the pipeline of set_warmup_hooks, type-erased: no allocation
-    void (*warmup_run_)(const void*, warmup_point, cudaStream_t) = nullptr;
-
     void run_warmup_hooks(warmup_point when, cudaStream_t s) const {
-        if (warmup_run_) warmup_run_(warmup_hooks_, when, s);
+        if (program_.warmup.run) program_.warmup.run(program_.warmup.pipeline, when == warmup_point::before, s);
     }
 };
 

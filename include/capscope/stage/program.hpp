@@ -24,6 +24,14 @@ struct layer_buffers {
     std::vector<tensor_ref> parameters, gradients;
 };
 
+//! Host work a runner runs before the first warmup step (`before`) and after the last one: the
+//! warmup hooks of the pipeline `with_hooks` composed, type-erased (no allocation). The pipeline
+//! must outlive the runner.
+struct warmup_work {
+    const void* pipeline = nullptr;
+    void (*run)(const void* pipeline, bool before, stream_handle stream) = nullptr;
+};
+
 struct training_program {
     std::vector<stage> step_begin;
     std::vector<std::vector<stage>> microbatches;
@@ -31,6 +39,7 @@ struct training_program {
     //! Per layer, what its stages touch besides their declared buffers; empty when nothing on
     //! another stream touches a layer's parameters or gradients.
     std::vector<layer_buffers> layers;
+    warmup_work warmup;
 };
 
 } // namespace capscope
