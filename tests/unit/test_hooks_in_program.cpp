@@ -203,7 +203,7 @@ TEST_CASE("warmup hooks of two pipelines are refused: one pipeline holds them") 
     hook_pipeline second{on_warmup<warmup_point::after>("b", [](warmup_context&) {})};
     const layer_tensors tensors[1] = {};
     const training_program p = with_hooks(m.program("D", false, 1), first, tensors);
-    CHECK(p.warmup.run != nullptr);
+    CHECK(bool(p.warmup.run));
     CHECK_THROWS_WITH_AS(with_hooks(p, second, tensors), doctest::Contains("already has the warmup hooks of another pipeline"),
                          std::invalid_argument);
 }
