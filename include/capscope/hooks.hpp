@@ -3,6 +3,7 @@
 //! Hook pipelines (host-only): hooks whose phase and placement are part of their type, composed
 //! in declaration order, checked against a configuration (rules H0-H4, docs/hooks.md).
 
+#include <capscope/hooks/composition.hpp>
 #include <capscope/hooks/hook.hpp>
 #include <capscope/hooks/hook_context.hpp>
 #include <capscope/hooks/hook_phase.hpp>

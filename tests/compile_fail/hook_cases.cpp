@@ -41,6 +41,15 @@ static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(gat
 #ifdef CASE_H2
 static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(log_boundary)>>);
 #endif
+// ... and without the static_assert: a composition checks what it is given.
+inline training_program composed_per_layer() {
+    return composition<per_layer>(training_program{}).hooks(hook_pipeline{reduce, log_boundary}, {}).program();
+}
+#ifdef CASE_H2__composition
+inline training_program composed_whole_step() {
+    return composition<whole_step>(training_program{}).hooks(hook_pipeline{reduce, log_boundary}, {}).program();
+}
+#endif
 
 // H0: a pipeline holds hooks, not bare callables.
 constexpr hook_pipeline<decltype(reduce), decltype(gather)> pipeline{reduce, gather};

@@ -276,3 +276,62 @@ TEST_CASE("the verifier refuses an event recorded inside one graph and waited fo
     REQUIRE(v);
     CHECK(v->message.find("which is recorded inside another graph or outside this one (replayed)") != std::string::npos);
 }
+
+namespace {
+//! An activation store's stand-in on the host: the plan and copies, placed for a scope.
+struct host_store {
+    const offload_plan* plan;
+    const std::vector<offload_copies>* copies;
+    training_program with_offload(const training_program& p, const capture_scope& c) const { return capscope::with_offload(p, *plan, *copies, c); }
+};
+} // namespace
+
+TEST_CASE("composition: one declaration, any order of its parts, the same program; it owns the hooks and buffers it keeps") {
+    fake::model m;
+    memory mem;
+    offload_settings o;
+    o.enabled = true;
+    o.modules = {om::qkv_linear, om::mlp_norm};
+    o.min_tensor_size = 1;
+    const offload_plan plan = plan_offload(o, decls(4));
+    const training_program p = keeping(m, mem, 4, 2, plan);
+    const auto copies = copies_of(plan, m, mem, p);
+    const host_store store{&plan, &copies};
+    using te = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>;
+    std::vector<std::string> log;
+    auto layers = [&] { // the buffers, as values: the composition keeps its own copy
+        std::vector<layer_buffers> out;
+        for (int l = 0; l < 4; ++l)
+            out.push_back({{{"layer" + std::to_string(l) + ".params", mem.params.data() + 4 * (l % 2), 4}},
+                           {{"layer" + std::to_string(l) + ".grads", mem.grads.data() + 4 * l, 4}}});
+        return out;
+    };
+    auto pipeline = [&] {
+        return hook_pipeline{hook<hook_phase::forward_pre, capturable, on_lane<1>>("gather", [&log](forward_pre_context& c) {
+                                 log.push_back("gather " + std::to_string(c.layer()) + " " + c.parameters().front().name);
+                             }),
+                             reduce};
+    };
+    // Named in two orders, from temporaries that are gone when the program runs.
+    const training_program a = composition<te>(p).hooks(pipeline(), layers()).offload(store).sharded<sharded<>>().program();
+    const training_program b = composition<te>(p).offload(store).sharded<sharded<>>().hooks(pipeline(), layers()).program();
+    const training_plan pa = make_training_plan(capture_scope_of<te>, 1, a), pb = make_training_plan(capture_scope_of<te>, 1, b);
+    CHECK(to_text(pa, a) == to_text(pb, b));
+    CHECK(to_text(pa, a).find("[waits for layer2.hook.gather on lane 1]") != std::string::npos);
+    // The same as the untyped steps in that order; in the other, a backward hook and a copy back
+    // that sit at one place run in the other order (both plans verify).
+    std::vector<layer_tensors> tensors;
+    const auto held = layers();
+    for (const auto& l : held) tensors.push_back({l.parameters, l.gradients});
+    const auto hooks = pipeline();
+    const training_program c = with_hooks(with_offload(p, plan, copies, capture_scope_of<te>), hooks, tensors);
+    CHECK(to_text(make_training_plan(capture_scope_of<te>, 1, c), c) == to_text(pa, a));
+    const training_program d = with_offload(with_hooks(p, hooks, tensors), plan, copies, capture_scope_of<te>);
+    CHECK_NOTHROW(make_training_plan(capture_scope_of<te>, 1, d));
+    // The hooks run from the program's own copy of the pipeline and buffers.
+    run_forward(a.microbatches[0], nullptr);
+    CHECK(log == std::vector<std::string>{"gather 0 layer0.params", "gather 1 layer1.params", "gather 2 layer2.params", "gather 3 layer3.params"});
+    CHECK(a.keepalive.size() == 1);
+    CHECK_THROWS_WITH_AS(composition<te>(p).hooks(pipeline(), layers()).hooks(pipeline(), layers()), doctest::Contains("hooks named twice"),
+                         std::invalid_argument);
+}

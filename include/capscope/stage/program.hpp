@@ -13,6 +13,7 @@
 
 #include <capscope/stage/stage.hpp>
 
+#include <memory>
 #include <vector>
 
 namespace capscope {
@@ -40,6 +41,9 @@ struct training_program {
     //! another stream touches a layer's parameters or gradients.
     std::vector<layer_buffers> layers;
     warmup_work warmup;
+    //! What the stages point to that the program owns (a composition's hooks and buffers,
+    //! capscope/hooks/composition.hpp): shared by every copy of the program.
+    std::vector<std::shared_ptr<const void>> keepalive;
 };
 
 } // namespace capscope
