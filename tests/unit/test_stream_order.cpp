@@ -69,6 +69,15 @@ std::vector<offload_copies> copies_of(const offload_plan& plan, fake::model& m, 
     return c;
 }
 
+//! Offload both module inputs the fake layers keep, whatever their size.
+offload_settings both_inputs() {
+    offload_settings o;
+    o.enabled = true;
+    o.modules = {om::qkv_linear, om::mlp_norm};
+    o.min_tensor_size = 1;
+    return o;
+}
+
 std::vector<offload_tensor_decl> decls(int layers) {
     std::vector<offload_tensor_decl> d;
     for (int l = 0; l < layers; ++l) {
@@ -124,10 +133,7 @@ void with_pipeline(int which, F&& f) {
 TEST_CASE("the composition bugs: hooks after offload, delayed copies, a backward-only first stage, the optimizer not first") {
     fake::model m;
     memory mem;
-    offload_settings o;
-    o.enabled = true;
-    o.modules = {om::qkv_linear, om::mlp_norm};
-    o.min_tensor_size = 1;
+    offload_settings o = both_inputs();
     o.delay_until_cuda_graph = true;
     const offload_plan plan = plan_offload(o, decls(4));
     const training_program p = keeping(m, mem, 4, 1, plan);
@@ -162,14 +168,21 @@ TEST_CASE("the composition bugs: hooks after offload, delayed copies, a backward
     CHECK(to_text(tp, q).find("eager        optimizer  [waits for clip on lane 2]") != std::string::npos);
 }
 
-TEST_CASE("the verifier names the two calls, the buffer and the missing edge") {
+namespace {
+//! Two fake layers whose forwards read what a gather on lane 1 writes.
+struct gathered_layers {
     fake::model m;
     memory mem;
-    const offload_plan plan = plan_offload({}, decls(2));
-    const training_program p = keeping(m, mem, 2, 1, plan);
     std::vector<tensor_ref> params, grads;
-    const auto tensors = tensors_of(mem, params, grads, 2, false);
-    const training_program q = with_hooks(p, hook_pipeline{gather}, tensors);
+    std::vector<layer_tensors> tensors = tensors_of(mem, params, grads, 2, false);
+    hook_pipeline<std::remove_cv_t<decltype(gather)>> hooks{gather}; // the program's stages point to these
+    training_program program = with_hooks(keeping(m, mem, 2, 1, plan_offload({}, decls(2))), hooks, tensors);
+};
+} // namespace
+
+TEST_CASE("the verifier names the two calls, the buffer and the missing edge") {
+    gathered_layers g;
+    const training_program& q = g.program;
     const capture_scope scope{graph_impl::lazy_per_layer, {}};
     const training_plan tp = make_training_plan(scope, 1, q);
     REQUIRE(tp.waits.size() >= 1);
@@ -255,14 +268,9 @@ TEST_CASE("a hook on a lane whose layer_tensors name nothing it touches is refus
 }
 
 TEST_CASE("the verifier refuses an event recorded inside one graph and waited for outside it") {
-    fake::model m;
-    memory mem;
-    const offload_plan plan = plan_offload({}, decls(2));
-    const training_program p = keeping(m, mem, 2, 1, plan);
-    std::vector<tensor_ref> params, grads;
-    const auto tensors = tensors_of(mem, params, grads, 2, false);
     // The gathers are graphs of their own on lane 1; the layers wait for the graphs' ends.
-    const training_program q = with_hooks(p, hook_pipeline{gather}, tensors);
+    gathered_layers g;
+    const training_program& q = g.program;
     training_plan tp = make_training_plan({graph_impl::ahead_of_time_per_layer, {}}, 1, q);
     REQUIRE(!tp.waits.empty());
     // Move the first wait onto an event recorded by the gather call inside its graph: eagerly that
@@ -289,11 +297,7 @@ struct host_store {
 TEST_CASE("composition: one declaration, any order of its parts, the same program; it owns the hooks and buffers it keeps") {
     fake::model m;
     memory mem;
-    offload_settings o;
-    o.enabled = true;
-    o.modules = {om::qkv_linear, om::mlp_norm};
-    o.min_tensor_size = 1;
-    const offload_plan plan = plan_offload(o, decls(4));
+    const offload_plan plan = plan_offload(both_inputs(), decls(4));
     const training_program p = keeping(m, mem, 4, 2, plan);
     const auto copies = copies_of(plan, m, mem, p);
     const host_store store{&plan, &copies};
