@@ -21,11 +21,13 @@
 #include <capscope/config/config.hpp>
 #include <capscope/hooks/hooks_fit.hpp>
 #include <capscope/hooks/with_hooks.hpp>
+#include <capscope/plan/layer_plan.hpp>
 #include <capscope/parallel/sharding.hpp>
 
 #include <concepts>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
