@@ -339,3 +339,18 @@ TEST_CASE("composition: one declaration, any order of its parts, the same progra
     CHECK_THROWS_WITH_AS(composition<te>(p).hooks(pipeline(), layers()).hooks(pipeline(), layers()), doctest::Contains("hooks named twice"),
                          std::invalid_argument);
 }
+
+TEST_CASE("a hooked, offloaded program still matches its layer schemas: what capscope adds is passed over") {
+    using dense = layer_schema<"dense", stage_decl<stage_kind::attention, regions<capture::attention>>, stage_decl<stage_kind::mlp, regions<capture::mlp>>>;
+    fake::model m;
+    memory mem;
+    const offload_plan plan = plan_offload(both_inputs(), decls(4));
+    const training_program p = keeping(m, mem, 4, 1, plan);
+    const auto copies = copies_of(plan, m, mem, p);
+    std::vector<tensor_ref> params, grads;
+    const auto tensors = tensors_of(mem, params, grads, 4, false);
+    const hook_pipeline hooks{gather, regather, reduce, log_host};
+    using te = config<impl::ahead_of_time_per_layer, modules<>>;
+    const training_program q = with_hooks(with_offload(p, plan, copies, capture_scope_of<te>), hooks, tensors);
+    CHECK_NOTHROW(match_schemas(layer_schemas<dense>{}, q));
+}
