@@ -3,10 +3,10 @@
 //! Hook pipelines (host-only): hooks whose phase and placement are part of their type, composed
 //! in declaration order, checked against a configuration (rules H0-H4, docs/hooks.md).
 
-#include <capscope/hooks/composition.hpp>
 #include <capscope/hooks/hook.hpp>
 #include <capscope/hooks/hook_context.hpp>
 #include <capscope/hooks/hook_phase.hpp>
 #include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/hooks/hooks_fit.hpp>
 #include <capscope/hooks/with_hooks.hpp>
+#include <capscope/hooks/composition.hpp> // last: a diagnostic's include chain stays short

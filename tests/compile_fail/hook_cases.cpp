@@ -43,22 +43,22 @@ static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(log
 #endif
 // ... and without the static_assert: a composition checks what it is given.
 inline training_program composed_per_layer() {
-    return composition<per_layer>(training_program{}).hooks(hook_pipeline{reduce, log_boundary}, {}).program();
+    return composition<per_layer>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).program();
 }
 #ifdef CASE_H2__composition
 inline training_program composed_whole_step() {
-    return composition<whole_step>(training_program{}).hooks(hook_pipeline{reduce, log_boundary}, {}).program();
+    return composition<whole_step>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).program();
 }
 #endif
 
 // H0: a pipeline holds hooks, not bare callables.
-constexpr hook_pipeline<decltype(reduce), decltype(gather)> pipeline{reduce, gather};
+[[maybe_unused]] constexpr hook_pipeline<decltype(reduce), decltype(gather)> pipeline{reduce, gather};
 #ifdef CASE_H0
 using bare = hook_pipeline<decltype(reduce_gradients)>;
 constexpr bare not_hooks{};
 #endif
 // H0: a hook's options: one lane (a side stream), and none for host work at the boundary.
-constexpr auto reduce_on_lane = hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce", reduce_gradients);
+[[maybe_unused]] constexpr auto reduce_on_lane = hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce", reduce_gradients);
 #ifdef CASE_H0__two_lanes
 constexpr auto reduce_on_two = hook<hook_phase::backward, capturable, on_lane<1>, on_lane<2>>("grad all-reduce", reduce_gradients);
 #endif

@@ -341,7 +341,8 @@ TEST_CASE("composition: one declaration, any order of its parts, the same progra
 }
 
 TEST_CASE("a hooked, offloaded program still matches its layer schemas: what capscope adds is passed over") {
-    using dense = layer_schema<"dense", stage_decl<stage_kind::attention, regions<capture::attention>>, stage_decl<stage_kind::mlp, regions<capture::mlp>>>;
+    using dense = layer_schema<"dense", stage_decl<stage_kind::attention, regions<capture::attention>, saves<om::qkv_linear>, makes<om::mlp_norm>>,
+                               stage_decl<stage_kind::mlp, regions<capture::mlp>, saves<om::mlp_norm>>>;
     fake::model m;
     memory mem;
     const offload_plan plan = plan_offload(both_inputs(), decls(4));

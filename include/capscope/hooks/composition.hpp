@@ -11,7 +11,8 @@
 //!                        .program();
 //!     runner<my_config> r(std::move(program));
 //!
-//! The parts may be named in any order: `program()` composes them in one order (copies first,
+//! Each part returns the composition, so they chain on a temporary as above (within one
+//! expression). The parts may be named in any order: `program()` composes them in one order (copies first,
 //! then hooks, which attach to the trainer's stages), so the plan is the same whatever the order. The composition keeps what the
 //! stages point to: its own copy of the pipeline and of the layers' buffers, owned by the
 //! program it makes (`training_program::keepalive`), so nothing dangles when the caller's
@@ -41,7 +42,7 @@ public:
     //! The hooks of `pipeline` (copied), on layers 0..layers.size()-1 with these parameters and
     //! gradients (copied): rule H2 is checked against `Config` here.
     template <class... Hooks>
-    composition& hooks(hook_pipeline<Hooks...> pipeline, std::vector<layer_buffers> layers) & {
+    composition& hooks(hook_pipeline<Hooks...> pipeline, std::vector<layer_buffers> layers) {
         static_assert(hooks_fit<Config, hook_pipeline<Hooks...>>);
         if (hooks_) throw std::invalid_argument("capscope::composition: hooks named twice -- fix: put every hook in one pipeline");
         auto held = std::make_shared<held_hooks<Hooks...>>(std::move(pipeline), std::move(layers));
@@ -52,10 +53,6 @@ public:
         };
         return *this;
     }
-    template <class... Hooks>
-    composition&& hooks(hook_pipeline<Hooks...> pipeline, std::vector<layer_buffers> layers) && {
-        return std::move(hooks(std::move(pipeline), std::move(layers)));
-    }
 
     //! Activation offload by `store` (an `activation_store`, which the trainer keeps alive), its
     //! copies placed for `Config`'s capture scope.
@@ -63,26 +60,18 @@ public:
         requires requires(const Store& s, const training_program& p, const capture_scope& c) {
             { s.with_offload(p, c) } -> std::same_as<training_program>;
         }
-    composition& offload(const Store& store) & {
+    composition& offload(const Store& store) {
         if (offload_) throw std::invalid_argument("capscope::composition: offload named twice -- fix: name one activation store");
         offload_ = [&store](const training_program& p) { return store.with_offload(p, capture_scope_of<Config>); };
         return *this;
-    }
-    template <class Store>
-    composition&& offload(const Store& store) && {
-        return std::move(offload(store));
     }
 
     //! Sharded data parallelism under `Policy`: rules F1 and F2 are checked against `Config` here.
     //! (The gathers and reductions are hooks: name them with `hooks`.)
     template <class Policy>
-    composition& sharded() & {
+    composition& sharded() {
         static_assert(sharding_fits<Config, Policy>);
         return *this;
-    }
-    template <class Policy>
-    composition&& sharded() && {
-        return std::move(sharded<Policy>());
     }
 
     //! The composed program: copies first, then hooks (`with_hooks(with_offload(p))`; the other

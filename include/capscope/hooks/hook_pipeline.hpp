@@ -51,10 +51,11 @@ class hook_pipeline {
                   "or capscope::on_warmup<point>(name, fn) -- fix: wrap the callable with one of them");
 
 public:
-    constexpr hook_pipeline() = default;
-    constexpr explicit hook_pipeline(Hooks... hooks)
-        requires(sizeof...(Hooks) > 0) // the empty pipeline has the default constructor only
-        : hooks_(std::move(hooks)...) {}
+    // With no hooks the second is the default constructor, so the first stands back.
+    constexpr hook_pipeline()
+        requires(sizeof...(Hooks) > 0)
+    = default;
+    constexpr explicit hook_pipeline(Hooks... hooks) : hooks_(std::move(hooks)...) {}
 
     static constexpr std::size_t size = sizeof...(Hooks);
 
