@@ -6,6 +6,7 @@
 //! compile time, and the loop over the hooks is unrolled.
 
 #include <capscope/hooks/hook.hpp>
+#include <capscope/stage/program.hpp>
 
 #include <array>
 #include <cstddef>
@@ -128,5 +129,17 @@ private:
 
 template <class... Hooks>
 hook_pipeline(Hooks...) -> hook_pipeline<Hooks...>;
+
+//! The pipeline's warmup hooks as a program's warmup work (type-erased, no allocation): what
+//! `with_hooks` puts in the program and `runner::set_warmup_hooks` sets. `hooks` must outlive it.
+template <class... Hooks>
+warmup_work warmup_work_of(const hook_pipeline<Hooks...>& hooks) noexcept {
+    return {&hooks, [](const void* p, bool before, stream_handle stream) {
+                warmup_context context{stream};
+                const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(p);
+                if (before) pipeline.template run_warmup<warmup_point::before>(context);
+                else pipeline.template run_warmup<warmup_point::after>(context);
+            }};
+}
 
 } // namespace capscope

@@ -155,8 +155,9 @@ inline int layer_count(const std::vector<stage>& list) {
 //! The program with the pipeline's hooks as stages, for layers 0..tensors.size()-1
 //! (`tensors[L]` is layer L's parameters and gradients, kept alive by the trainer, as are
 //! the hooks; one entry per layer of the program). Warmup hooks are not stages: they travel with
-//! the program (`training_program::warmup`), and the runner runs them around its warmup steps. The program also learns what each layer's stages touch
-//! (`training_program::layers`), so the plan can order them against the hooks on lanes.
+//! the program (`training_program::warmup`), and the runner runs them around its warmup steps.
+//! The program also learns what each layer's stages touch (`training_program::layers`), so the
+//! plan can order them against the hooks on lanes.
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
                             std::span<const layer_tensors> tensors) {
@@ -174,22 +175,17 @@ training_program with_hooks(const training_program& program, const hook_pipeline
         if (out.warmup.run)
             throw std::invalid_argument("capscope::with_hooks: the program already has the warmup hooks of another pipeline -- fix: put "
                                         "every warmup hook in one pipeline");
-        out.warmup = {&hooks, [](const void* p, bool before, stream_handle stream) {
-                          warmup_context context{stream};
-                          const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(p);
-                          if (before) pipeline.template run_warmup<warmup_point::before>(context);
-                          else pipeline.template run_warmup<warmup_point::after>(context);
-                      }};
+        out.warmup = warmup_work_of(hooks);
     }
     out.layers = program.layers; // an earlier with_hooks' tensors stay: its hooks touch them
     out.layers.resize(std::max(out.layers.size(), tensors.size()));
+    auto add_missing = [](std::vector<tensor_ref>& to, std::span<const tensor_ref> from) {
+        for (const tensor_ref& t : from)
+            if (std::find(to.begin(), to.end(), t) == to.end()) to.push_back(t);
+    };
     for (std::size_t l = 0; l < tensors.size(); ++l) {
-        for (const tensor_ref& t : tensors[l].parameters)
-            if (std::find(out.layers[l].parameters.begin(), out.layers[l].parameters.end(), t) == out.layers[l].parameters.end())
-                out.layers[l].parameters.push_back(t);
-        for (const tensor_ref& t : tensors[l].gradients)
-            if (std::find(out.layers[l].gradients.begin(), out.layers[l].gradients.end(), t) == out.layers[l].gradients.end())
-                out.layers[l].gradients.push_back(t);
+        add_missing(out.layers[l].parameters, tensors[l].parameters);
+        add_missing(out.layers[l].gradients, tensors[l].gradients);
     }
     return out;
 }

@@ -133,12 +133,7 @@ public:
     //! the runner.
     template <class... Hooks>
     void set_warmup_hooks(const hook_pipeline<Hooks...>& hooks) noexcept {
-        program_.warmup = {&hooks, [](const void* h, bool before, stream_handle stream) {
-                               warmup_context context{stream};
-                               const auto& pipeline = *static_cast<const hook_pipeline<Hooks...>*>(h);
-                               if (before) pipeline.template run_warmup<warmup_point::before>(context);
-                               else pipeline.template run_warmup<warmup_point::after>(context);
-                           }};
+        program_.warmup = warmup_work_of(hooks);
     }
 
     //! Frees every graph and returns to the state after construction: eager until the warmup
