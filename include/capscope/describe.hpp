@@ -37,7 +37,10 @@ inline std::string number_text(double v) {
 template <class Set>
 std::vector<std::string> set_names(Set s) {
     std::vector<std::string> out;
-    s.for_each([&](auto e) { out.emplace_back(megatron_name(e)); });
+    s.for_each([&](auto e) {
+        if constexpr (requires { e.view(); }) out.emplace_back(e.view()); // an offload name
+        else out.emplace_back(megatron_name(e));
+    });
     return out;
 }
 } // namespace detail

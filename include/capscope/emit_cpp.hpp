@@ -129,9 +129,13 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
     if (c.offload.enabled) {
         const offload_settings& od = d.offload;
         std::vector<std::string> parts;
-        std::vector<std::string> mods;
-        c.offload.modules.for_each([&](offload_module m) { mods.push_back(cpp_enum("offload_module", m)); });
+        std::vector<std::string> mods, own;
+        c.offload.modules.for_each([&](offload_name n) {
+            if (const auto m = n.megatron()) mods.push_back(cpp_enum("offload_module", *m));
+            else own.push_back(cpp_string(n.view()));
+        });
         if (!mods.empty()) parts.push_back("offload_modules<" + join(mods) + ">");
+        if (!own.empty()) parts.push_back("offload_tensors<" + join(own) + ">");
         if (!c.offload.unknown_module.empty()) parts.push_back("offload_module_named<" + cpp_string(c.offload.unknown_module.view()) + ">");
         if (c.offload.fraction != od.fraction) parts.push_back("offload_fraction<" + cpp_double(c.offload.fraction) + ">");
         if (c.offload.min_tensor_size != od.min_tensor_size) parts.push_back("min_offloaded_tensor_size<" + std::to_string(c.offload.min_tensor_size) + "LL>");

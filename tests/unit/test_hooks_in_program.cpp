@@ -207,3 +207,99 @@ TEST_CASE("warmup hooks of two pipelines are refused: one pipeline holds them") 
     CHECK_THROWS_WITH_AS(with_hooks(p, second, tensors), doctest::Contains("already has the warmup hooks of another pipeline"),
                          std::invalid_argument);
 }
+
+TEST_CASE("step hooks run once per step, before and after the optimizer; a lane hook's reduction is waited for") {
+    fake::model m;
+    auto& log = m.log;
+    char memory[4] = {};
+    const tensor_ref params[2] = {{"layer0.params", &memory[0], 1}, {"layer1.params", &memory[1], 1}};
+    const tensor_ref grads[2] = {{"layer0.grads", &memory[2], 1}, {"layer1.grads", &memory[3], 1}};
+    const layer_tensors tensors[2] = {{{&params[0], 1}, {&grads[0], 1}}, {{&params[1], 1}, {&grads[1], 1}}};
+    hook_pipeline hooks{
+        on_step<step_point::after_optimizer, boundary>("log", [&log](step_context& c) {
+            log.push_back("step log " + std::to_string(c.layers().size()) + " layers");
+        }),
+        on_step<step_point::before_optimizer, capturable>("clip", [&log](step_context& c) {
+            log.push_back("clip " + std::string(c.layers()[1].gradients[0].name));
+        }),
+        hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce", [&log](backward_context& c) {
+            log.push_back(where("reduce", c));
+        }),
+    };
+    // The eager run without the lane hook (a lane needs CUDA events); the plan with it.
+    hook_pipeline step_only{hooks.at<0>(), hooks.at<1>()};
+    const training_program program = with_hooks(m.program("DD", false, 2), step_only, tensors);
+    REQUIRE(program.step_end.size() == 3);
+    CHECK(program.step_end[0].name == "step.hook.clip");
+    CHECK(program.step_end[1].name == "optimizer");
+    CHECK(program.step_end[2].name == "step.hook.log");
+    CHECK(program.step_end[2].synchronizes_with_host); // host work: an eager island
+    CHECK(program.step_end[0].outputs == std::vector<tensor_ref>{grads[0], grads[1]}); // clipping writes the gradients
+
+    runner<config<impl::eager>> eager(program);
+    eager.step(fake_stream);
+    INFO(fmt_log(log));
+    const auto at = [&](const std::string& what) { return std::find(log.begin(), log.end(), what) - log.begin(); };
+    CHECK(at("clip layer1.grads") < at("optimizer.fwd"));
+    CHECK(at("optimizer.fwd") < at("step log 2 layers"));
+    CHECK(at("step log 2 layers") == std::ptrdiff_t(log.size()) - 1);
+    CHECK(at("layer0.attention.bwd") < at("clip layer1.grads"));
+    CHECK(std::count(log.begin(), log.end(), "clip layer1.grads") == 1);
+
+    // The clip reads and writes every gradient, so it waits for the last reduction on lane 1.
+    const training_program laned = with_hooks(m.program("DD", false, 2), hooks, tensors);
+    const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{}}, 1, laned);
+    const std::string text = to_text(plan, laned);
+    INFO(text);
+    CHECK(text.find("eager        step.hook.clip optimizer step.hook.log  [waits for layer0.hook.grad all-reduce on lane 1]") !=
+          std::string::npos);
+    CHECK_FALSE(find_order_violation(plan, laned));
+    // Under full_iteration a capturable step hook is in the one graph.
+    hook_pipeline captured{on_step<step_point::before_optimizer, capturable>("clip", [](step_context&) {})};
+    const training_program whole = with_hooks(m.program("DD", false, 1), captured, tensors);
+    const training_plan whole_plan = make_training_plan({graph_impl::whole_iteration, region_set{}}, 1, whole);
+    CHECK(whole_plan.segments.size() == 1);
+    CHECK(std::any_of(whole_plan.calls.begin(), whole_plan.calls.end(), [&](const stage_call& c) { return stage_of(whole, c).name == "step.hook.clip"; }));
+}
+
+TEST_CASE("of_layers<...> keeps a hook to the layers it names; a layer the program lacks is an error") {
+    fake::model m;
+    hook_pipeline hooks{
+        hook<hook_phase::forward, capturable, of_layers<1, 2>>("probe", [](forward_context&) {}),
+        hook<hook_phase::forward, capturable>("every", [](forward_context&) {}),
+    };
+    const layer_tensors tensors[3] = {};
+    const training_program program = with_hooks(m.program("DDD", false, 1), hooks, tensors);
+    std::vector<std::string> probes;
+    for (const stage& s : program.microbatches[0])
+        if (s.name.find(".hook.") != std::string::npos) probes.push_back(s.name);
+    CHECK(probes == std::vector<std::string>{"layer0.hook.every", "layer1.hook.probe", "layer1.hook.every", "layer2.hook.probe",
+                                             "layer2.hook.every"});
+    hook_pipeline too_far{hook<hook_phase::forward, capturable, of_layers<0, 3>>("probe", [](forward_context&) {})};
+    CHECK_THROWS_WITH_AS(with_hooks(m.program("DDD", false, 1), too_far, tensors),
+                         doctest::Contains("hook 'probe' names layer 3 in of_layers<...>, but the program has 3 layers"), std::invalid_argument);
+}
+
+TEST_CASE("P13: a capture-time hook goes next to the stages a graph holds, and one left in an eager segment is refused") {
+    fake::model m;
+    hook_pipeline hooks{hook<hook_phase::forward, capture_time>("register", [](forward_context&) {})};
+    const layer_tensors tensors[1] = {};
+    // MoE layer with dropless experts: its last stage (moe_experts) cannot be captured, so the
+    // whole-layer capture-time hook goes after moe_router (the last stage a graph can hold).
+    training_program program = with_hooks(m.program("E", true, 1), hooks, tensors);
+    const auto& list = program.microbatches[0];
+    const auto hook_at = std::find_if(list.begin(), list.end(), [](const stage& s) { return s.capture_only; });
+    REQUIRE(hook_at != list.end());
+    CHECK((hook_at - 1)->name == "layer0.moe_router");
+    const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{capture_module::attention, capture_module::moe_router}}, 1, program);
+    CHECK_FALSE(find_order_violation(plan, program));
+
+    // A region the config does not capture: the hook would sit in an eager segment.
+    hook_pipeline of_mlp{hook<hook_phase::forward, capture_time, of_region<capture::mlp>>("register", [](forward_context&) {})};
+    const training_program dense = with_hooks(m.program("D", false, 1), of_mlp, tensors);
+    CHECK_THROWS_WITH_AS(make_training_plan({graph_impl::lazy_per_layer, region_set{capture_module::attention}}, 1, dense),
+                         doctest::Contains("capscope plan rule P13: capture-time stage 'layer0.hook.register' falls in an eager segment"),
+                         plan_error);
+    CHECK_NOTHROW(make_training_plan({graph_impl::lazy_per_layer, region_set{capture_module::mlp}}, 1, dense));
+    CHECK_NOTHROW(make_training_plan({graph_impl::eager, region_set{}}, 1, dense)); // nothing captured, nothing asked
+}

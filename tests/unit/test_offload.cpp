@@ -6,6 +6,7 @@
 #include "plan_helpers.hpp"
 
 #include <capscope/capscope.hpp>
+#include <capscope/emit_cpp.hpp>
 
 #include <doctest/doctest.h>
 
@@ -251,4 +252,54 @@ TEST_CASE("a policy that is on but moves nothing is refused, with the reason") {
                          doctest::Contains("no layer declared a tensor of those module inputs"), std::invalid_argument);
     CHECK_NOTHROW(require_moves_something(plan_offload(policy({om::qkv_linear}), dense_tensors(4))));
     CHECK_NOTHROW(require_moves_something(plan_offload({}, dense_tensors(4)))); // off: nothing to say
+}
+
+// A trainer's own names: regions "mixer"/"ffn" and an activation "mixer_in" that no Megatron rule knows.
+namespace {
+using own_local = config<impl::lazy_per_layer, capture_regions<"mixer", "ffn">, offload<offload_tensors<"mixer_in">, min_offloaded_tensor_size<1>>,
+                         warmup_steps<1>>;
+// Megatron's offload rules are about Megatron's names: local offloading of qkv_linear is OC1, of
+// the trainer's own tensor nothing (capscope's engine moves it; P11 checks where its copies go).
+static_assert(is_valid_config<impl::lazy_per_layer, capture_regions<"mixer", "ffn">, offload<offload_tensors<"mixer_in">>, warmup_steps<1>>);
+static_assert(rejecting_rule<impl::lazy_per_layer, capture_regions<"mixer">, offload<offload_modules<om::qkv_linear>>, warmup_steps<1>> == "OC1");
+// The rule table sees capture_regions<...>: local with named regions is not a whole-layer capture (OC2).
+static_assert(is_valid_config<impl::lazy_per_layer, capture_regions<"mixer">, offload<offload_modules<om::moe_act>>, warmup_steps<1>>);
+static_assert(rejecting_rule<impl::lazy_per_layer, offload<offload_modules<om::moe_act>>, warmup_steps<1>> == "OC2");
+static_assert(own_local::normalized.offload.modules.contains("mixer_in"));
+static_assert(own_local::normalized.offload.modules.megatron().empty());
+static_assert(offload_name("core_attn") == offload_name(om::core_attn) && offload_name("mixer_in").megatron() == std::nullopt);
+} // namespace
+
+TEST_CASE("a trainer's own offload names: planned, copied and checked like Megatron's, under its own regions") {
+    fake::model m;
+    std::vector<char> memory(64 * 4);
+    auto p = m.program("DDDD", false, 1);
+    for (auto& list : p.microbatches)
+        for (stage& s : list) {
+            if (s.layer < 0) continue;
+            s.captured_by = region_set{s.kind == stage_kind::attention ? std::string_view("mixer") : std::string_view("ffn")};
+            if (s.kind == stage_kind::attention) s.saves = {{"mixer_in", {"mixer_in", memory.data() + 64 * (s.layer % 2), 24}, 2}};
+        }
+    std::vector<offload_tensor_decl> decls;
+    for (int l = 0; l < 4; ++l) decls.push_back({l, "mixer_in", "layer" + std::to_string(l) + ".mixer_in", 1000, 2});
+    const auto plan = plan_offload(own_local::normalized.offload, decls);
+    CHECK(plan.copied_groups() == 2);
+    CHECK(plan.groups[0].module == offload_name("mixer_in"));
+    std::vector<char> host;
+    const auto copies = fake_copies(plan, m, memory, host);
+    const auto q = with_offload(p, plan, copies, capture_scope_of<own_local>);
+    const auto tp = plan_for<own_local>(q);
+    const std::string text = to_text(tp, q);
+    INFO(text);
+    CHECK(text.find("layer0.mixer_in.to_host") != std::string::npos);
+    CHECK(text.find("layer0.mixer_in.to_device") != std::string::npos);
+    CHECK_FALSE(find_order_violation(tp, q));
+    // The C++ spelling round-trips through --emit-cpp.
+    std::string options;
+    for (const std::string& o : cpp_options(own_local::normalized)) options += o + " ";
+    CHECK(options.find("offload_tensors<\"mixer_in\">") != std::string::npos);
+    // A saved tensor without a name cannot be offloaded.
+    decls.push_back({0, {}, "unnamed", 100, 2});
+    CHECK_THROWS_WITH_AS(plan_offload(own_local::normalized.offload, decls), doctest::Contains("tensor 'unnamed' of layer 0 has no offload name"),
+                         std::invalid_argument);
 }

@@ -70,6 +70,8 @@ struct capture_regions {
     static_assert(sizeof...(Names) > 0, "capscope::capture_regions<...> names at least one region; name none to capture whole layers");
     using option_kind = option_kind::capture_regions;
     static constexpr void apply(engine_settings& e) { (e.regions.insert(Names.view()), ...); }
+    //! The rule table learns that regions are named: no whole-layer capture (rules OC2, full_cudagraph).
+    static constexpr void apply(runtime_config& c) { c.modules.own_regions = true; }
 };
 
 template <capture_failure F>

@@ -28,6 +28,13 @@ struct offload_module_named : detail::offload_part_base {
         else if (o.unknown_module.empty()) o.unknown_module = detail::short_text(Name.view());
     }
 };
+//! A trainer's own offload names (`offload_tensors<"mixer_in">`): the tensors its stages save
+//! under those names. Megatron's offload rules pass over them (capscope/rules/offload.hpp).
+template <detail::fixed_string... Names>
+struct offload_tensors : detail::offload_part_base {
+    static_assert(sizeof...(Names) > 0, "capscope::offload_tensors<...> names at least one tensor name");
+    static constexpr void apply(offload_settings& o) { (o.modules.insert(Names.view()), ...); }
+};
 template <double F> struct offload_fraction : detail::offload_part_base {
     static constexpr void apply(offload_settings& o) { o.fraction = F; }
 };
@@ -47,7 +54,7 @@ struct delay_offload_until_cuda_graph : detail::offload_part_base {
 template <class... Parts>
 struct offload {
     static_assert((detail::offload_part<Parts> && ...),
-                  "capscope::offload<...> takes offload_modules<...>, offload_module_named<\"...\">, offload_fraction<F>, "
+                  "capscope::offload<...> takes offload_modules<...>, offload_module_named<\"...\">, offload_tensors<\"...\">, offload_fraction<F>, "
                   "min_offloaded_tensor_size<N>, delta_offload_bytes_across_pp_ranks<N>, max_inflight_offloads<N>, "
                   "delay_offload_until_cuda_graph");
     using option_kind = option_kind::offload;

@@ -52,6 +52,20 @@ struct of_region {
     }();
 };
 
+//! Hook option: the hook runs on these layers only (`of_layers<0, 5>`); without it, on every
+//! layer. A layer the program does not have is an error when the hooks are composed.
+template <int... Layers>
+struct of_layers {
+    static_assert(sizeof...(Layers) > 0, "capscope hook rule H0: of_layers<...> names at least one layer -- fix: name the layers, or drop the option");
+    static_assert(((Layers >= 0) && ...), "capscope hook rule H0: of_layers<...> names layers from 0 -- fix: use layer indices 0, 1, ...");
+    static constexpr bool contains(int layer) { return ((layer == Layers) || ...); }
+    static constexpr int last = [] {
+        int m = 0;
+        ((m = Layers > m ? Layers : m), ...);
+        return m;
+    }();
+};
+
 namespace detail {
 //! The phase whose context F takes: the declared one first, so a generic lambda (`auto& c`) takes
 //! the phase its declaration names, and the others are not tried (trying them would instantiate
@@ -73,6 +87,10 @@ template <class O>
 inline constexpr bool is_on_lane = false;
 template <int K>
 inline constexpr bool is_on_lane<on_lane<K>> = true;
+template <class O>
+inline constexpr bool is_of_layers = false;
+template <int... L>
+inline constexpr bool is_of_layers<of_layers<L...>> = true;
 
 template <hook_phase Declared, class F>
 struct checked_phase {
@@ -106,9 +124,10 @@ struct checked_placement {
                   "synchronization invalidates the capture (or would stall every replay) -- fix: declare it "
                   "hook<phase, boundary> (host work around each replay) or hook<phase, capture_time>");
     static_assert(((std::same_as<Options, synchronizes_with_host> || std::same_as<Options, last_microbatch_only> ||
-                    is_of_region<Options> || is_on_lane<Options>) && ...),
-                  "capscope hook rule H0: a hook's options are synchronizes_with_host, of_region<R>, on_lane<K> and "
-                  "last_microbatch_only -- fix: drop the other options");
+                    is_of_region<Options> || is_on_lane<Options> || is_of_layers<Options>) && ...),
+                  "capscope hook rule H0: a hook's options are synchronizes_with_host, of_region<R>, of_layers<L...>, on_lane<K> "
+                  "and last_microbatch_only -- fix: drop the other options");
+    static_assert((int(is_of_layers<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook names its layers once -- fix: keep one of_layers<...>");
     static_assert((int(is_on_lane<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook runs on one lane -- fix: keep one on_lane<K>");
     static_assert(!std::same_as<Placement, boundary> || !(is_on_lane<Options> || ...),
                   "capscope hook rule H0: a boundary hook is host work on the step's stream, not on a lane -- fix: drop on_lane<K>, "
@@ -132,6 +151,22 @@ public:
         int k = 0;
         ([&] {
             if constexpr (detail::is_on_lane<Options>) k = Options::lane;
+        }(), ...);
+        return k;
+    }();
+    //! Whether it runs on `layer` (of_layers<...>, or every layer).
+    static constexpr bool on_layer([[maybe_unused]] int layer) {
+        bool on = true;
+        ([&] {
+            if constexpr (detail::is_of_layers<Options>) on = Options::contains(layer);
+        }(), ...);
+        return on;
+    }
+    //! The largest layer it names, or -1 when it runs on every layer.
+    static constexpr int last_named_layer = [] {
+        int k = -1;
+        ([&] {
+            if constexpr (detail::is_of_layers<Options>) k = Options::last;
         }(), ...);
         return k;
     }();
@@ -159,6 +194,68 @@ private:
 template <hook_phase Phase, class Placement, class... Options, class F>
 constexpr layer_hook<Phase, Placement, F, Options...> hook(std::string_view name, F fn) {
     return layer_hook<Phase, Placement, F, Options...>(name, std::move(fn));
+}
+
+//! Where in the step a step hook runs: after the last microbatch's backward (the loss and every
+//! gradient complete) and before `step_end` (the optimizer), or after `step_end`.
+enum class step_point : std::uint8_t { before_optimizer, after_optimizer };
+
+constexpr std::string_view step_point_name(step_point p) { return p == step_point::before_optimizer ? "before_optimizer" : "after_optimizer"; }
+
+namespace detail {
+template <class Placement, class... Options>
+struct checked_step_options {
+    static_assert(hook_placement<Placement>,
+                  "capscope hook rule H0: a step hook's placement is capturable, boundary or capture_time -- fix: write "
+                  "on_step<point, capturable>, on_step<point, boundary> or on_step<point, capture_time>");
+    static_assert(!(std::same_as<Placement, capturable> && (std::same_as<Options, synchronizes_with_host> || ...)),
+                  "capscope hook rule H4: a capturable hook is captured into the segment's graph, where a host "
+                  "synchronization invalidates the capture (or would stall every replay) -- fix: declare it "
+                  "on_step<point, boundary> (host work between replays)");
+    static_assert(((std::same_as<Options, synchronizes_with_host> || is_on_lane<Options>) && ...),
+                  "capscope hook rule H0: a step hook's options are synchronizes_with_host and on_lane<K> (it runs once per "
+                  "step, for every layer) -- fix: drop the other options");
+    static_assert((int(is_on_lane<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook runs on one lane -- fix: keep one on_lane<K>");
+    static_assert(!std::same_as<Placement, boundary> || !(is_on_lane<Options> || ...),
+                  "capscope hook rule H0: a boundary hook is host work on the step's stream, not on a lane -- fix: drop on_lane<K>, "
+                  "or make the hook capturable");
+    static constexpr bool checked = true;
+};
+} // namespace detail
+
+//! A hook of the step, not of a layer: at `When`, once per step, with every layer's parameters
+//! and gradients (`step_context&`): gradient clipping, a loss or norm log, a whole-model
+//! reduction. Its placement says where it runs, as a layer hook's does.
+template <step_point When, class Placement, class F, class... Options>
+class step_hook {
+    static_assert(detail::checked_step_options<Placement, Options...>::checked);
+    static_assert(std::is_invocable_v<const F&, step_context&>,
+                  "capscope hook rule H1: a step hook's callable takes step_context& -- fix: write the parameter as step_context&");
+
+public:
+    static constexpr step_point when = When;
+    using placement = Placement;
+    static constexpr int lane = [] {
+        int k = 0;
+        ([&] {
+            if constexpr (detail::is_on_lane<Options>) k = Options::lane;
+        }(), ...);
+        return k;
+    }();
+
+    constexpr step_hook(std::string_view name, F fn) : name_(name), fn_(std::move(fn)) {}
+    void operator()(step_context& context) const { fn_(context); }
+    constexpr std::string_view name() const noexcept { return name_; }
+
+private:
+    std::string_view name_;
+    F fn_;
+};
+
+//! Declares a step hook: `on_step<step_point::before_optimizer, capturable>("clip", [](step_context& c) { ... })`.
+template <step_point When, class Placement, class... Options, class F>
+constexpr step_hook<When, Placement, F, Options...> on_step(std::string_view name, F fn) {
+    return step_hook<When, Placement, F, Options...>(name, std::move(fn));
 }
 
 enum class warmup_point : std::uint8_t { before, after };

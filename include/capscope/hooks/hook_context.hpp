@@ -51,6 +51,19 @@ using forward_context = hook_context<hook_phase::forward>;
 using backward_pre_context = hook_context<hook_phase::backward_pre>;
 using backward_context = hook_context<hook_phase::backward>;
 
+//! What a step hook gets (capscope/hooks/hook.hpp, `on_step`): the stream, and every layer's
+//! parameters and gradients, in layer order.
+class step_context {
+public:
+    constexpr step_context(stream_handle stream, std::span<const layer_tensors> layers) noexcept : stream_(stream), layers_(layers) {}
+    constexpr stream_handle stream() const noexcept { return stream_; }
+    constexpr std::span<const layer_tensors> layers() const noexcept { return layers_; }
+
+private:
+    stream_handle stream_;
+    std::span<const layer_tensors> layers_;
+};
+
 //! What a warmup hook gets: the stream; it runs once before, or once after, the eager warmup steps.
 struct warmup_context {
     stream_handle stream;

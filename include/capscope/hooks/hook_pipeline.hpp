@@ -25,10 +25,20 @@ template <class H>
 inline constexpr bool is_warmup_hook = false;
 template <warmup_point W, class F>
 inline constexpr bool is_warmup_hook<warmup_hook<W, F>> = true;
+template <class H>
+inline constexpr bool is_step_hook = false;
+template <step_point W, class Pl, class F, class... O>
+inline constexpr bool is_step_hook<step_hook<W, Pl, F, O...>> = true;
+template <class H>
+constexpr bool is_boundary_step_hook() {
+    if constexpr (is_step_hook<std::remove_cv_t<H>>) return std::is_same_v<typename H::placement, boundary>;
+    else return false;
+}
 } // namespace detail
 
 template <class H>
-concept any_hook = detail::is_layer_hook<std::remove_cv_t<H>> || detail::is_warmup_hook<std::remove_cv_t<H>>;
+concept any_hook = detail::is_layer_hook<std::remove_cv_t<H>> || detail::is_warmup_hook<std::remove_cv_t<H>> ||
+                   detail::is_step_hook<std::remove_cv_t<H>>;
 
 namespace detail {
 //! Whether hook H has phase P and placement Placement.
@@ -48,8 +58,9 @@ struct hook_site {
 template <class... Hooks>
 class hook_pipeline {
     static_assert((any_hook<Hooks> && ...),
-                  "capscope hook rule H0: hook_pipeline<...> holds hooks made by capscope::hook<phase, placement>(name, fn) "
-                  "or capscope::on_warmup<point>(name, fn) -- fix: wrap the callable with one of them");
+                  "capscope hook rule H0: hook_pipeline<...> holds hooks made by capscope::hook<phase, placement>(name, fn), "
+                  "capscope::on_step<point, placement>(name, fn) or capscope::on_warmup<point>(name, fn) -- fix: wrap the "
+                  "callable with one of them");
 
 public:
     // With no hooks the second is the default constructor, so the first stands back.
@@ -63,10 +74,11 @@ public:
     //! How many hooks have this phase and placement.
     template <hook_phase P, class Placement>
     static constexpr int count = (0 + ... + int(detail::selects<Hooks, P, Placement>()));
-    //! Whether some hook is a boundary hook (host work around replays).
+    //! Whether some hook is a boundary hook (host work around replays), of a layer or of the step.
     static constexpr bool has_boundary_hooks =
         (count<hook_phase::forward_pre, boundary> + count<hook_phase::forward, boundary> +
-         count<hook_phase::backward_pre, boundary> + count<hook_phase::backward, boundary>) > 0;
+         count<hook_phase::backward_pre, boundary> + count<hook_phase::backward, boundary> +
+         (0 + ... + int(detail::is_boundary_step_hook<Hooks>()))) > 0;
 
     //! The I-th hook, in declaration order.
     template <std::size_t I>

@@ -16,7 +16,11 @@
 //! before their backward), backward before the first (after their backward). Hooks of one phase
 //! and site run in declaration order; a region's hooks nest inside the layer's (a layer's
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
-//! The stage names are "layerN.hook.<name>". A hook on a side lane (`on_lane<K>`) is a stage on
+//! The stage names are "layerN.hook.<name>"; `of_layers<...>` keeps a hook to the layers it names.
+//! A step hook (`on_step`) is a stage of `step_end`, "step.hook.<name>": before the optimizer
+//! it writes every layer's gradients and reads the parameters, after it reads both. A
+//! capture-time hook goes next to the stages of its span that a graph can hold (plan rule P13
+//! refuses one left in an eager segment, where it would never run). A hook on a side lane (`on_lane<K>`) is a stage on
 //! that lane. What a hook touches follows from its phase, as its context gives it: a pre hook
 //! (forward_pre, backward_pre) writes its layer's parameters (it brings what the layer reads: an
 //! all-gather), a forward hook reads them, a backward hook reads and writes the layer's gradients
@@ -79,11 +83,13 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
 //! The [first, last] stages of `list` a hook of `regions` belongs to in `layer`, or {-1, -1}: the
 //! trainer's own stages (what capscope added, activation copies, is not what a hook hooks, so
 //! the order of with_hooks and with_offload does not matter).
-inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, const region_set& regions) {
+//! A capture-time hook's span is the stages a graph can hold: it runs while one is captured.
+inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, const region_set& regions, bool capturable_only = false) {
     int first = -1, last = -1;
     for (int i = 0; i < int(list.size()); ++i) {
         const stage& s = list[std::size_t(i)];
         if (s.added || s.layer != layer || (!regions.empty() && !s.captured_by.intersects(regions))) continue;
+        if (capturable_only && !s.capturable()) continue;
         if (first < 0) first = i;
         last = i;
     }
@@ -106,8 +112,8 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
                 using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
                 if constexpr (is_layer_hook<H>) {
                     constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
-                    if ((pre == H::regions.empty()) != (round == 0)) return;
-                    const auto [first, last] = hook_span(list, layer, H::regions);
+                    if ((pre == H::regions.empty()) != (round == 0) || !H::on_layer(layer)) return;
+                    const auto [first, last] = hook_span(list, layer, H::regions, std::is_same_v<typename H::placement, capture_time>);
                     if (first < 0) return;
                     const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
                     const int at = at_first ? first : last;
@@ -143,6 +149,63 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
     return out;
 }
 
+template <class Hook>
+stage step_hook_stage(const Hook& h, std::span<const layer_tensors> tensors) {
+    constexpr bool host = std::is_same_v<typename Hook::placement, boundary>;
+    stage s;
+    s.name = "step.hook." + std::string(h.name());
+    s.kind = stage_kind_id("hook");
+    s.synchronizes_with_host = host;
+    s.capture_only = std::is_same_v<typename Hook::placement, capture_time>;
+    s.lane = Hook::lane;
+    s.added = true;
+    s.forward = stream_fn::from([hook = &h, tensors](stream_handle stream) {
+        step_context context(stream, tensors);
+        (*hook)(context);
+    });
+    // Before the optimizer it may change the gradients (clipping) and reads the parameters; after
+    // it, it reads both (a log, a norm).
+    for (const layer_tensors& t : tensors) {
+        s.inputs.insert(s.inputs.end(), t.parameters.begin(), t.parameters.end());
+        auto& grads = Hook::when == step_point::before_optimizer ? s.outputs : s.inputs;
+        grads.insert(grads.end(), t.gradients.begin(), t.gradients.end());
+    }
+    s.buffers_declared = true;
+    return s;
+}
+
+//! Adds the pipeline's step hooks to `step_end`: before its stages, or after them.
+template <class Pipeline, std::size_t... I>
+std::vector<stage> add_step_hooks(const std::vector<stage>& step_end, const Pipeline& hooks, std::span<const layer_tensors> tensors,
+                                  std::index_sequence<I...>) {
+    std::vector<stage> before, after;
+    (
+        [&] {
+            using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
+            if constexpr (is_step_hook<H>)
+                (H::when == step_point::before_optimizer ? before : after).push_back(step_hook_stage(hooks.template at<I>(), tensors));
+        }(),
+        ...);
+    before.insert(before.end(), step_end.begin(), step_end.end());
+    before.insert(before.end(), std::make_move_iterator(after.begin()), std::make_move_iterator(after.end()));
+    return before;
+}
+
+//! A hook's of_layers<...> naming a layer the program lacks.
+template <class Pipeline, std::size_t... I>
+void check_named_layers(const Pipeline& hooks, int layers, std::index_sequence<I...>) {
+    (
+        [&] {
+            using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
+            if constexpr (is_layer_hook<H>)
+                if (H::last_named_layer >= layers)
+                    throw std::invalid_argument("capscope::with_hooks: hook '" + std::string(hooks.template at<I>().name()) + "' names layer " +
+                                                std::to_string(H::last_named_layer) + " in of_layers<...>, but the program has " +
+                                                std::to_string(layers) + " layers -- fix: name layers 0.." + std::to_string(layers - 1));
+        }(),
+        ...);
+}
+
 //! The number of layers in `list`: one more than its largest layer index.
 inline int layer_count(const std::vector<stage>& list) {
     int n = 0;
@@ -165,9 +228,10 @@ training_program with_hooks(const training_program& program, const hook_pipeline
     if (int(tensors.size()) != layers)
         throw std::invalid_argument("capscope::with_hooks: " + std::to_string(tensors.size()) + " layer_tensors for a program of " +
                                     std::to_string(layers) + " layers -- fix: give one layer_tensors per layer, in layer order");
+    detail::check_named_layers(hooks, layers, std::make_index_sequence<sizeof...(Hooks)>{});
     training_program out;
     out.step_begin = program.step_begin;
-    out.step_end = program.step_end;
+    out.step_end = detail::add_step_hooks(program.step_end, hooks, tensors, std::make_index_sequence<sizeof...(Hooks)>{});
     for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
     out.warmup = program.warmup;

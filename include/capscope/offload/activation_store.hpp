@@ -35,8 +35,9 @@ public:
     activation_store(const activation_store&) = delete;
     activation_store& operator=(const activation_store&) = delete;
 
-    //! Declares a tensor that layer `layer` keeps for its backward as module input `module`.
-    id declare(int layer, offload_module module, std::string name, std::size_t bytes, std::size_t element_bytes) {
+    //! Declares a tensor that layer `layer` keeps for its backward as module input `module`
+    //! (Megatron's `offload_module::core_attn`, or a name of the trainer's own: a literal).
+    id declare(int layer, offload_name module, std::string name, std::size_t bytes, std::size_t element_bytes) {
         if (allocated_) throw std::logic_error("capscope::activation_store: declare '" + name + "' after allocate() -- fix: declare every tensor first");
         decls_.push_back({layer, module, std::move(name), bytes, element_bytes});
         return id(decls_.size()) - 1;
@@ -120,7 +121,7 @@ private:
         for (std::size_t i = 0; i < plan_.tensors.size(); ++i)
             if (data(id(i)) == t.tensor.data && plan_.tensors[i].module == t.module && plan_.tensors[i].layer == s.layer) return;
         throw std::invalid_argument("capscope::activation_store: stage '" + s.name + "' keeps '" + t.tensor.name + "' as " +
-                                    std::string(megatron_name(t.module)) + ", which is not a tensor this store declared for layer " +
+                                    (t.module.empty() ? std::string("(no name)") : std::string(t.module.view())) + ", which is not a tensor this store declared for layer " +
                                     std::to_string(s.layer) + " -- fix: declare it here and name it with saved(id)");
     }
 

@@ -3,7 +3,7 @@
 //! What activation offloading moves, and where every offloadable tensor lives (pure host).
 //!
 //! A trainer declares the tensors its layers keep for their backward, each named by the module
-//! input it is (Megatron's `offload_modules`). A *group* is one module input of one layer (all
+//! input it is (Megatron's `offload_modules` names, or its own). A *group* is one name of one layer (all
 //! its tensors: `core_attn` is q, k, v and the attention probabilities). Under the policy
 //! (`offload<...>`), a group moves to pinned host memory after its forward and comes back
 //! before its backward. Its device bytes live in a *ring* of `slots` slots per module name, so
@@ -34,7 +34,7 @@ namespace capscope {
 //! A tensor a layer keeps for its backward, as a trainer declares it.
 struct offload_tensor_decl {
     int layer = 0;
-    offload_module module = offload_module::qkv_linear;
+    offload_name module;
     std::string name;
     std::size_t bytes = 0;
     std::size_t element_bytes = 1;
@@ -49,7 +49,7 @@ struct offload_ring {
 
 struct offload_group {
     int layer = 0;
-    offload_module module = offload_module::qkv_linear;
+    offload_name module;
     std::vector<int> tensors; //!< its eligible tensors (indices into offload_plan::tensors)
     std::size_t bytes = 0;    //!< theirs, each rounded up to offload_plan::alignment
     int member = -1;          //!< its position in its name's ring; -1 when it keeps memory of its own
@@ -86,7 +86,7 @@ struct offload_plan {
     //! Device bytes saved by the ring: every tensor on its own, less what the arenas take.
     std::size_t device_bytes_saved() const { return bytes_without_offload - (ring_bytes + own_bytes); }
     //! The group of `layer` and `module`, or -1.
-    int group_of(int layer, offload_module module) const {
+    int group_of(int layer, offload_name module) const {
         for (std::size_t i = 0; i < groups.size(); ++i)
             if (groups[i].layer == layer && groups[i].module == module) return int(i);
         return -1;
@@ -111,6 +111,10 @@ inline offload_plan plan_offload(const offload_settings& policy, std::vector<off
     plan.tensors = std::move(tensors);
     const std::size_t a = offload_plan::alignment;
     for (const auto& t : plan.tensors) {
+        if (t.module.empty())
+            throw std::invalid_argument("capscope offload: tensor '" + t.name + "' of layer " + std::to_string(t.layer) +
+                                        " has no offload name -- fix: name the module input it is (offload_module::core_attn, or a "
+                                        "name of your own such as \"mixer_in\", offloaded with offload_tensors<\"mixer_in\">)");
         if (t.layer < 0 || t.bytes == 0 || t.element_bytes == 0)
             throw std::invalid_argument("capscope offload: tensor '" + t.name + "' is declared with layer " + std::to_string(t.layer) + ", " +
                                         std::to_string(t.bytes) + " bytes and element size " + std::to_string(t.element_bytes) +
@@ -141,9 +145,12 @@ inline offload_plan plan_offload(const offload_settings& policy, std::vector<off
     for (std::size_t g = 0; g < plan.groups.size(); ++g)
         for (int t : plan.groups[g].tensors) plan.where[std::size_t(t)].group = int(g);
 
-    // Each name's groups, in forward order.
-    std::vector<std::vector<int>> by_name(std::size(enum_names<offload_module>::megatron));
-    for (std::size_t g = 0; g < plan.groups.size(); ++g) by_name[std::size_t(plan.groups[g].module)].push_back(int(g));
+    // Each name's groups, in forward order; the names in the policy's order (Megatron's, then a trainer's own).
+    std::vector<offload_name> names;
+    policy.modules.for_each([&](offload_name n) { names.push_back(n); });
+    std::vector<std::vector<int>> by_name(names.size());
+    for (std::size_t g = 0; g < plan.groups.size(); ++g)
+        by_name[std::size_t(std::find(names.begin(), names.end(), plan.groups[g].module) - names.begin())].push_back(int(g));
 
     // Candidates: every group of a name but its last `slots`; the fraction leaves the latest on the device.
     const int k = ring.slots;

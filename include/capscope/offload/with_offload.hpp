@@ -42,7 +42,7 @@ namespace detail {
 
 inline stage offload_stage(const stage& like, const offload_group& g, std::string what, int lane) {
     stage s;
-    s.name = "layer" + std::to_string(g.layer) + "." + std::string(megatron_name(g.module)) + "." + std::move(what);
+    s.name = "layer" + std::to_string(g.layer) + "." + std::string(g.module.view()) + "." + std::move(what);
     s.layer = like.layer;
     s.kind = stage_kind_id("offload");
     s.captured_by = like.captured_by;
@@ -75,7 +75,7 @@ inline stage_range segment_of(const capture_scope& c, std::span<const stage_fact
 inline std::vector<stage> add_copies(const std::vector<stage>& list, const offload_plan& plan, std::span<const offload_copies> copies,
                                      const capture_scope& scope) {
     const auto facts = facts_of(list);
-    const offload_module_set offloaded = plan.policy.enabled ? plan.policy.modules : offload_module_set{};
+    const offload_name_set offloaded = plan.policy.enabled ? plan.policy.modules : offload_name_set{};
     check_offload_placement(scope, offloaded, facts, list);
 
     // Each ring member's producer and keeper in this list.
@@ -87,7 +87,7 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
             if (keeper[std::size_t(g)] >= 0 && keeper[std::size_t(g)] != k)
                 throw plan_error("P11", list[std::size_t(k)].name,
                                  "two stages of layer " + std::to_string(list[std::size_t(k)].layer) + " keep module input " +
-                                     std::string(megatron_name(t.module)) + " ('" + list[std::size_t(keeper[std::size_t(g)])].name +
+                                     std::string(t.module.view()) + " ('" + list[std::size_t(keeper[std::size_t(g)])].name +
                                      "' and '" + list[std::size_t(k)].name + "')",
                                  "list each tensor a layer keeps in the saves of the one stage whose backward reads it");
             keeper[std::size_t(g)] = k;
@@ -112,7 +112,7 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
         const int p = producer[gi], keep = keeper[gi];
         if (keep < 0)
             throw plan_error("P11", "", "no stage of layer " + std::to_string(g.layer) + " keeps the offloaded module input " +
-                                            std::string(megatron_name(g.module)) + " declared for it",
+                                            std::string(g.module.view()) + " declared for it",
                              "list the tensor in stage::saves of the stage whose backward reads it");
         for (const saved_tensor& t : list[std::size_t(keep)].saves)
             if (t.module == g.module) writes[std::size_t(p)].push_back(t.tensor);

@@ -28,8 +28,8 @@ inline constexpr capture_scope capture_scope_of = {Config::impl, Config::regions
 
 //! The module inputs a configuration offloads (none when offloading is off).
 template <class Config>
-inline constexpr offload_module_set offloaded_by =
-    Config::normalized.offload.enabled ? Config::normalized.offload.modules : offload_module_set{};
+inline constexpr offload_name_set offloaded_by =
+    Config::normalized.offload.enabled ? Config::normalized.offload.modules : offload_name_set{};
 
 template <class Config, class Layer>
 struct layer_plan {
@@ -39,7 +39,7 @@ struct layer_plan {
                                               Layer::template stage_at<std::size_t(misplaced.found() ? misplaced.stage : 0)>::kind,
                                               misplaced.problem>::reported);
     static constexpr offload_straddle straddle = find_offload_straddle(capture_scope_of<Config>, offloaded_by<Config>, stages);
-    static_assert(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, straddle.module>::reported);
+    static_assert(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, straddle.megatron_index()>::reported);
 
     //! The segments in forward order (backward runs them in reverse).
     static constexpr auto segments = [] {

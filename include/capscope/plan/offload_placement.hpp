@@ -22,7 +22,7 @@ namespace capscope {
 //! The stage that writes what stage `keeper` keeps as module input `m`: the latest earlier stage
 //! of the keeper's layer that `makes` it (passing over stages outside the layers, such as boundary
 //! hooks), or the keeper itself.
-constexpr int producer_of(std::span<const stage_facts> stages, int keeper, offload_module m) {
+constexpr int producer_of(std::span<const stage_facts> stages, int keeper, offload_name m) {
     const int layer = stages[std::size_t(keeper)].layer;
     for (int i = keeper - 1; i >= 0; --i) {
         const stage_facts& s = stages[std::size_t(i)];
@@ -44,17 +44,22 @@ constexpr bool same_segment(const capture_scope& c, std::span<const stage_facts>
 
 struct offload_straddle {
     int producer = -1, keeper = -1;
-    offload_module module = offload_module::qkv_linear;
+    offload_name module;
     bool producer_captured = false, keeper_captured = false;
     constexpr bool found() const { return keeper >= 0; }
+    //! Megatron's module index of the tensor's name, -1 for a trainer's own (the compile-time report's key).
+    constexpr int megatron_index() const {
+        const auto m = module.megatron();
+        return m ? int(*m) : -1;
+    }
 };
 
 //! The first tensor of `offloaded` whose producer and keeper a graph boundary separates under `c`.
-constexpr offload_straddle find_offload_straddle(const capture_scope& c, offload_module_set offloaded, std::span<const stage_facts> stages) {
+constexpr offload_straddle find_offload_straddle(const capture_scope& c, offload_name_set offloaded, std::span<const stage_facts> stages) {
     if (!is_per_layer(c.impl) || offloaded.empty()) return {};
     for (int k = 0; k < int(stages.size()); ++k) {
         offload_straddle found;
-        stages[std::size_t(k)].saves.for_each([&](offload_module m) {
+        stages[std::size_t(k)].saves.for_each([&](offload_name m) {
             if (found.found() || !offloaded.contains(m)) return;
             const int p = producer_of(stages, k, m);
             if (p == k) return;
@@ -71,20 +76,20 @@ inline std::string placement_words(bool captured) { return captured ? "captured"
 } // namespace detail
 
 //! The run-time form of P11, for a training program's stage list.
-inline void check_offload_placement(const capture_scope& c, offload_module_set offloaded, std::span<const stage_facts> facts,
+inline void check_offload_placement(const capture_scope& c, offload_name_set offloaded, std::span<const stage_facts> facts,
                                     std::span<const stage> stages) {
     const offload_straddle s = find_offload_straddle(c, offloaded, facts);
     if (!s.found()) return;
     const stage& p = stages[std::size_t(s.producer)];
     const stage& k = stages[std::size_t(s.keeper)];
-    const std::string m(megatron_name(s.module));
+    const std::string m(s.module.view());
     throw plan_error("P11", k.name,
                      "offloaded tensor " + m + " of layer " + std::to_string(k.layer) + " is written by stage '" + p.name + "' (" +
                          detail::placement_words(s.producer_captured) + ") and kept for the backward by stage '" + k.name + "' (" +
                          detail::placement_words(s.keeper_captured) + "): a graph boundary lies between them, so its copies and "
                          "their events would straddle it",
                      "capture both stages or neither (modules {" + detail::module_list(c.regions) + "} under " +
-                         std::string(megatron_name(c.impl)) + "), or drop " + m + " from offload_modules");
+                         std::string(megatron_name(c.impl)) + "), or stop offloading " + m);
 }
 
 } // namespace capscope
@@ -95,20 +100,20 @@ namespace capscope::plan_rules {
 // Megatron's layers by name, and a general form for a trainer's own (named in the note below).
 
 //! P11: an offloaded tensor whose producer and keeper a graph boundary separates.
-template <offload_module M, auto Producer, auto Keeper, class Schema, class Config>
+template <int MegatronModule, auto Producer, auto Keeper, class Schema, class Config>
 struct P11 {
-    static_assert(detail::always_false<Config>, "capscope plan rule P11: an offloaded tensor is written by one stage and kept for the backward by another, and a graph boundary lies between them (one captured, the other eager, or two graphs), so its copies and their events would straddle it -- fix: capture both stages or neither, or drop the module input from offload_modules (the tensor, the two stages and the layer schema are named below)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P11: an offloaded tensor is written by one stage and kept for the backward by another, and a graph boundary lies between them (one captured, the other eager, or two graphs), so its copies and their events would straddle it -- fix: capture both stages or neither, or stop offloading the tensor (the two stages' kinds and the layer schema are named below)");
 };
 template <class Schema, class Config>
-struct P11<offload_module::mlp_norm, stage_kind::attention, stage_kind::mlp, Schema, Config> {
+struct P11<int(offload_module::mlp_norm), stage_kind::attention, stage_kind::mlp, Schema, Config> {
     static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor mlp_norm (the pre-MLP norm's input) is written by stage attention and kept by stage mlp, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: capture attn and mlp together (or neither), or drop mlp_norm from offload_modules");
 };
 template <class Schema, class Config>
-struct P11<offload_module::mlp_norm, stage_kind::attention, stage_kind::moe_router, Schema, Config> {
+struct P11<int(offload_module::mlp_norm), stage_kind::attention, stage_kind::moe_router, Schema, Config> {
     static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor mlp_norm (the pre-MLP norm's input) is written by stage attention and kept by stage moe_router, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: capture attn and moe_router together (or neither), or drop mlp_norm from offload_modules");
 };
 template <class Schema, class Config>
-struct P11<offload_module::expert_fc1, stage_kind::moe_preprocess, stage_kind::moe_experts, Schema, Config> {
+struct P11<int(offload_module::expert_fc1), stage_kind::moe_preprocess, stage_kind::moe_experts, Schema, Config> {
     static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor expert_fc1 (the experts' first linear input) is written by stage moe_preprocess and kept by stage moe_experts, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: under transformer_engine, capture moe_router without moe_preprocess (local captures both, rule S1); or drop expert_fc1 from offload_modules");
 };
 
@@ -116,14 +121,14 @@ struct P11<offload_module::expert_fc1, stage_kind::moe_preprocess, stage_kind::m
 
 namespace capscope::detail {
 
-template <class Config, class Schema, int Producer, int Keeper, offload_module Module>
+template <class Config, class Schema, int Producer, int Keeper, int MegatronModule>
 struct report_offload_straddle {
     static constexpr bool reported = true; // nothing straddles
 };
-template <class Config, class Schema, int Producer, int Keeper, offload_module Module>
+template <class Config, class Schema, int Producer, int Keeper, int MegatronModule>
     requires(Keeper >= 0)
-struct report_offload_straddle<Config, Schema, Producer, Keeper, Module> {
-    static constexpr bool reported = sizeof(plan_rules::P11<Module, Schema::template stage_at<std::size_t(Producer)>::kind,
+struct report_offload_straddle<Config, Schema, Producer, Keeper, MegatronModule> {
+    static constexpr bool reported = sizeof(plan_rules::P11<MegatronModule, Schema::template stage_at<std::size_t(Producer)>::kind,
                                                             Schema::template stage_at<std::size_t(Keeper)>::kind, Schema, Config>) > 0;
 };
 

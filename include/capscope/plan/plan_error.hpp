@@ -20,7 +20,9 @@ public:
     //! "P1" (host sync captured), "P2" (data-dependent shapes captured), "P3" (the program's shape),
     //! "P8" (host values passed at launch captured), "P9" (named regions match no stage), "P10"
     //! (model facts that are not the program's), "P11" (an offloaded tensor across graphs), "P12"
-    //! (two calls that touch one buffer left unordered: the verifier); inference: "P4" to "P7".
+    //! (two calls that touch one buffer left unordered: the verifier), "P13" (a capture-time stage
+    //! in an eager segment); inference: "P4" (bucket lists; P5 is compile-time only, and P6/P7 are
+    //! thrown as `bucket_overflow` when a request is placed).
     const std::string& rule() const noexcept { return rule_; }
     //! The stage at fault, when there is one.
     const std::string& stage() const noexcept { return stage_; }
@@ -41,12 +43,12 @@ inline std::string module_list(const region_set& m) {
     return s.empty() ? std::string("(none)") : s;
 }
 
-//! "qkv_linear, core_attn" (Megatron's names of offloadable module inputs).
-inline std::string names_of(const offload_module_set& m) {
+//! "qkv_linear, core_attn" (the names of offloadable tensors: Megatron's, then a trainer's own).
+inline std::string names_of(const offload_name_set& m) {
     std::string s;
-    m.for_each([&](offload_module x) {
+    m.for_each([&](offload_name x) {
         if (!s.empty()) s += ", ";
-        s += megatron_name(x);
+        s += x.view();
     });
     return s.empty() ? std::string("(none)") : s;
 }

@@ -87,6 +87,25 @@ inline void drop_waits_from(training_plan& plan, const training_program& program
 }
 #endif
 
+//! P13: a capture-time call (a `capture_time` hook) runs only while its segment is captured, so
+//! one in an eager segment of a capturing impl would never run, silently.
+inline void check_capture_time_calls(const training_plan& plan, const training_program& program) {
+    if (plan.scope.impl == graph_impl::eager) return; // nothing is captured: capture-time work is not asked for
+    for (const plan_segment& seg : plan.segments) {
+        if (seg.graphed) continue;
+        for (int k = 0; k < seg.call_count; ++k) {
+            const stage& s = stage_of(program, plan.calls[std::size_t(seg.first_call + k)]);
+            if (!s.capture_only) continue;
+            throw plan_error("P13", s.name,
+                             "capture-time stage '" + s.name + "' falls in an eager segment under impl " + std::string(megatron_name(plan.scope.impl)) +
+                                 " (" + (s.layer < 0 ? std::string("outside the layers") : "layer " + std::to_string(s.layer) + "'s stages there are not captured") +
+                                 "), so it would never run",
+                             "attach the hook to a captured region (of_region<R> with R among the captured modules/regions), capture "
+                             "the stages it hooks, or make it a capturable or boundary hook");
+        }
+    }
+}
+
 inline void check_capturable(const capture_scope& c, const std::vector<stage>& list) {
     const auto facts = facts_of(list);
     const misplacement m = find_misplacement(c, facts);
@@ -177,6 +196,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
         plan.segments = {whole};
         plan.graph_count = 1;
     }
+    detail::check_capture_time_calls(plan, program);
     derive_stream_order(plan, program);
 #if defined(CAPSCOPE_TEST_DROP_WAITS_FROM)
     detail::drop_waits_from(plan, program, CAPSCOPE_TEST_DROP_WAITS_FROM); // a test build, broken on purpose

@@ -2,6 +2,12 @@
 //! @file
 //! Fine-grained activation offloading: general rules (spec §4.2, O1–O7, O10), offloading x CUDA
 //! graphs (§4.3, OC1–OC6) and the norms that sit on a graph boundary (§4.4, OB1–OB2).
+//!
+//! These are Megatron's rules about Megatron's module names. A trainer's own offload names
+//! (`offload_tensors<"...">`) are moved by capscope's engine, not Megatron's: the rules about
+//! Megatron's offload engine (O1, O10, OC1–OC4, OC6) pass over a policy that names only a
+//! trainer's own tensors; O6 (sizes and the fraction) and OC5 (a warmup step) hold for every
+//! policy. Plan rule P11 checks where any offloaded tensor's copies go.
 
 #include <capscope/rules/rule.hpp>
 
@@ -10,9 +16,15 @@ namespace capscope::rules {
 namespace detail {
 constexpr bool offloading(const runtime_config& c) { return c.offload.enabled; }
 constexpr bool offloading_with_graphs(const runtime_config& c) { return c.offload.enabled && c.impl != graph_impl::eager; }
+//! Megatron's offload engine is asked for: a Megatron name is offloaded (or none is named, O2).
+constexpr bool offloading_megatron(const runtime_config& c) {
+    return c.offload.enabled && (c.offload.modules.empty() || !c.offload.modules.megatron().empty());
+}
+constexpr bool offloading_megatron_with_graphs(const runtime_config& c) { return offloading_megatron(c) && c.impl != graph_impl::eager; }
 constexpr bool local_partial_moe_offload(const runtime_config& c) {
-    return c.impl == graph_impl::lazy_per_layer && !c.offload.modules.empty() &&
-           c.offload.modules.subset_of(moe_expert_offloads) && !c.captures(capture_module::moe);
+    const offload_name_set megatron = c.offload.modules.megatron();
+    return c.impl == graph_impl::lazy_per_layer && !megatron.empty() && megatron.subset_of(moe_expert_offloads) &&
+           !c.captures(capture_module::moe);
 }
 //! mlp_norm's input crosses a graph boundary on some layer kind of this model (§4.4).
 constexpr bool mlp_norm_on_boundary(const runtime_config& c) {
@@ -28,14 +40,14 @@ CAPSCOPE_RULE(O10, error, offload,
     "fine-grained activation offloading is only supported with --transformer-impl transformer_engine",
     "use --transformer-impl transformer_engine (transformer<transformer_impl::transformer_engine>), or drop --fine-grained-activation-offloading",
     nullptr,
-    [](const runtime_config& c) { return detail::offloading(c) && c.transformer != transformer_impl::transformer_engine; });
+    [](const runtime_config& c) { return detail::offloading_megatron(c) && c.transformer != transformer_impl::transformer_engine; });
 
 CAPSCOPE_RULE(O1, error, offload,
     "Fine-grained activation offloading is not combined with layer-level CPU offloading",
     "fine-grained activation offloading cannot be combined with layer-level CPU offloading (--cpu-offloading-num-layers > 0)",
     "choose one: drop --fine-grained-activation-offloading or set --cpu-offloading-num-layers 0",
     nullptr,
-    [](const runtime_config& c) { return detail::offloading(c) && c.cpu_offloading(); });
+    [](const runtime_config& c) { return detail::offloading_megatron(c) && c.cpu_offloading(); });
 
 CAPSCOPE_RULE(O2, error, offload,
     "offload_modules is non-empty and names only offloadable modules",
@@ -93,8 +105,8 @@ CAPSCOPE_RULE(OC1, error, offload,
     "offload only expert_fc1/moe_act/fused_group_mlp, or use --cuda-graph-impl transformer_engine",
     nullptr,
     [](const runtime_config& c) {
-        return detail::offloading_with_graphs(c) && c.impl == graph_impl::lazy_per_layer &&
-               !c.offload.modules.subset_of(moe_expert_offloads);
+        return detail::offloading_megatron_with_graphs(c) && c.impl == graph_impl::lazy_per_layer &&
+               !c.offload.modules.megatron().subset_of(moe_expert_offloads);
     });
 
 CAPSCOPE_RULE(OC2, error, offload,
@@ -103,7 +115,7 @@ CAPSCOPE_RULE(OC2, error, offload,
     "list the captured modules explicitly, e.g. --cuda-graph-modules attn moe_router moe_preprocess",
     nullptr,
     [](const runtime_config& c) {
-        return detail::offloading_with_graphs(c) && c.impl == graph_impl::lazy_per_layer && c.modules.modules.empty();
+        return detail::offloading_megatron_with_graphs(c) && c.impl == graph_impl::lazy_per_layer && c.modules.whole_layer();
     });
 
 CAPSCOPE_RULE(OC3, error, offload,
@@ -112,7 +124,7 @@ CAPSCOPE_RULE(OC3, error, offload,
     "use --cuda-graph-impl transformer_engine or full_iteration, or with local offload only MoE expert inputs without capturing moe",
     nullptr,
     [](const runtime_config& c) {
-        return detail::offloading_with_graphs(c) && c.impl != graph_impl::ahead_of_time_per_layer &&
+        return detail::offloading_megatron_with_graphs(c) && c.impl != graph_impl::ahead_of_time_per_layer &&
                c.impl != graph_impl::whole_iteration && !detail::local_partial_moe_offload(c);
     });
 
@@ -121,7 +133,7 @@ CAPSCOPE_RULE(OC4, error, offload,
     "Token-drop MoE is temporarily not supported with activation offloading (moe is captured)",
     "capture moe_router [+ moe_preprocess] instead of moe",
     nullptr,
-    [](const runtime_config& c) { return detail::offloading_with_graphs(c) && c.captures(capture_module::moe); });
+    [](const runtime_config& c) { return detail::offloading_megatron_with_graphs(c) && c.captures(capture_module::moe); });
 
 CAPSCOPE_RULE(OC5, error, offload,
     "Offloading with graphs needs at least one warmup step",
@@ -136,7 +148,7 @@ CAPSCOPE_RULE(OC6, error, offload,
     "set --fine-grained-offloading-max-inflight-offloads N with N >= 0 (max_inflight_offloads<N>)",
     nullptr,
     [](const runtime_config& c) {
-        return detail::offloading_with_graphs(c) && c.impl == graph_impl::whole_iteration &&
+        return detail::offloading_megatron_with_graphs(c) && c.impl == graph_impl::whole_iteration &&
                (!c.offload.max_inflight.has_value() || *c.offload.max_inflight < 0);
     });
 

@@ -1,9 +1,9 @@
 #pragma once
 //! @file
 //! A tensor a stage keeps from its forward for its backward, named by the module input it is
-//! (Megatron's `offload_modules` names): what activation offloading may move to pinned host
-//! memory between the two, and bring back before the backward reads it
-//! (capscope/offload/with_offload.hpp).
+//! (Megatron's `offload_modules` names, or a trainer's own: capscope/vocabulary/offload_module.hpp):
+//! what activation offloading may move to pinned host memory between the two, and bring back
+//! before the backward reads it (capscope/offload/with_offload.hpp).
 
 #include <capscope/stage/tensor_ref.hpp>
 #include <capscope/vocabulary/offload_module.hpp>
@@ -13,7 +13,7 @@
 namespace capscope {
 
 struct saved_tensor {
-    offload_module module = offload_module::qkv_linear;
+    offload_name module; //!< what it is; empty: not named (offloading refuses it)
     tensor_ref tensor;
     //! Bytes per element: `min_offloaded_tensor_size` counts elements, as Megatron does.
     std::size_t element_bytes = 1;

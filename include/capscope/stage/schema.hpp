@@ -97,6 +97,15 @@ template <offload_module... Ms>
 struct makes {
     static constexpr void apply(stage_facts& f) { (f.makes.insert(Ms), ...); }
 };
+//! `saves` and `makes` by a trainer's own offload names (`saves_named<"mixer_in">`).
+template <detail::fixed_string... Names>
+struct saves_named {
+    static constexpr void apply(stage_facts& f) { (f.saves.insert(Names.view()), ...); }
+};
+template <detail::fixed_string... Names>
+struct makes_named {
+    static constexpr void apply(stage_facts& f) { (f.makes.insert(Names.view()), ...); }
+};
 
 namespace detail {
 template <class P>
@@ -115,7 +124,7 @@ struct stage_decl {
     static_assert(sizeof(Regions) > 0); // checks the regions where the schema is named
     static_assert((detail::stage_property<Properties> && ...),
                   "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
-                  "on_lane<k>, saves<offload_module...> and makes<offload_module...>");
+                  "on_lane<k>, saves<offload_module...>, makes<offload_module...>, saves_named<\"...\"> and makes_named<\"...\">");
     static_assert(std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind> || requires { Kind.view(); },
                   "capscope::stage_decl<kind, ...>: the kind is a stage_kind (stage_kind::attention, ...) or a trainer's own, "
                   "capscope::kind<\"name\">");

@@ -52,10 +52,10 @@ struct stage_facts {
     //! A lane stage that stays in its neighbours' segment (joined at the segment's end).
     bool branch = false;
     //! Module inputs this stage keeps for its backward (activation offloading may move them).
-    offload_module_set saves;
+    offload_name_set saves;
     //! Module inputs this stage writes that a later stage of its layer keeps (e.g. attention
     //! writes the pre-MLP norm's input, which the MLP keeps).
-    offload_module_set makes;
+    offload_name_set makes;
 
     constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data && !passes_host_values; }
     friend constexpr bool operator==(const stage_facts&, const stage_facts&) = default;
@@ -74,7 +74,7 @@ struct stage {
     bool passes_host_values = false; //!< see stage_facts
     int lane = 0;                    //!< see stage_facts
     bool branch = false;             //!< see stage_facts
-    offload_module_set makes;        //!< see stage_facts
+    offload_name_set makes;          //!< see stage_facts
     stream_fn forward;               //!< empty for backward-only work (a gradient reduction)
     stream_fn backward;              //!< empty for forward-only work (optimizer step, zeroing, a frozen layer)
     std::vector<tensor_ref> inputs;  //!< read by forward (and by backward)
@@ -107,7 +107,7 @@ struct stage {
 
     bool capturable() const { return facts().capturable(); }
     stage_facts facts() const {
-        offload_module_set kept;
+        offload_name_set kept;
         for (const saved_tensor& t : saves) kept.insert(t.module);
         return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, branch, kept, makes};
     }

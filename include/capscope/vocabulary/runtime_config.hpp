@@ -30,8 +30,13 @@ struct module_request {
     bool non_module_entry = false;          //!< a C++ type that is not a capture module
     detail::short_text unknown_name;        //!< first name that is not a module
     int entries = 0;                        //!< entries as written (duplicates counted)
+    //! The config also names regions of the trainer's own (`capture_regions<...>`), so a per-layer
+    //! impl captures those regions, not whole layers, though no Megatron module is named.
+    bool own_regions = false;
 
     constexpr bool empty() const { return entries == 0; }
+    //! Whole layers are captured (per-layer impls): no module and no region of the trainer's named.
+    constexpr bool whole_layer() const { return modules.empty() && !own_regions; }
     friend constexpr bool operator==(const module_request&, const module_request&) = default;
 };
 
@@ -131,7 +136,7 @@ struct runtime_config {
     constexpr bool captures(capture_module m) const { return modules.modules.contains(m); }
     //! Megatron's `full_cudagraph`: the whole iteration, or whole layers.
     constexpr bool full_cudagraph() const {
-        return impl == graph_impl::whole_iteration || modules.modules.empty();
+        return impl == graph_impl::whole_iteration || modules.whole_layer();
     }
     constexpr bool selective_recompute() const { return recompute == recompute_granularity::selective; }
     constexpr recompute_module_set effective_recompute_modules() const {
