@@ -1,7 +1,7 @@
 #pragma once
 //! @file
 //! Hook pipelines (host-only): hooks whose phase and placement are part of their type, composed
-//! in declaration order, checked against a configuration (rules H0-H4, docs/hooks.md).
+//! in declaration order, checked against a configuration (rules H0, H1, H2, H4, docs/hooks.md).
 
 #include <capscope/hooks/hook.hpp>
 #include <capscope/hooks/hook_context.hpp>

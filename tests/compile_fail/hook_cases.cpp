@@ -41,6 +41,20 @@ static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(gat
 #ifdef CASE_H2
 static_assert(hooks_fit<whole_step, hook_pipeline<decltype(reduce), decltype(log_boundary)>>);
 #endif
+// ... a step hook's host work too (a loss log between steps):
+constexpr auto log_loss = on_step<step_point::after_optimizer, boundary>("loss log", [](step_context&) {});
+constexpr auto clip = on_step<step_point::before_optimizer, capturable>("clip", [](step_context&) {});
+static_assert(hooks_fit<per_layer, hook_pipeline<decltype(clip), decltype(log_loss)>>);
+static_assert(hooks_fit<whole_step, hook_pipeline<decltype(clip)>>);
+#ifdef CASE_H2__step
+static_assert(hooks_fit<whole_step, hook_pipeline<decltype(clip), decltype(log_loss)>>);
+#endif
+#ifdef CASE_H1__step
+constexpr auto clip_layer = on_step<step_point::before_optimizer, capturable>("clip", reduce_gradients);
+#endif
+#ifdef CASE_H0__step_region
+constexpr auto clip_region = on_step<step_point::before_optimizer, capturable, of_region<capture::mlp>>("clip", [](step_context&) {});
+#endif
 // ... and without the static_assert: a composition checks what it is given.
 inline training_program composed_per_layer() {
     return composition<per_layer>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).program();

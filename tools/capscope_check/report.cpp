@@ -127,8 +127,8 @@ When a rule is checked:
 | N1–N12 (N3b, N4b, N5b, N8a–N8g) | Megatron: normalization | compile time; run time | legacy and deprecated flags used together, unknown impls, modules and inference scopes; N3, N3b, N4b, N5b, N8c, N8f, N8g migrate and N10 derives a default | `rules/normalization.hpp` |
 | S0–S7 | Megatron: capture scope | compile time; run time | module lists that cannot be captured together or in this model; S1 is an adjustment | `rules/capture_scope.hpp` |
 | R0–R5 | Megatron: recompute | compile time; run time | unknown recompute modules, and recompute a graph cannot hold | `rules/recompute.hpp` |
-| O1–O3, O5–O7, O10 | Megatron: offload | compile time; run time | offload lists and sizes Megatron refuses, and offloading off the transformer_engine layers | `rules/offload.hpp` |
-| OC1–OC6 | Megatron: offload with graphs | compile time; run time | offloading the impl and the captured modules cannot hold | `rules/offload.hpp` |
+| O1–O3, O5–O7, O10 | Megatron: offload | compile time; run time | offload lists and sizes Megatron refuses, and offloading off the transformer_engine layers (Megatron's module names only; a trainer's own names pass, except O6's sizes and fraction) | `rules/offload.hpp` |
+| OC1–OC6 | Megatron: offload with graphs | compile time; run time | offloading the impl and the captured modules cannot hold (Megatron's module names only; a trainer's own names pass, except OC5's warmup step) | `rules/offload.hpp` |
 | OB1, OB2 | Megatron: offload at graph boundaries | compile time (an error); run time (a note) | offloading a norm's input that crosses a graph boundary (adjustments) | `rules/offload.hpp` |
 | A1–A3, A6 | Megatron: training | compile time; run time | training and inference settings that break graphs (NaN check, fp8 block graphs, graph count, pipelined inference) | `rules/training.hpp` |
 | E1 | Megatron: training | compile time; run time | transformer_engine moe/mlp graphs with expert-parallel comm overlap | `rules/training.hpp` |
@@ -149,7 +149,7 @@ When a rule is checked:
 | P10 | plan | construction (a `runner`; `plan_error`) | model facts (`layers<N>`, the MoE layout) that are not the program's | `plan/model_facts.hpp` |
 | P11 | plan (offload) | compile time (layer schemas); plan time (when the copies are added) | an offloaded tensor whose producer and keeper a graph boundary separates | `plan/offload_placement.hpp`, `offload/with_offload.hpp` |
 | P12 | plan (verifier) | plan time (every plan) | two calls that touch one buffer, one writing, left unordered | `plan/verify.hpp` |
-| P13 | plan (hooks) | plan time | a capture-time stage (a `capture_time` hook) in an eager segment, which would never run | being added; not in this tree yet |
+| P13 | plan (hooks) | plan time | a capture-time stage (a `capture_time` hook) in an eager segment, which would never run | `plan/training_plan.hpp` |
 | H0 | hooks | compile time | a pipeline entry that is not a hook; an unknown placement or option; two lanes; a lane on a boundary hook | `hooks/hook.hpp`, `hooks/hook_pipeline.hpp` |
 | H1 | hooks | compile time | a callable that does not take its declared phase's context (`warmup_context&` for a warmup hook) | `hooks/hook.hpp` |
 | H2 | hooks | compile time (`hooks_fit`, `composition::hooks`) | a boundary hook under `impl::whole_iteration` | `hooks/hooks_fit.hpp` |
@@ -164,7 +164,6 @@ Notes:
 - F1 and F2 appear twice. They are one rule each: the sharding check builds the Megatron-FSDP flags from the
   policy and asks the table's F1 and F2.
 - H3 is unused: no rule has that id. Ids are not reused or renumbered, so the hook rules are H0, H1, H2, H4.
-- P13 is being added now. Its id is reserved here; the row names no header until it lands.
 - Ids from `megatron-rules.md` that are not listed (F3, F5–F7) have no rule of their own: F3 is the
   "not full_iteration" condition inside F1 and F2, F5 is a flag only, F6 is X10/X11, F7 is A11.
 

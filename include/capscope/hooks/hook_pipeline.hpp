@@ -34,11 +34,12 @@ constexpr bool is_boundary_step_hook() {
     if constexpr (is_step_hook<std::remove_cv_t<H>>) return std::is_same_v<typename H::placement, boundary>;
     else return false;
 }
+template <class H>
+inline constexpr bool is_hook = is_layer_hook<H> || is_warmup_hook<H> || is_step_hook<H>;
 } // namespace detail
 
 template <class H>
-concept any_hook = detail::is_layer_hook<std::remove_cv_t<H>> || detail::is_warmup_hook<std::remove_cv_t<H>> ||
-                   detail::is_step_hook<std::remove_cv_t<H>>;
+concept any_hook = detail::is_hook<std::remove_cv_t<H>>;
 
 namespace detail {
 //! Whether hook H has phase P and placement Placement.
@@ -57,7 +58,7 @@ struct hook_site {
 
 template <class... Hooks>
 class hook_pipeline {
-    static_assert((any_hook<Hooks> && ...),
+    static_assert((detail::is_hook<std::remove_cv_t<Hooks>> && ...),
                   "capscope hook rule H0: hook_pipeline<...> holds hooks made by capscope::hook<phase, placement>(name, fn), "
                   "capscope::on_step<point, placement>(name, fn) or capscope::on_warmup<point>(name, fn) -- fix: wrap the "
                   "callable with one of them");

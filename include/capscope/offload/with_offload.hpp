@@ -135,13 +135,16 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
             const int earlier = member_group(g, g.member - *policy.max_inflight);
             (last ? outs[next] : waits[next]).push_back(read_stage(list[next], g, "wait_inflight", copies[std::size_t(earlier)].host));
         }
-        // The copy back: right after the backward of the segment that keeps the group reusing the slot.
-        const int next_keeper = keeper[std::size_t(member_group(g, g.member + k))];
-        stage back = offload_stage(list[std::size_t(next_keeper)], g, "to_device", g.lane);
+        // The copy back: right after the backward of the segment that holds the slot's next
+        // tenant: its keeper, and its producer, whose backward reads what its forward wrote (a
+        // copy between the two would make the producer's backward wait for it).
+        const auto next = std::size_t(member_group(g, g.member + k));
+        const int first_user = std::min(producer[next], keeper[next]);
+        stage back = offload_stage(list[std::size_t(first_user)], g, "to_device", g.lane);
         back.backward = c.back;
         back.backward_inputs = c.host;
         back.backward_outputs = c.device;
-        backs[std::size_t(segment_of(scope, facts, next_keeper).first)].push_back(std::move(back));
+        backs[std::size_t(segment_of(scope, facts, first_user).first)].push_back(std::move(back));
     }
 
     std::vector<stage> out;
