@@ -61,6 +61,7 @@ public:
         for (int l = 0; l < blocks_; ++l)
             if (copied(l)) host_.emplace_back(2 * m.activation_bytes());
         back_done_.resize(std::size_t(blocks_));
+        copied_out_.resize(std::size_t(blocks_));
     }
     void step(cudaStream_t s) {
         if (whole_) {
@@ -87,18 +88,21 @@ private:
         CAPSCOPE_CHECK(cudaMemcpyAsync(m_.hidden_act(l), host_of(l, true), m_.activation_bytes(), cudaMemcpyHostToDevice, lane));
         CAPSCOPE_CHECK(cudaMemcpyAsync(m_.pre_act(l), host_of(l, false), m_.activation_bytes(), cudaMemcpyHostToDevice, lane));
     }
-    //! Block l's forward: up, its copies out forked onto the copy lane (joined at the end), down.
+    //! Block l's forward: up, its copies out forked onto the copy lane, down. A graph of its own
+    //! joins them at its end; inside the whole-step graph they run on until block l + 2's up
+    //! overwrites their slot, which waits for them there.
     void forward(int l, cudaStream_t s) {
         composed::block_stack::block_fns f{&m_, l};
+        if (whole_ && l >= 2 && copied(l - 2)) copied_out_[std::size_t(l - 2)].wait_on(s);
         f.up_forward(s);
         if (copied(l)) {
             fork_.record(s);
             fork_.wait_on(copy_lane(l));
             to_host(l, copy_lane(l));
-            join_.record(copy_lane(l));
+            copied_out_[std::size_t(l)].record(copy_lane(l));
         }
         f.down_forward(s);
-        if (copied(l)) join_.wait_on(s);
+        if (copied(l) && !whole_) copied_out_[std::size_t(l)].wait_on(s);
     }
     void backward(int l, cudaStream_t s) {
         composed::block_stack::block_fns f{&m_, l};
@@ -159,8 +163,8 @@ private:
     bool whole_;
     int blocks_;
     std::array<cuda::stream, 5> lanes_; // 1..4 used, as the runner's lanes
-    cuda::event fork_, join_, gathered_, clipped_;
-    std::vector<cuda::event> back_done_;
+    cuda::event fork_, gathered_, clipped_;
+    std::vector<cuda::event> back_done_, copied_out_;
     std::vector<cuda::pinned_buffer<std::byte>> host_;
     std::vector<cuda::graph_exec> gather_, fwd_, bwd_, clip_, back_;
     cuda::graph_exec whole_exec_;

@@ -104,3 +104,17 @@ TEST_CASE("a generic-lambda hook takes the phase its declaration names; the empt
     constexpr hook_pipeline<> none;
     static_assert(decltype(none)::size == 0);
 }
+
+// The stages with_hooks makes point into the pipeline and the layers' tensors, so temporaries
+// are refused at compile time (a composition keeps copies of both).
+namespace {
+template <class P>
+concept hooks_from_temporary_pipeline = requires(const training_program& p, std::span<const layer_tensors> t) { with_hooks(p, P{}, t); };
+template <class P>
+concept hooks_from_temporary_tensors = requires(const training_program& p, const P& pipeline) { with_hooks(p, pipeline, std::vector<layer_tensors>{}); };
+template <class P>
+concept hooks_from_kept = requires(const training_program& p, const P& pipeline, std::span<const layer_tensors> t) { with_hooks(p, pipeline, t); };
+} // namespace
+static_assert(hooks_from_kept<hook_pipeline<>>);
+static_assert(!hooks_from_temporary_pipeline<hook_pipeline<>>);
+static_assert(!hooks_from_temporary_tensors<hook_pipeline<>>);

@@ -256,14 +256,16 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
 TEST_CASE("a hook on a lane whose layer_tensors name nothing it touches is refused: nothing could wait for it") {
     fake::model m;
     const layer_tensors nothing[2] = {};
-    CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), hook_pipeline{gather}, nothing),
+    const hook_pipeline gathers{gather};
+    const hook_pipeline inline_pres{inline_pre};
+    CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), gathers, nothing),
                          doctest::Contains("hook 'gather' runs on lane 1 but layer 0's layer_tensors name nothing it touches (no parameters)"),
                          std::invalid_argument);
     // On the layer's own stream it needs nothing: the stream orders it.
-    CHECK_NOTHROW(with_hooks(m.program("DD", false, 1), hook_pipeline{inline_pre}, nothing));
+    CHECK_NOTHROW(with_hooks(m.program("DD", false, 1), inline_pres, nothing));
     // One layer_tensors per layer, no fewer and no more.
     const layer_tensors three[3] = {};
-    CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), hook_pipeline{inline_pre}, three),
+    CHECK_THROWS_WITH_AS(with_hooks(m.program("DD", false, 1), inline_pres, three),
                          doctest::Contains("3 layer_tensors for a program of 2 layers"), std::invalid_argument);
 }
 
@@ -288,9 +290,10 @@ TEST_CASE("the verifier refuses an event recorded inside one graph and waited fo
 namespace {
 //! An activation store's stand-in on the host: the plan and copies, placed for a scope.
 struct host_store {
-    const offload_plan* plan;
+    const offload_plan* the_plan;
     const std::vector<offload_copies>* copies;
-    training_program with_offload(const training_program& p, const capture_scope& c) const { return capscope::with_offload(p, *plan, *copies, c); }
+    const offload_plan& plan() const { return *the_plan; }
+    training_program with_offload(const training_program& p, const capture_scope& c) const { return capscope::with_offload(p, *the_plan, *copies, c); }
 };
 } // namespace
 
@@ -338,6 +341,10 @@ TEST_CASE("composition: one declaration, any order of its parts, the same progra
     CHECK(a.keepalive.size() == 1);
     CHECK_THROWS_WITH_AS(composition<te>(p).hooks(pipeline(), layers()).hooks(pipeline(), layers()), doctest::Contains("hooks named twice"),
                          std::invalid_argument);
+    // A hook on a lane the copies use (2..3 here) is refused where the two are named together.
+    const hook_pipeline on_copy_lane{hook<hook_phase::backward, capturable, on_lane<3>>("reduce", [](backward_context&) {})};
+    CHECK_THROWS_WITH_AS(composition<te>(p).offload(store).hooks(on_copy_lane, layers()).program(),
+                         doctest::Contains("a hook runs on lane 3, which the activation copies use (lanes 2..3)"), std::invalid_argument);
 }
 
 TEST_CASE("a hooked, offloaded program still matches its layer schemas: what capscope adds is passed over") {

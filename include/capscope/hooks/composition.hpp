@@ -28,6 +28,7 @@
 #include <concepts>
 #include <functional>
 #include <memory>
+#include <string>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -45,6 +46,12 @@ public:
     composition& hooks(hook_pipeline<Hooks...> pipeline, std::vector<layer_buffers> layers) {
         static_assert(hooks_fit<Config, hook_pipeline<Hooks...>>);
         if (hooks_) throw std::invalid_argument("capscope::composition: hooks named twice -- fix: put every hook in one pipeline");
+        (
+            [&] {
+                if constexpr (requires { Hooks::lane; })
+                    if (Hooks::lane != 0) hook_lanes_.push_back(Hooks::lane);
+            }(),
+            ...);
         auto held = std::make_shared<held_hooks<Hooks...>>(std::move(pipeline), std::move(layers));
         hooks_ = [held](const training_program& p) {
             training_program out = with_hooks(p, held->pipeline, held->tensors);
@@ -63,6 +70,8 @@ public:
     composition& offload(const Store& store) {
         if (offload_) throw std::invalid_argument("capscope::composition: offload named twice -- fix: name one activation store");
         offload_ = [&store](const training_program& p) { return store.with_offload(p, capture_scope_of<Config>); };
+        if constexpr (requires { store.plan().ring; })
+            if (store.plan().copied_groups() > 0) copy_lanes_ = {store.plan().ring.first_lane, store.plan().ring.first_lane + store.plan().ring.slots - 1};
         return *this;
     }
 
@@ -77,6 +86,13 @@ public:
     //! The composed program: copies first, then hooks (`with_hooks(with_offload(p))`; the other
     //! order of the untyped steps differs only where a backward hook and a copy back share a place).
     training_program program() const {
+        // A hook and a copy on one lane would be ordered by that stream, not by what they touch:
+        // the copies would queue behind the hook's work (or the reverse), silently.
+        for (int lane : hook_lanes_)
+            if (lane >= copy_lanes_.first && lane <= copy_lanes_.second)
+                throw std::invalid_argument("capscope::composition: a hook runs on lane " + std::to_string(lane) + ", which the activation copies use (lanes " +
+                                            std::to_string(copy_lanes_.first) + ".." + std::to_string(copy_lanes_.second) +
+                                            ") -- fix: move the hook to another on_lane<K>, or the copies with offload_ring::first_lane");
         training_program p = program_;
         if (offload_) p = offload_(p);
         if (hooks_) p = hooks_(p);
@@ -98,6 +114,8 @@ private:
 
     training_program program_;
     std::function<training_program(const training_program&)> hooks_, offload_;
+    std::vector<int> hook_lanes_;                 //!< the side lanes the hooks run on
+    std::pair<int, int> copy_lanes_{1, 0};        //!< the copies' lanes (none: an empty range)
 };
 
 } // namespace capscope

@@ -135,6 +135,9 @@ public:
     void set_warmup_hooks(const hook_pipeline<Hooks...>& hooks) noexcept {
         program_.warmup = warmup_work_of(hooks);
     }
+    //! The runner keeps a pointer to the pipeline: a temporary would dangle (`composition` owns a copy).
+    template <class... Hooks>
+    void set_warmup_hooks(hook_pipeline<Hooks...>&&) = delete;
 
     //! Frees every graph and returns to the state after construction: eager until the warmup
     //! steps have run again, then captured again. Counters are kept.
