@@ -16,7 +16,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -31,6 +31,10 @@ is_part() { [ ${#parts[@]} -eq 0 ] || [[ " ${parts[*]} " == *" $1 "* ]]; }
 if is_part tests; then
   run one-rank ./build-mpi/tests/gpu_test_data_parallel
   run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel
+  # Broken on purpose: a sum where the average is expected must fail on two ranks.
+  timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_sum_for_average -tc='*average*' >"$OUT/two-ranks-sum-for-average.log" 2>&1
+  r=$?; echo "== two-ranks-sum-for-average (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-sum-for-average.log" | head -6
+  [ $r -ne 0 ] || rc=1
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
 fi

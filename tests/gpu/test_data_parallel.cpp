@@ -116,22 +116,33 @@ struct dp_model {
     training_program program(bool extra_stage = false) { return synthetic_program(*this, extra_stage); }
 };
 
-//! The parameters every rank must hold after `steps` steps: sum over steps k, ranks r and
-//! microbatches mb of 2 (k + 10 l + 100 r + 1000 mb).
-int expected_param(int l, int steps, int ranks) {
-    int sum = 0;
-    for (int step = 1; step <= steps; ++step)
+//! The parameters every rank must hold after `steps` steps: over steps k, the sum over ranks r and
+//! microbatches mb of 2 (k + 10 l + 100 r + 1000 mb), divided by the rank count when the
+//! reduction averages (each step's sum is even, so on 1 or 2 ranks the average is exact).
+int expected_param(int l, int steps, int ranks, bool average) {
+    int total = 0;
+    for (int step = 1; step <= steps; ++step) {
+        int sum = 0;
         for (int r = 0; r < ranks; ++r)
             for (int mb = 0; mb < microbatches; ++mb) sum += 2 * (step + 10 * l + 100 * r + 1000 * mb);
-    return sum;
+        REQUIRE(sum % ranks == 0);
+        total += average ? sum / ranks : sum;
+    }
+    return total;
 }
 
+//! `op`: ncclSum (a double reduction doubles the result), or the trainer's default, ncclAvg (a
+//! sum in its place, or a wrong divisor, gives other numbers on two ranks).
 template <class Config>
-void check_data_parallel(const char* impl) {
+void check_data_parallel(const char* impl, ncclRedOp_t op = ncclSum) {
     comm(); // takes this rank's GPU before any stream or buffer is made
     cuda::stream s;
     dp_model m(mpi().rank(), s);
-    hook_pipeline hooks{gradient_all_reduce(comm(), ncclInt32, ncclSum)};
+#if defined(CAPSCOPE_TEST_SUM_FOR_AVERAGE)
+    hook_pipeline hooks{gradient_all_reduce(comm(), ncclInt32, ncclSum)}; // broken on purpose: a sum where an average is expected
+#else
+    hook_pipeline hooks{op == ncclAvg ? gradient_all_reduce(comm(), ncclInt32) : gradient_all_reduce(comm(), ncclInt32, op)};
+#endif
     static_assert(hooks_fit<Config, decltype(hooks)>);
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
@@ -139,13 +150,15 @@ void check_data_parallel(const char* impl) {
         r.step(s);
         for (int l = 0; l < layers; ++l) {
             const auto got = support::download(m.param[l].data(), n, s);
-            const int want = expected_param(l, step, mpi().size());
-            CHECK_MESSAGE(std::count(got.begin(), got.end(), want) == n, impl, ", rank ", mpi().rank(), ", step ", step, ", layer ", l,
+            const int want = expected_param(l, step, mpi().size(), op == ncclAvg);
+            CHECK_MESSAGE(std::count(got.begin(), got.end(), want) == n, std::string(impl), ", rank ", mpi().rank(), ", step ", step, ", layer ", l,
                           ": ", got.front(), " != ", want);
         }
     }
     if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);
-    if (mpi().rank() == 0) std::printf("  data parallel, %s: %d ranks, %d steps exact\n", impl, mpi().size(), Config::warmup_steps + 4);
+    if (mpi().rank() == 0)
+        std::printf("  data parallel, %s, %s: %d ranks, %d steps exact\n", impl, op == ncclAvg ? "average" : "sum", mpi().size(),
+                    Config::warmup_steps + 4);
 }
 
 } // namespace
@@ -155,6 +168,13 @@ TEST_CASE("data parallel: the gradient all-reduce hook, eager and captured, unde
     check_data_parallel<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>>("local");
     check_data_parallel<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
     check_data_parallel<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
+}
+
+TEST_CASE("data parallel: the default reduction averages, and two ranks tell the average from the sum, under every impl") {
+    check_data_parallel<config<impl::eager>>("none", ncclAvg);
+    check_data_parallel<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>>("local", ncclAvg);
+    check_data_parallel<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine", ncclAvg);
+    check_data_parallel<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration", ncclAvg);
 }
 
 TEST_CASE("ranks that planned different steps get a clear error on every rank, not a hang") {
@@ -243,13 +263,17 @@ struct sharded_model {
 };
 
 template <class Config>
-void check_sharded(const char* impl) {
+void check_sharded(const char* impl, ncclRedOp_t op = ncclSum) {
     comm();
     using policy = sharded<static_double_buffer, persistent_buffer, keep_for_backward>;
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     sharded_model m(mpi().rank(), mpi().size(), s);
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
+#if defined(CAPSCOPE_TEST_SUM_FOR_AVERAGE)
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)}; // broken on purpose
+#else
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, op)};
+#endif
     static_assert(hooks_fit<Config, decltype(hooks)>);
     // What the hooks touch: the gathered parameters the layer reads, and its gradients.
     tensor_ref full[layers], grads[layers];
@@ -267,22 +291,22 @@ void check_sharded(const char* impl) {
             // The forward of every microbatch saw the full parameters of the step before (gathered).
             for (int mb = 0; mb < microbatches; ++mb) {
                 const auto seen = support::download(m.seen[std::size_t(mb * layers + l)].data(), n, s);
-                const int want_seen = expected_param(l, step - 1, mpi().size());
-                CHECK_MESSAGE(std::count(seen.begin(), seen.end(), want_seen) == n, impl, ", rank ", mpi().rank(), ", step ", step,
+                const int want_seen = expected_param(l, step - 1, mpi().size(), op == ncclAvg);
+                CHECK_MESSAGE(std::count(seen.begin(), seen.end(), want_seen) == n, std::string(impl), ", rank ", mpi().rank(), ", step ", step,
                               ", layer ", l, ", microbatch ", mb, ": gathered ", seen.front(), " != ", want_seen);
             }
             // The shard holds its part of the reduced update.
             const std::size_t shard = m.layout.parameters[std::size_t(l)].shard;
             const auto mine = support::download(m.param_shard[std::size_t(l)].data(), shard, s);
-            const int want = expected_param(l, step, mpi().size());
-            CHECK_MESSAGE(std::count(mine.begin(), mine.end(), want) == long(shard), impl, ", rank ", mpi().rank(), ", step ", step,
+            const int want = expected_param(l, step, mpi().size(), op == ncclAvg);
+            CHECK_MESSAGE(std::count(mine.begin(), mine.end(), want) == long(shard), std::string(impl), ", rank ", mpi().rank(), ", step ", step,
                           ", layer ", l, ": shard ", mine.front(), " != ", want);
         }
     }
     if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);
     if (mpi().rank() == 0)
-        std::printf("  sharded, %s: %d ranks, %zu of %d elements per layer on each rank, %d steps exact\n", impl, mpi().size(),
-                    m.layout.parameters[0].shard, n, Config::warmup_steps + 4);
+        std::printf("  sharded, %s, %s: %d ranks, %zu of %d elements per layer on each rank, %d steps exact\n", impl,
+                    op == ncclAvg ? "average" : "sum", mpi().size(), m.layout.parameters[0].shard, n, Config::warmup_steps + 4);
 }
 
 } // namespace
@@ -292,4 +316,10 @@ TEST_CASE("sharded data parallel: all-gather before each layer's forward, reduce
     check_sharded<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>>("local");
     check_sharded<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
     check_sharded<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
+}
+
+TEST_CASE("sharded data parallel: an averaging reduce-scatter, told from the sum on two ranks, under every impl") {
+    check_sharded<config<impl::eager>>("none", ncclAvg);
+    check_sharded<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine", ncclAvg);
+    check_sharded<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration", ncclAvg);
 }
