@@ -113,10 +113,13 @@ const auto at_capture = hook<hook_phase::forward_pre, capture_time>("setup", [](
 const auto inline_pre = hook<hook_phase::backward_pre, capturable>("inline", [](backward_pre_context&) {});
 const auto setup_on_lane = hook<hook_phase::forward_pre, capture_time, on_lane<1>>("setup on lane", [](forward_pre_context&) {});
 const auto note_on_lane = hook<hook_phase::backward, capture_time, on_lane<1>>("note on lane", [](backward_context&) {});
+const auto clip_step = on_step<step_point::before_optimizer, capturable, on_lane<6>>("clip", [](step_context&) {});
+const auto log_step = on_step<step_point::after_optimizer, boundary>("step log", [](step_context&) {});
+const auto probe_first = hook<hook_phase::backward, capturable, on_lane<5>, of_layers<0>>("probe first", [](backward_context&) {});
 
 template <class F>
 void with_pipeline(int which, F&& f) {
-    switch (which % 8) {
+    switch (which % 10) {
     case 0: f(hook_pipeline{gather, reduce}); break;
     case 1: f(hook_pipeline{gather, regather, reduce}); break;
     case 2: f(hook_pipeline{reduce_every, peek}); break;
@@ -124,6 +127,8 @@ void with_pipeline(int which, F&& f) {
     case 4: f(hook_pipeline{at_capture, inline_pre, peek, reduce_every}); break;
     case 5: f(hook_pipeline{gather, setup_on_lane}); break; // a capture-time call's event still orders, eagerly
     case 6: f(hook_pipeline{reduce, note_on_lane}); break;
+    case 7: f(hook_pipeline{gather, reduce, clip_step}); break;    // the clip waits for the reductions
+    case 8: f(hook_pipeline{reduce_every, probe_first, log_step}); break;
     default: f(hook_pipeline{regather, reduce, peek}); break;
     }
 }
@@ -220,7 +225,7 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
         std::vector<tensor_ref> params, grads;
         const auto tensors = tensors_of(mem, params, grads, layers, pick(2));
         const capture_scope scope{impls[pick(4)], region_choices[pick(4)]};
-        with_pipeline(pick(8), [&](const auto& hooks) {
+        with_pipeline(pick(10), [&](const auto& hooks) {
             for (int order = 0; order < 2; ++order) {
                 training_program q;
                 training_plan tp;
