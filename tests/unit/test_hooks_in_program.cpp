@@ -280,26 +280,36 @@ TEST_CASE("of_layers<...> keeps a hook to the layers it names; a layer the progr
                          doctest::Contains("hook 'probe' names layer 3 in of_layers<...>, but the program has 3 layers"), std::invalid_argument);
 }
 
-TEST_CASE("P13: a capture-time hook goes next to the stages a graph holds, and one left in an eager segment is refused") {
+TEST_CASE("P13: given the capture scope, a capture-time hook goes next to captured stages; one left in an eager segment is refused") {
     fake::model m;
     hook_pipeline hooks{hook<hook_phase::forward, capture_time>("register", [](forward_context&) {})};
     const layer_tensors tensors[1] = {};
-    // MoE layer with dropless experts: its last stage (moe_experts) cannot be captured, so the
-    // whole-layer capture-time hook goes after moe_router (the last stage a graph can hold).
-    training_program program = with_hooks(m.program("E", true, 1), hooks, tensors);
+    // MoE layer with dropless experts, attention and moe_router captured: the layer's last stage
+    // (moe_experts) is eager, so the whole-layer hook goes after moe_router, the last captured one.
+    const capture_scope router{graph_impl::ahead_of_time_per_layer, region_set{capture_module::attention, capture_module::moe_router}};
+    const training_program program = with_hooks(m.program("E", true, 1), hooks, tensors, &router);
     const auto& list = program.microbatches[0];
     const auto hook_at = std::find_if(list.begin(), list.end(), [](const stage& s) { return s.capture_only; });
     REQUIRE(hook_at != list.end());
     CHECK((hook_at - 1)->name == "layer0.moe_router");
-    const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{capture_module::attention, capture_module::moe_router}}, 1, program);
+    const training_plan plan = make_training_plan(router, 1, program);
     CHECK_FALSE(find_order_violation(plan, program));
-
-    // A region the config does not capture: the hook would sit in an eager segment.
-    hook_pipeline of_mlp{hook<hook_phase::forward, capture_time, of_region<capture::mlp>>("register", [](forward_context&) {})};
-    const training_program dense = with_hooks(m.program("D", false, 1), of_mlp, tensors);
-    CHECK_THROWS_WITH_AS(make_training_plan({graph_impl::lazy_per_layer, region_set{capture_module::attention}}, 1, dense),
+    // Without the scope it sits after the layer's last stage, which no graph holds: P13, not silence.
+    const training_program unscoped = with_hooks(m.program("E", true, 1), hooks, tensors);
+    CHECK_THROWS_WITH_AS(make_training_plan(router, 1, unscoped),
                          doctest::Contains("capscope plan rule P13: capture-time stage 'layer0.hook.register' falls in an eager segment"),
                          plan_error);
-    CHECK_NOTHROW(make_training_plan({graph_impl::lazy_per_layer, region_set{capture_module::mlp}}, 1, dense));
-    CHECK_NOTHROW(make_training_plan({graph_impl::eager, region_set{}}, 1, dense)); // nothing captured, nothing asked
+    // Local capturing attention only: the hook goes after attention, not after the eager mlp.
+    const capture_scope attention{graph_impl::lazy_per_layer, region_set{capture_module::attention}};
+    const training_program dense = with_hooks(m.program("D", false, 1), hooks, tensors, &attention);
+    CHECK_NOTHROW(make_training_plan(attention, 1, dense));
+
+    // A region the config does not capture: no captured stage to go next to.
+    hook_pipeline of_mlp{hook<hook_phase::forward, capture_time, of_region<capture::mlp>>("register", [](forward_context&) {})};
+    const training_program mlp_hook = with_hooks(m.program("D", false, 1), of_mlp, tensors, &attention);
+    CHECK_THROWS_WITH_AS(make_training_plan(attention, 1, mlp_hook),
+                         doctest::Contains("capscope plan rule P13: capture-time stage 'layer0.hook.register' falls in an eager segment"),
+                         plan_error);
+    CHECK_NOTHROW(make_training_plan({graph_impl::lazy_per_layer, region_set{capture_module::mlp}}, 1, mlp_hook));
+    CHECK_NOTHROW(make_training_plan({graph_impl::eager, region_set{}}, 1, mlp_hook)); // nothing captured, nothing asked
 }

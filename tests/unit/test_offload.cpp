@@ -265,6 +265,11 @@ static_assert(rejecting_rule<impl::lazy_per_layer, capture_regions<"mixer">, off
 // The rule table sees capture_regions<...>: local with named regions is not a whole-layer capture (OC2).
 static_assert(is_valid_config<impl::lazy_per_layer, capture_regions<"mixer">, offload<offload_modules<om::moe_act>>, warmup_steps<1>>);
 static_assert(rejecting_rule<impl::lazy_per_layer, offload<offload_modules<om::moe_act>>, warmup_steps<1>> == "OC2");
+// ... whatever the order of the options (modules<...> replaces the module list whole).
+static_assert(is_valid_config<impl::lazy_per_layer, modules<>, capture_regions<"mixer">, offload<offload_modules<om::moe_act>>, warmup_steps<1>>);
+static_assert(is_valid_config<impl::lazy_per_layer, capture_regions<"mixer">, modules<>, offload<offload_modules<om::moe_act>>, warmup_steps<1>>);
+static_assert(same_config<config<impl::lazy_per_layer, modules<capture::mlp>, capture_regions<"mixer">>,
+                          config<impl::lazy_per_layer, capture_regions<"mixer">, modules<capture::mlp>>>);
 static_assert(own_local::normalized.offload.modules.contains("mixer_in"));
 static_assert(own_local::normalized.offload.modules.megatron().empty());
 static_assert(offload_name("core_attn") == offload_name(om::core_attn) && offload_name("mixer_in").megatron() == std::nullopt);

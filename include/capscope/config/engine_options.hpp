@@ -71,7 +71,7 @@ struct capture_regions {
     using option_kind = option_kind::capture_regions;
     static constexpr void apply(engine_settings& e) { (e.regions.insert(Names.view()), ...); }
     //! The rule table learns that regions are named: no whole-layer capture (rules OC2, full_cudagraph).
-    static constexpr void apply(runtime_config& c) { c.modules.own_regions = true; }
+    static constexpr void apply(runtime_config& c) { c.own_capture_regions = true; }
 };
 
 template <capture_failure F>

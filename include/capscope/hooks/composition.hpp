@@ -54,7 +54,7 @@ public:
             ...);
         auto held = std::make_shared<held_hooks<Hooks...>>(std::move(pipeline), std::move(layers));
         hooks_ = [held](const training_program& p) {
-            training_program out = with_hooks(p, held->pipeline, held->tensors);
+            training_program out = with_hooks(p, held->pipeline, held->tensors, &capture_scope_of<Config>);
             out.keepalive.push_back(held);
             return out;
         };
@@ -71,7 +71,11 @@ public:
         if (offload_) throw std::invalid_argument("capscope::composition: offload named twice -- fix: name one activation store");
         offload_ = [&store](const training_program& p) { return store.with_offload(p, capture_scope_of<Config>); };
         if constexpr (requires { store.plan().ring; })
-            if (store.plan().copied_groups() > 0) copy_lanes_ = {store.plan().ring.first_lane, store.plan().ring.first_lane + store.plan().ring.slots - 1};
+            copy_lanes_ = [&store]() -> std::pair<int, int> { // read when the program is made: the store may be allocated later
+                const auto& plan = store.plan();
+                if (plan.copied_groups() == 0) return {1, 0};
+                return {plan.ring.first_lane, plan.ring.first_lane + plan.ring.slots - 1};
+            };
         return *this;
     }
 
@@ -88,10 +92,11 @@ public:
     training_program program() const {
         // A hook and a copy on one lane would be ordered by that stream, not by what they touch:
         // the copies would queue behind the hook's work (or the reverse), silently.
+        const std::pair<int, int> copies = copy_lanes_ ? copy_lanes_() : std::pair<int, int>{1, 0};
         for (int lane : hook_lanes_)
-            if (lane >= copy_lanes_.first && lane <= copy_lanes_.second)
+            if (lane >= copies.first && lane <= copies.second)
                 throw std::invalid_argument("capscope::composition: a hook runs on lane " + std::to_string(lane) + ", which the activation copies use (lanes " +
-                                            std::to_string(copy_lanes_.first) + ".." + std::to_string(copy_lanes_.second) +
+                                            std::to_string(copies.first) + ".." + std::to_string(copies.second) +
                                             ") -- fix: move the hook to another on_lane<K>, or the copies with offload_ring::first_lane");
         training_program p = program_;
         if (offload_) p = offload_(p);
@@ -115,7 +120,7 @@ private:
     training_program program_;
     std::function<training_program(const training_program&)> hooks_, offload_;
     std::vector<int> hook_lanes_;                 //!< the side lanes the hooks run on
-    std::pair<int, int> copy_lanes_{1, 0};        //!< the copies' lanes (none: an empty range)
+    std::function<std::pair<int, int>()> copy_lanes_; //!< the copies' lanes (none: an empty range)
 };
 
 } // namespace capscope

@@ -18,9 +18,10 @@
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
 //! The stage names are "layerN.hook.<name>"; `of_layers<...>` keeps a hook to the layers it names.
 //! A step hook (`on_step`) is a stage of `step_end`, "step.hook.<name>": before the optimizer
-//! it writes every layer's gradients and reads the parameters, after it reads both. A
-//! capture-time hook goes next to the stages of its span that a graph can hold (plan rule P13
-//! refuses one left in an eager segment, where it would never run). A hook on a side lane (`on_lane<K>`) is a stage on
+//! it writes every layer's gradients and reads the parameters, after it reads both (a step
+//! hook that writes after the optimizer must run on the step's stream). Given the capture
+//! scope, a capture-time hook goes next to the stages of its span that the scope captures;
+//! plan rule P13 refuses one left in an eager segment, where it would never run. A hook on a side lane (`on_lane<K>`) is a stage on
 //! that lane. What a hook touches follows from its phase, as its context gives it: a pre hook
 //! (forward_pre, backward_pre) writes its layer's parameters (it brings what the layer reads: an
 //! all-gather), a forward hook reads them, a backward hook reads and writes the layer's gradients
@@ -29,6 +30,7 @@
 //! optimizer (which touches every layer's parameters and gradients) for every backward hook.
 
 #include <capscope/hooks/hook_pipeline.hpp>
+#include <capscope/plan/capture_region.hpp>
 #include <capscope/stage/program.hpp>
 
 #include <algorithm>
@@ -83,16 +85,19 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
 //! The [first, last] stages of `list` a hook of `regions` belongs to in `layer`, or {-1, -1}: the
 //! trainer's own stages (what capscope added, activation copies, is not what a hook hooks, so
 //! the order of with_hooks and with_offload does not matter).
-//! A capture-time hook's span is the stages a graph can hold: it runs while one is captured.
-inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, const region_set& regions, bool capturable_only = false) {
+//! With `captured` (a capture-time hook, when the composition knows the capture scope), only the
+//! stages that scope captures count: the hook runs while one of their graphs is captured. When
+//! none of its stages is captured it keeps its plain span, where plan rule P13 refuses it.
+inline std::pair<int, int> hook_span(const std::vector<stage>& list, int layer, const region_set& regions, const capture_scope* captured = nullptr) {
     int first = -1, last = -1;
     for (int i = 0; i < int(list.size()); ++i) {
         const stage& s = list[std::size_t(i)];
         if (s.added || s.layer != layer || (!regions.empty() && !s.captured_by.intersects(regions))) continue;
-        if (capturable_only && !s.capturable()) continue;
+        if (captured && !(s.capturable() && inside_captured_region(*captured, s.facts()))) continue;
         if (first < 0) first = i;
         last = i;
     }
+    if (captured && first < 0) return hook_span(list, layer, regions);
     return {first, last};
 }
 
@@ -105,7 +110,7 @@ struct hook_slot {
 //! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its parent's.
 template <class Pipeline, std::size_t... I>
 void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, const Pipeline& hooks, int microbatch,
-               std::span<const layer_tensors> tensors, int round, std::index_sequence<I...>) {
+               std::span<const layer_tensors> tensors, int round, const capture_scope* scope, std::index_sequence<I...>) {
     for (int layer = 0; layer < int(tensors.size()); ++layer) {
         (
             [&] {
@@ -113,7 +118,7 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
                 if constexpr (is_layer_hook<H>) {
                     constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
                     if ((pre == H::regions.empty()) != (round == 0) || !H::on_layer(layer)) return;
-                    const auto [first, last] = hook_span(list, layer, H::regions, std::is_same_v<typename H::placement, capture_time>);
+                    const auto [first, last] = hook_span(list, layer, H::regions, std::is_same_v<typename H::placement, capture_time> ? scope : nullptr);
                     if (first < 0) return;
                     const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
                     const int at = at_first ? first : last;
@@ -132,10 +137,11 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
 }
 
 template <class Pipeline>
-std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hooks, int microbatch, std::span<const layer_tensors> tensors) {
+std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hooks, int microbatch, std::span<const layer_tensors> tensors,
+                             const capture_scope* scope) {
     std::vector<hook_slot> slots(list.size());
     for (int round = 0; round < 2; ++round)
-        add_round(slots, list, hooks, microbatch, tensors, round, std::make_index_sequence<Pipeline::size>{});
+        add_round(slots, list, hooks, microbatch, tensors, round, scope, std::make_index_sequence<Pipeline::size>{});
     // List order: forward passes run the list forwards, backward passes backwards.
     std::vector<stage> out;
     for (std::size_t i = 0; i < list.size(); ++i) {
@@ -221,9 +227,12 @@ inline int layer_count(const std::vector<stage>& list) {
 //! the program (`training_program::warmup`), and the runner runs them around its warmup steps.
 //! The program also learns what each layer's stages touch (`training_program::layers`), so the
 //! plan can order them against the hooks on lanes.
+//! With `scope` (the runner's `capture_scope_of<Config>`; `composition` passes it), capture-time
+//! hooks go next to the stages that scope captures; without, next to their layer's (or region's)
+//! first or last stage, where P13 refuses one that a graph does not hold.
 template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
-                            std::span<const layer_tensors> tensors) {
+                            std::span<const layer_tensors> tensors, const capture_scope* scope = nullptr) {
     const int layers = program.microbatches.empty() ? 0 : detail::layer_count(program.microbatches.front());
     if (int(tensors.size()) != layers)
         throw std::invalid_argument("capscope::with_hooks: " + std::to_string(tensors.size()) + " layer_tensors for a program of " +
@@ -233,7 +242,7 @@ training_program with_hooks(const training_program& program, const hook_pipeline
     out.step_begin = program.step_begin;
     out.step_end = detail::add_step_hooks(program.step_end, hooks, tensors, std::make_index_sequence<sizeof...(Hooks)>{});
     for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
-        out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors));
+        out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors, scope));
     out.warmup = program.warmup;
     if constexpr ((detail::is_warmup_hook<std::remove_cv_t<Hooks>> || ...)) {
         if (out.warmup.run)
@@ -257,8 +266,10 @@ training_program with_hooks(const training_program& program, const hook_pipeline
 //! The stages point into the pipeline and the tensors: temporaries would dangle. Name them in a
 //! `composition` (capscope/hooks/composition.hpp), which keeps its own copies, or keep them alive.
 template <class... Hooks>
-training_program with_hooks(const training_program&, hook_pipeline<Hooks...>&&, std::span<const layer_tensors>) = delete;
+training_program with_hooks(const training_program&, hook_pipeline<Hooks...>&&, std::span<const layer_tensors>,
+                            const capture_scope* = nullptr) = delete;
 template <class... Hooks>
-training_program with_hooks(const training_program&, const hook_pipeline<Hooks...>&, std::vector<layer_tensors>&&) = delete;
+training_program with_hooks(const training_program&, const hook_pipeline<Hooks...>&, std::vector<layer_tensors>&&,
+                            const capture_scope* = nullptr) = delete;
 
 } // namespace capscope

@@ -36,7 +36,8 @@ public:
     activation_store& operator=(const activation_store&) = delete;
 
     //! Declares a tensor that layer `layer` keeps for its backward as module input `module`
-    //! (Megatron's `offload_module::core_attn`, or a name of the trainer's own: a literal).
+    //! (Megatron's `offload_module::core_attn`, or a name of the trainer's own: a literal, or a
+    //! string that outlives the store, since the name is kept as a view).
     id declare(int layer, offload_name module, std::string name, std::size_t bytes, std::size_t element_bytes) {
         if (allocated_) throw std::logic_error("capscope::activation_store: declare '" + name + "' after allocate() -- fix: declare every tensor first");
         decls_.push_back({layer, module, std::move(name), bytes, element_bytes});

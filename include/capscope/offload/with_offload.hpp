@@ -8,9 +8,10 @@
 //!   at its end). With `delay_offload_until_cuda_graph` and that stage captured per layer, it
 //!   moves after the segment instead: a graph of its own on the lane, launched right after the
 //!   segment's replay, so the copy overlaps the next layer rather than lengthening this one;
-//! - `<layer>.<module>.to_device` (backward only, on the same lane): just before the segment
-//!   that keeps the group that reuses its slot, so it runs right after that segment's backward
-//!   frees the slot, a prefetch ahead of its own backward;
+//! - `<layer>.<module>.to_device` (backward only, on the same lane): just before the segment of
+//!   the stage that writes the group that reuses its slot (its producer, at or before its
+//!   keeper), so it runs right after the backward of both frees the slot, a prefetch ahead of
+//!   its own backward;
 //! - `wait_inflight` (forward only, with `max_inflight_offloads<N>`): after a copy out, a stage
 //!   that reads the host copy of the group N groups earlier, so at most N copies out are in
 //!   flight (0: each joins at once).
@@ -106,14 +107,16 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
     std::vector<std::vector<tensor_ref>> writes(list.size());
     const int k = plan.ring.slots;
     const auto& policy = plan.policy;
+    // Every ring member needs its keeper here (the copies of one group are placed by the next's).
+    for (std::size_t gi = 0; gi < plan.groups.size(); ++gi)
+        if (plan.groups[gi].member >= 0 && keeper[gi] < 0)
+            throw plan_error("P11", "", "no stage of layer " + std::to_string(plan.groups[gi].layer) + " keeps the offloaded module input " +
+                                            std::string(plan.groups[gi].module.view()) + " declared for it",
+                             "list the tensor in stage::saves of the stage whose backward reads it");
     for (std::size_t gi = 0; gi < plan.groups.size(); ++gi) {
         const offload_group& g = plan.groups[gi];
         if (g.member < 0) continue;
         const int p = producer[gi], keep = keeper[gi];
-        if (keep < 0)
-            throw plan_error("P11", "", "no stage of layer " + std::to_string(g.layer) + " keeps the offloaded module input " +
-                                            std::string(g.module.view()) + " declared for it",
-                             "list the tensor in stage::saves of the stage whose backward reads it");
         for (const saved_tensor& t : list[std::size_t(keep)].saves)
             if (t.module == g.module) writes[std::size_t(p)].push_back(t.tensor);
         if (!g.copied) continue;

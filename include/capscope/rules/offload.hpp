@@ -6,8 +6,8 @@
 //! These are Megatron's rules about Megatron's module names. A trainer's own offload names
 //! (`offload_tensors<"...">`) are moved by capscope's engine, not Megatron's: the rules about
 //! Megatron's offload engine (O1, O10, OC1–OC4, OC6) pass over a policy that names only a
-//! trainer's own tensors; O6 (sizes and the fraction) and OC5 (a warmup step) hold for every
-//! policy. Plan rule P11 checks where any offloaded tensor's copies go.
+//! trainer's own tensors; O2 (a non-empty list, no unknown name), O6 (sizes and the fraction)
+//! and OC5 (a warmup step) hold for every policy. Plan rule P11 checks where any offloaded tensor's copies go.
 
 #include <capscope/rules/rule.hpp>
 
@@ -115,7 +115,7 @@ CAPSCOPE_RULE(OC2, error, offload,
     "list the captured modules explicitly, e.g. --cuda-graph-modules attn moe_router moe_preprocess",
     nullptr,
     [](const runtime_config& c) {
-        return detail::offloading_megatron_with_graphs(c) && c.impl == graph_impl::lazy_per_layer && c.modules.whole_layer();
+        return detail::offloading_megatron_with_graphs(c) && c.impl == graph_impl::lazy_per_layer && c.captures_whole_layers();
     });
 
 CAPSCOPE_RULE(OC3, error, offload,

@@ -30,13 +30,8 @@ struct module_request {
     bool non_module_entry = false;          //!< a C++ type that is not a capture module
     detail::short_text unknown_name;        //!< first name that is not a module
     int entries = 0;                        //!< entries as written (duplicates counted)
-    //! The config also names regions of the trainer's own (`capture_regions<...>`), so a per-layer
-    //! impl captures those regions, not whole layers, though no Megatron module is named.
-    bool own_regions = false;
 
     constexpr bool empty() const { return entries == 0; }
-    //! Whole layers are captured (per-layer impls): no module and no region of the trainer's named.
-    constexpr bool whole_layer() const { return modules.empty() && !own_regions; }
     friend constexpr bool operator==(const module_request&, const module_request&) = default;
 };
 
@@ -120,6 +115,10 @@ struct runtime_config {
 
     offload_settings offload;
     vision_settings vision;
+    //! The config also names regions of the trainer's own (`capture_regions<...>`), so a per-layer
+    //! impl captures those regions, not whole layers, though no Megatron module is named. Kept
+    //! apart from `modules`, which `modules<...>` and the migrations replace whole.
+    bool own_capture_regions = false;
 
     friend constexpr bool operator==(const runtime_config&, const runtime_config&) = default;
 
@@ -134,9 +133,11 @@ struct runtime_config {
     }
     constexpr bool cpu_offloading() const { return cpu_offloading_num_layers > 0; }
     constexpr bool captures(capture_module m) const { return modules.modules.contains(m); }
+    //! Per-layer impls capture whole layers: no module and no region of the trainer's named.
+    constexpr bool captures_whole_layers() const { return modules.modules.empty() && !own_capture_regions; }
     //! Megatron's `full_cudagraph`: the whole iteration, or whole layers.
     constexpr bool full_cudagraph() const {
-        return impl == graph_impl::whole_iteration || modules.whole_layer();
+        return impl == graph_impl::whole_iteration || captures_whole_layers();
     }
     constexpr bool selective_recompute() const { return recompute == recompute_granularity::selective; }
     constexpr recompute_module_set effective_recompute_modules() const {
