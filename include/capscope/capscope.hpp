@@ -6,6 +6,7 @@
 //! Layers: vocabulary -> rules -> config (compile time) / validate (run time) -> flags, and the
 //! engine's host-only part: stages -> plan. The CUDA runner is <capscope/engine.hpp>.
 
+#include <capscope/version.hpp>
 #include <capscope/vocabulary/buckets.hpp>
 #include <capscope/vocabulary/capture_module.hpp>
 #include <capscope/vocabulary/graph_impl.hpp>

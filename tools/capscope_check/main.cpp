@@ -17,6 +17,7 @@
 #include "report.hpp"
 
 #include <capscope/emit_cpp.hpp>
+#include <capscope/version.hpp>
 #include <capscope/flags/argument_file.hpp>
 
 #include <CLI/CLI.hpp>
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     if (version) {
-        std::cout << "capscope-check " << CAPSCOPE_VERSION << "\nMegatron-LM flags: commit " << capscope::flags::megatron_commit << " ("
+        std::cout << "capscope-check " << CAPSCOPE_VERSION_STRING << "\nMegatron-LM flags: commit " << capscope::flags::megatron_commit << " ("
                   << capscope::flags::megatron_option_strings << " option strings)\n";
         return 0;
     }
