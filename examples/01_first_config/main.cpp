@@ -18,7 +18,7 @@ using namespace capscope;
 using moe_training = config<
     impl::ahead_of_time_per_layer,
     modules<capture::attention, capture::moe_router, capture::moe_preprocess>,
-    model<layers<24>, experts<64>, dispatcher<token_dispatcher::alltoall>, attention_dropout<0.0>, hidden_dropout<0.0>>,
+    model<layers<24>, experts<64>, dispatcher<token_dispatcher::alltoall>, attention_dropout<fraction{0, 1}>, hidden_dropout<fraction{0, 1}>>,
     warmup_steps<3>>;
 static_assert(moe_training::modules.contains(capture_module::moe_router));
 

@@ -103,3 +103,9 @@ TEST_CASE("select: a candidate that fixes some settings lets the others pass thr
         CHECK(std::string(e.what()).find("no setting is named 'implementation'") != std::string::npos);
     }
 }
+
+// Real-valued options: the value itself (g++) or a fraction (every C++20 compiler) mean the same.
+static_assert(same_config<config<impl::eager, model<experts<8>, capacity_factor<fraction{5, 4}>, pad_to_capacity>>,
+                          config<impl::eager, model<experts<8>, capacity_factor<1.25>, pad_to_capacity>>>);
+static_assert(config<impl::eager, model<attention_dropout<fraction{1, 10}>>>::normalized.attention_dropout == 0.1);
+static_assert(config<impl::eager, model<attention_dropout<fraction{0, 1}>>>::normalized.attention_dropout == 0.0);

@@ -8,6 +8,7 @@
 //! @endcode
 //! Unstated facts take Megatron's defaults (dense model, dropouts 0.1, allgather dispatcher).
 
+#include <capscope/config/fraction.hpp>
 #include <capscope/config/option.hpp>
 
 namespace capscope {
@@ -37,8 +38,8 @@ template <int... Bits> struct moe_pattern : detail::fact_base {
         c.moe_layers = l;
     }
 };
-template <double F> struct capacity_factor : detail::fact_base {
-    static constexpr void apply(runtime_config& c) { c.expert_capacity_factor = F; }
+template <auto F> struct capacity_factor : detail::fact_base { // F: 1.25, or fraction{5, 4} (capscope/config/fraction.hpp)
+    static constexpr void apply(runtime_config& c) { c.expert_capacity_factor = detail::real_value<F>(); }
 };
 struct pad_to_capacity : detail::fact_base {
     static constexpr void apply(runtime_config& c) { c.pad_expert_input_to_capacity = true; }
@@ -49,8 +50,8 @@ template <token_dispatcher D> struct dispatcher : detail::fact_base {
 struct router_padding_for_fp8 : detail::fact_base {
     static constexpr void apply(runtime_config& c) { c.router_padding_for_fp8 = true; }
 };
-template <double Eps> struct input_jitter : detail::fact_base {
-    static constexpr void apply(runtime_config& c) { c.input_jitter_eps = Eps; }
+template <auto Eps> struct input_jitter : detail::fact_base {
+    static constexpr void apply(runtime_config& c) { c.input_jitter_eps = detail::real_value<Eps>(); }
 };
 template <int Size> struct shared_experts : detail::fact_base {
     static constexpr void apply(runtime_config& c) { c.shared_expert_intermediate_size = Size; }
@@ -59,11 +60,11 @@ struct expert_parallel_comm_overlap : detail::fact_base {
     static constexpr void apply(runtime_config& c) { c.overlap_moe_expert_parallel_comm = true; }
 };
 struct te_op_fuser : detail::fact_base { static constexpr void apply(runtime_config& c) { c.te_op_fuser = true; } };
-template <double P> struct attention_dropout : detail::fact_base {
-    static constexpr void apply(runtime_config& c) { c.attention_dropout = P; }
+template <auto P> struct attention_dropout : detail::fact_base {
+    static constexpr void apply(runtime_config& c) { c.attention_dropout = detail::real_value<P>(); }
 };
-template <double P> struct hidden_dropout : detail::fact_base {
-    static constexpr void apply(runtime_config& c) { c.hidden_dropout = P; }
+template <auto P> struct hidden_dropout : detail::fact_base {
+    static constexpr void apply(runtime_config& c) { c.hidden_dropout = detail::real_value<P>(); }
 };
 
 //! The model; see the facts above.

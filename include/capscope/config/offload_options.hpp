@@ -2,6 +2,7 @@
 //! @file
 //! Fine-grained activation offloading: `offload<offload_modules<…>, …>` turns it on.
 
+#include <capscope/config/fraction.hpp>
 #include <capscope/config/option.hpp>
 #include <capscope/detail/short_text.hpp>
 
@@ -35,8 +36,8 @@ struct offload_tensors : detail::offload_part_base {
     static_assert(sizeof...(Names) > 0, "capscope::offload_tensors<...> names at least one tensor name");
     static constexpr void apply(offload_settings& o) { (o.modules.insert(Names.view()), ...); }
 };
-template <double F> struct offload_fraction : detail::offload_part_base {
-    static constexpr void apply(offload_settings& o) { o.fraction = F; }
+template <auto F> struct offload_fraction : detail::offload_part_base { // F: 0.5, or fraction{1, 2}
+    static constexpr void apply(offload_settings& o) { o.fraction = detail::real_value<F>(); }
 };
 template <long long N> struct min_offloaded_tensor_size : detail::offload_part_base {
     static constexpr void apply(offload_settings& o) { o.min_tensor_size = N; }
