@@ -28,6 +28,15 @@ struct api_calls {
     std::map<std::string, long> runtime; //!< runtime API calls, by function
     std::map<std::string, long> driver;  //!< driver API calls made directly (not inside a runtime call), by function
     long launches = 0;                   //!< kernel and graph launches, through either API
+
+    //! " cudaGraphLaunch ×28 ...; driver: cuKernelGetName ×2": every function and its count.
+    std::string by_function() const {
+        std::string s;
+        for (const auto& [name, n] : runtime) s += " " + name + " ×" + std::to_string(n);
+        if (!driver.empty()) s += "; driver:";
+        for (const auto& [name, n] : driver) s += " " + name + " ×" + std::to_string(n);
+        return s;
+    }
 };
 
 class api_counter {

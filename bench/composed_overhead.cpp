@@ -274,11 +274,7 @@ std::string run(const options& o, bench::figures_csv& csv, cudaStream_t s) {
     }
     table += "\nAPI calls per step, by function:\n\n";
     for (const auto& x : v) {
-        table += "- " + x.name + ":";
-        for (const auto& [name, n] : x.api.runtime) table += " " + name + " ×" + std::to_string(n);
-        if (!x.api.driver.empty()) table += "; driver:";
-        for (const auto& [name, n] : x.api.driver) table += " " + name + " ×" + std::to_string(n);
-        table += "\n";
+        table += "- " + x.name + ":" + x.api.by_function() + "\n";
     }
     return table;
 }

@@ -239,11 +239,7 @@ std::string run_pattern(const std::string& label, const std::string& pattern, co
     }
     table += "\nAPI calls per step, by function (runtime; then driver calls made directly, cuBLAS's launches among them):\n\n";
     for (const auto& x : v) {
-        table += "- " + x.name + ":";
-        for (const auto& [name, n] : x.api.runtime) table += " " + name + " ×" + std::to_string(n);
-        if (!x.api.driver.empty()) table += "; driver:";
-        for (const auto& [name, n] : x.api.driver) table += " " + name + " ×" + std::to_string(n);
-        table += "\n";
+        table += "- " + x.name + ":" + x.api.by_function() + "\n";
     }
     char ratio[256];
     std::snprintf(ratio, sizeof ratio, "\nPer-layer graphs vs eager: %.2fx faster; whole step vs eager: %.2fx faster.\n",
