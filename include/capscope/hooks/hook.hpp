@@ -92,6 +92,16 @@ inline constexpr bool is_of_layers = false;
 template <int... L>
 inline constexpr bool is_of_layers<of_layers<L...>> = true;
 
+//! The side stream a hook's options name (on_lane<K>), or 0.
+template <class... Options>
+constexpr int lane_of() {
+    int k = 0;
+    ([&] {
+        if constexpr (is_on_lane<Options>) k = Options::lane;
+    }(), ...);
+    return k;
+}
+
 template <hook_phase Declared, class F>
 struct checked_phase {
     static constexpr int taken = phase_taken<F, Declared>();
@@ -147,13 +157,7 @@ public:
     static constexpr bool synchronizes_host = (std::same_as<Options, synchronizes_with_host> || ...);
     static constexpr bool last_microbatch = (std::same_as<Options, last_microbatch_only> || ...);
     //! The side stream it runs on; 0: that of the stages it hooks.
-    static constexpr int lane = [] {
-        int k = 0;
-        ([&] {
-            if constexpr (detail::is_on_lane<Options>) k = Options::lane;
-        }(), ...);
-        return k;
-    }();
+    static constexpr int lane = detail::lane_of<Options...>();
     //! Whether it runs on `layer` (of_layers<...>, or every layer).
     static constexpr bool on_layer([[maybe_unused]] int layer) {
         bool on = true;
@@ -235,13 +239,7 @@ class step_hook {
 public:
     static constexpr step_point when = When;
     using placement = Placement;
-    static constexpr int lane = [] {
-        int k = 0;
-        ([&] {
-            if constexpr (detail::is_on_lane<Options>) k = Options::lane;
-        }(), ...);
-        return k;
-    }();
+    static constexpr int lane = detail::lane_of<Options...>();
 
     constexpr step_hook(std::string_view name, F fn) : name_(name), fn_(std::move(fn)) {}
     void operator()(step_context& context) const { fn_(context); }
