@@ -4,7 +4,7 @@
 # --tests adds what only the test suites need: PyTorch (CPU), for the peer's check against the
 # float64 reference (tests/bench/peer_reference.py); about 800 MB, so the demo goes without it.
 set -euo pipefail
-packages=(meson ninja-build g++ cmake pkg-config python3 libboost-dev doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libyaml-cpp-dev libopenmpi-dev)
+packages=(meson ninja-build g++ clang cmake pkg-config python3 libboost-dev doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libyaml-cpp-dev libopenmpi-dev)
 case "${1:-}" in
   --tests) packages+=(python3-torch) ;;
   "") ;;

@@ -13,3 +13,15 @@ else
 fi
 meson compile -C build
 meson test -C build --print-errorlogs --num-processes "$(nproc)"
+
+# The host-side library a second time, with clang++ (Debian 12's is 14), in its own build
+# directory with CUDA off: the rules, flags, plan, hooks, offload plan, capscope-check and
+# tutorial 01, warnings as errors; its unit, cli, compile-fail, examples and headers suites.
+if [ -d build-clang ]; then
+  meson setup --reconfigure build-clang -Drequire_test_deps=true
+else
+  CXX=clang++ meson setup build-clang --buildtype=debugoptimized -Dcuda=disabled -Dwerror=true -Drequire_test_deps=true
+fi
+meson compile -C build-clang
+meson test -C build-clang --print-errorlogs --num-processes "$(nproc)" \
+  --suite unit --suite cli --suite compile-fail --suite examples --suite headers

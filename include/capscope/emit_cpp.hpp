@@ -6,7 +6,9 @@
 #include <capscope/describe.hpp>
 #include <capscope/vocabulary/runtime_config.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,36 @@ inline std::string cpp_double(double v) {
     std::string t = number_text(v);
     if (t.find_first_of(".eE") == std::string::npos) t += ".0";
     return t;
+}
+//! A real-valued option's argument as `fraction{n, d}`, which every C++20 compiler takes (clang 14
+//! takes no `double` template argument): n/d is the shortest decimal that reads back as `v`.
+//! Where no such fraction gives back exactly `v` (inf, nan, 1e-30), the value itself, for g++.
+inline std::string cpp_real(double v) {
+    if (!std::isfinite(v)) return cpp_double(v);
+    std::string t = number_text(std::fabs(v)); // shortest round trip: "1.25", "1e-05", "3e+20"
+    std::string digits;
+    int exponent = 0;
+    auto e = t.find_first_of("eE");
+    if (e != std::string::npos) exponent = std::stoi(t.substr(e + 1));
+    for (std::size_t i = 0; i < std::min(e, t.size()); ++i) {
+        if (t[i] == '.') exponent -= int(std::min(e, t.size()) - i - 1);
+        else digits += t[i];
+    }
+    constexpr long long limit = 1'000'000'000'000'000'000LL; // 10^18: n and d fit a long long
+    long long n = std::stoll(digits), d = 1;
+    for (; exponent > 0; --exponent) {
+        if (n > limit / 10) return cpp_double(v);
+        n *= 10;
+    }
+    for (; exponent < 0; ++exponent) {
+        if (d > limit / 10) return cpp_double(v);
+        d *= 10;
+    }
+    long long g = std::gcd(n, d);
+    if (g > 1) n /= g, d /= g;
+    if (v < 0) n = -n;
+    if (double(n) / double(d) != v) return cpp_double(v); // n or d past 2^53: not exact
+    return "fraction{" + std::to_string(n) + ", " + std::to_string(d) + "}";
 }
 inline std::string cpp_string(std::string_view s) {
     std::string out = "\"";
@@ -79,16 +111,16 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
     } else if (c.moe_layers != d.moe_layers) {
         facts.push_back("moe_every<" + std::to_string(c.moe_layers.frequency()) + ">");
     }
-    if (c.expert_capacity_factor) facts.push_back("capacity_factor<" + cpp_double(*c.expert_capacity_factor) + ">");
+    if (c.expert_capacity_factor) facts.push_back("capacity_factor<" + cpp_real(*c.expert_capacity_factor) + ">");
     if (c.pad_expert_input_to_capacity) facts.push_back("pad_to_capacity");
     if (c.dispatcher != d.dispatcher) facts.push_back("dispatcher<" + cpp_enum("token_dispatcher", c.dispatcher) + ">");
     if (c.router_padding_for_fp8) facts.push_back("router_padding_for_fp8");
-    if (c.input_jitter_eps) facts.push_back("input_jitter<" + cpp_double(*c.input_jitter_eps) + ">");
+    if (c.input_jitter_eps) facts.push_back("input_jitter<" + cpp_real(*c.input_jitter_eps) + ">");
     if (c.shared_expert_intermediate_size) facts.push_back("shared_experts<" + std::to_string(*c.shared_expert_intermediate_size) + ">");
     if (c.overlap_moe_expert_parallel_comm) facts.push_back("expert_parallel_comm_overlap");
     if (c.te_op_fuser) facts.push_back("te_op_fuser");
-    if (c.attention_dropout != d.attention_dropout) facts.push_back("attention_dropout<" + cpp_double(c.attention_dropout) + ">");
-    if (c.hidden_dropout != d.hidden_dropout) facts.push_back("hidden_dropout<" + cpp_double(c.hidden_dropout) + ">");
+    if (c.attention_dropout != d.attention_dropout) facts.push_back("attention_dropout<" + cpp_real(c.attention_dropout) + ">");
+    if (c.hidden_dropout != d.hidden_dropout) facts.push_back("hidden_dropout<" + cpp_real(c.hidden_dropout) + ">");
     if (!facts.empty()) o.push_back("model<" + join(facts) + ">");
 
     if (c.recompute && !c.unknown_recompute_module.empty()) {
@@ -111,6 +143,7 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
     if (c.cpu_offloading_num_layers != d.cpu_offloading_num_layers)
         o.push_back("layer_cpu_offloading<" + std::to_string(c.cpu_offloading_num_layers) + ">");
     if (!c.check_for_nan_in_loss_and_grad) o.push_back("no_nan_check");
+    else if (c.nan_check_on_device) o.push_back("nan_check_on_device");
     if (c.inference_batch_times_seqlen_threshold != d.inference_batch_times_seqlen_threshold)
         o.push_back("pipeline_parallel_inference<" + std::to_string(c.inference_batch_times_seqlen_threshold) + ">");
     if (c.inference_dynamic_batching_num_cuda_graphs != d.inference_dynamic_batching_num_cuda_graphs)
@@ -137,7 +170,7 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
         if (!mods.empty()) parts.push_back("offload_modules<" + join(mods) + ">");
         if (!own.empty()) parts.push_back("offload_tensors<" + join(own) + ">");
         if (!c.offload.unknown_module.empty()) parts.push_back("offload_module_named<" + cpp_string(c.offload.unknown_module.view()) + ">");
-        if (c.offload.fraction != od.fraction) parts.push_back("offload_fraction<" + cpp_double(c.offload.fraction) + ">");
+        if (c.offload.fraction != od.fraction) parts.push_back("offload_fraction<" + cpp_real(c.offload.fraction) + ">");
         if (c.offload.min_tensor_size != od.min_tensor_size) parts.push_back("min_offloaded_tensor_size<" + std::to_string(c.offload.min_tensor_size) + "LL>");
         if (c.offload.delta_bytes_across_pp_ranks != od.delta_bytes_across_pp_ranks)
             parts.push_back("delta_offload_bytes_across_pp_ranks<" + std::to_string(c.offload.delta_bytes_across_pp_ranks) + "LL>");

@@ -92,14 +92,14 @@ CHECK_COMPILES(config<tr, modules<capture::mlp>, model<experts<8>, moe_every<2>>
 #ifdef CASE_S5
 CHECK_COMPILES(config<tr, modules<capture::mlp>, moe8>);
 #endif
-CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<1.0>, pad_to_capacity>>);
+CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<fraction{1, 1}>, pad_to_capacity>>);
 #ifdef CASE_S6
-CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<1.0>>>);
+CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<fraction{1, 1}>>>);
 #endif
 CHECK_COMPILES(config<tr, modules<capture::moe_router, capture::moe_preprocess>, model<experts<8>, dispatcher<token_dispatcher::alltoall>>>);
 #ifdef CASE_S7
 CHECK_COMPILES(config<tr, modules<capture::moe_router, capture::moe_preprocess>,
-                      model<experts<8>, dispatcher<token_dispatcher::alltoall>, capacity_factor<1.0>>>);
+                      model<experts<8>, dispatcher<token_dispatcher::alltoall>, capacity_factor<fraction{1, 1}>>>);
 #endif
 
 // ---- recompute ---------------------------------------------------------------------------
@@ -115,17 +115,17 @@ CHECK_COMPILES(config<tr, modules<capture::moe_router>, moe8, recompute<recomput
 #ifdef CASE_R2
 CHECK_COMPILES(config<tr, modules<capture::moe_router>, moe8, recompute<recompute_granularity::selective, recompute_module::moe>>);
 #endif
-CHECK_COMPILES(config<lo, model<attention_dropout<0.0>>, recompute<recompute_granularity::selective>>);
+CHECK_COMPILES(config<lo, model<attention_dropout<fraction{0, 1}>>, recompute<recompute_granularity::selective>>);
 #ifdef CASE_R3
 CHECK_COMPILES(config<lo, recompute<recompute_granularity::selective>>);
 #endif
-CHECK_COMPILES(config<lo, model<hidden_dropout<0.0>>, recompute<recompute_granularity::selective, recompute_module::mlp>>);
+CHECK_COMPILES(config<lo, model<hidden_dropout<fraction{0, 1}>>, recompute<recompute_granularity::selective, recompute_module::mlp>>);
 #ifdef CASE_R4
 CHECK_COMPILES(config<lo, recompute<recompute_granularity::selective, recompute_module::mlp>>);
 #endif
-CHECK_COMPILES(config<lo, model<experts<8>, hidden_dropout<0.0>>, recompute<recompute_granularity::selective, recompute_module::moe>>);
+CHECK_COMPILES(config<lo, model<experts<8>, hidden_dropout<fraction{0, 1}>>, recompute<recompute_granularity::selective, recompute_module::moe>>);
 #ifdef CASE_R5
-CHECK_COMPILES(config<lo, model<experts<8>, hidden_dropout<0.0>, input_jitter<0.01>>,
+CHECK_COMPILES(config<lo, model<experts<8>, hidden_dropout<fraction{0, 1}>, input_jitter<fraction{1, 100}>>,
                       recompute<recompute_granularity::selective, recompute_module::moe>>);
 #endif
 
@@ -153,9 +153,20 @@ CHECK_COMPILES(config<offload<offload_modules<offload_module::moe_act>>, recompu
 #ifdef CASE_O5
 CHECK_COMPILES(config<offload<offload_modules<offload_module::moe_act>>, recompute<recompute_granularity::selective, recompute_module::moe>>);
 #endif
-CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<0.5>>>);
+CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<fraction{1, 2}>>>);
 #ifdef CASE_O6
+CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<fraction{3, 2}>>>);
+#endif
+// The value itself, where the compiler takes a floating-point template argument (g++, not clang 14).
+#if __cpp_nontype_template_args >= 201911L
+CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<0.5>>>);
+#endif
+#ifdef CASE_O6__value
+#if __cpp_nontype_template_args >= 201911L
 CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<1.5>>>);
+#else
+CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<fraction{3, 2}>>>);
+#endif
 #endif
 CHECK_COMPILES(config<offload<offload_modules<offload_module::fused_group_mlp>>, model<te_op_fuser>>);
 #ifdef CASE_O7
@@ -171,11 +182,11 @@ CHECK_COMPILES(config<lo, offload<offload_modules<offload_module::expert_fc1>>>)
 CHECK_COMPILES(config<tr, modules<capture::attention>, off_core>);
 #ifdef CASE_OC3
 // local with expert offloads is "partial MoE offload" only while moe itself is not captured.
-CHECK_COMPILES(config<lo, modules<capture::moe>, model<experts<8>, capacity_factor<1.0>, pad_to_capacity>,
+CHECK_COMPILES(config<lo, modules<capture::moe>, model<experts<8>, capacity_factor<fraction{1, 1}>, pad_to_capacity>,
                       offload<offload_modules<offload_module::expert_fc1>>>);
 #endif
 #ifdef CASE_OC4
-CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<1.0>, pad_to_capacity>, off_core>);
+CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<fraction{1, 1}>, pad_to_capacity>, off_core>);
 #endif
 #ifdef CASE_OC5
 CHECK_COMPILES(config<tr, modules<capture::attention>, off_core, warmup_steps<0>>);
@@ -203,6 +214,9 @@ CHECK_COMPILES(config<lo, inference::per_block, fp8<fp8_format::hybrid>, fp8_sca
 #ifdef CASE_A2
 CHECK_COMPILES(config<lo, inference::per_block, fp8<fp8_format::hybrid>>);
 #endif
+// A1: the NaN check syncs the host inside a whole-step graph; capscope's check on the device does not.
+CHECK_COMPILES(config<impl::whole_iteration, nan_check_on_device>);
+CHECK_COMPILES(config<impl::whole_iteration, no_nan_check>);
 #ifdef CASE_A1
 CHECK_COMPILES(config<impl::whole_iteration>);
 #endif

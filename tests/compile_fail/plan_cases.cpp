@@ -1,5 +1,5 @@
 // Compile-fail cases of the plan rules: P1, P2, P8 (a configuration that captures a stage its
-// layer schema says cannot be captured), P9 (named regions that match no stage), P4 (bucket lists), P5 (an inference runner's buckets), P11 (offloading across a graph boundary). As is, every valid twin must compile; with
+// layer schema says cannot be captured), P9 (named regions that match no stage), P4 (bucket lists), P5 (an inference runner's buckets), P11 (offloading across a graph boundary), P14 and P15 (guarded stages). As is, every valid twin must compile; with
 // -DCASE_<ID>[__variant] the first error must read "capscope plan rule <ID>:" (check.py).
 #include <capscope/capscope.hpp>
 #if __has_include(<cuda_runtime_api.h>)
@@ -16,7 +16,7 @@ using moe_dropless = layer_schema<"moe_dropless", stage_decl<stage_kind::attenti
                                   stage_decl<stage_kind::moe_experts, regions<capture::moe>, shapes_depend_on_data>>;
 using experts_only = layer_schema<"experts", stage_decl<stage_kind::moe_experts, regions<capture::moe>, shapes_depend_on_data>>;
 using dropless = model<experts<8>>;
-using drop_and_pad = model<experts<8>, capacity_factor<1.0>, pad_to_capacity>;
+using drop_and_pad = model<experts<8>, capacity_factor<fraction{1, 1}>, pad_to_capacity>;
 
 // P1: the dropless preprocess reads counts back to the host.
 CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::moe_router>, dropless>, moe_dropless>);
@@ -127,4 +127,30 @@ CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<
 CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check, offload<offload_modules<offload_module::mlp_norm>, max_inflight_offloads<1>>>, dense_keeping>);
 #ifdef CASE_P11__mlp_norm
 CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<"left">, norm_offload>, dense_keeping>);
+#endif
+// P14, P15: guarded stages (conditional nodes when captured). A loop inside a layer: `start`
+// writes the flag, `pass` runs while it holds and writes it again; an optimizer-like stage runs
+// if a flag written before the layer holds.
+using looping = layer_schema<"looping", stage_decl<kind<"start">, regions<region<"loop">>, writes_flags<"again">>,
+                             stage_decl<kind<"pass">, regions<region<"loop">>, run_while_holds<"again">, writes_flags<"again">>,
+                             stage_decl<kind<"update">, regions<region<"loop">>, run_if_holds<"all_finite", flag_writer::before_layer>>>;
+CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, looping>);
+CHECK_COMPILES(layer_plan<config<impl::eager>, looping>);
+// P14: a guarded stage that reads back to the host (left eager here, so P1 does not fire first).
+#ifdef CASE_P14
+using guarded_sync = layer_schema<"guarded_sync", stage_decl<kind<"start">, regions<region<"a">>, writes_flags<"again">>,
+                                  stage_decl<kind<"pass">, regions<region<"b">>, run_if_holds<"again">, synchronizes_with_host>>;
+CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, capture_regions<"a">>, guarded_sync>);
+#endif
+// P15: the flag is written by no earlier stage (nor said to be written before the layer).
+#ifdef CASE_P15
+using unwritten = layer_schema<"unwritten", stage_decl<kind<"pass">, regions<region<"loop">>, run_if_holds<"again">>,
+                               stage_decl<kind<"start">, regions<region<"loop">>, writes_flags<"again">>>;
+CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, unwritten>);
+#endif
+// P15: a WHILE run that never writes its flag.
+#ifdef CASE_P15__loop_never_ends
+using endless = layer_schema<"endless", stage_decl<kind<"start">, regions<region<"loop">>, writes_flags<"again">>,
+                             stage_decl<kind<"pass">, regions<region<"loop">>, run_while_holds<"again">>>;
+CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, endless>);
 #endif

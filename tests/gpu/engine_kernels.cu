@@ -26,6 +26,20 @@ __global__ void add_kernel(int* out, const int* a, const int* b, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
+__global__ void flag_unless_multiple_kernel(int* flag, const int* counter, int modulus) { *flag = *counter % modulus != 0; }
+__global__ void start_countdown_kernel(int* remaining, int* flag, const int* counter, int modulus) {
+    *remaining = *counter % modulus;
+    *flag = *remaining > 0;
+}
+__global__ void count_down_kernel(int* remaining, int* flag, int* passes) {
+    *remaining -= 1;
+    *passes += 1;
+    *flag = *remaining > 0;
+}
+__global__ void inf_at_count_kernel(float* x, int* counter, int at) {
+    *counter += 1;
+    if (*counter == at) x[0] = __int_as_float(0x7f800000); // +inf
+}
 int blocks(int n) { return (n + 255) / 256; }
 } // namespace
 
@@ -52,5 +66,21 @@ void add(int* out, const int* a, const int* b, int n, cudaStream_t s) {
 void append(int* log, int* length, int capacity, int id, cudaStream_t s) {
     append_kernel<<<1, 1, 0, s>>>(log, length, capacity, id);
     CAPSCOPE_CHECK_LAUNCH("append_kernel");
+}
+void flag_unless_multiple(int* flag, const int* counter, int modulus, cudaStream_t s) {
+    flag_unless_multiple_kernel<<<1, 1, 0, s>>>(flag, counter, modulus);
+    CAPSCOPE_CHECK_LAUNCH("flag_unless_multiple_kernel");
+}
+void start_countdown(int* remaining, int* flag, const int* counter, int modulus, cudaStream_t s) {
+    start_countdown_kernel<<<1, 1, 0, s>>>(remaining, flag, counter, modulus);
+    CAPSCOPE_CHECK_LAUNCH("start_countdown_kernel");
+}
+void inf_at_count(float* x, int* counter, int at, cudaStream_t s) {
+    inf_at_count_kernel<<<1, 1, 0, s>>>(x, counter, at);
+    CAPSCOPE_CHECK_LAUNCH("inf_at_count_kernel");
+}
+void count_down(int* remaining, int* flag, int* passes, cudaStream_t s) {
+    count_down_kernel<<<1, 1, 0, s>>>(remaining, flag, passes);
+    CAPSCOPE_CHECK_LAUNCH("count_down_kernel");
 }
 } // namespace engine_kernels

@@ -18,4 +18,12 @@ void slow_copy(int* out, const int* in, int n, unsigned spin_ns, cudaStream_t s)
 void add(int* out, const int* a, const int* b, int n, cudaStream_t s);
 //! log[*length] = id (while it fits), then *length += 1: a device-side record of call order.
 void append(int* log, int* length, int capacity, int id, cudaStream_t s);
+//! *flag = (*counter % modulus != 0): a condition that fails every modulus-th step.
+void flag_unless_multiple(int* flag, const int* counter, int modulus, cudaStream_t s);
+//! *remaining = *counter % modulus; *flag = *remaining > 0: a loop of that many passes.
+void start_countdown(int* remaining, int* flag, const int* counter, int modulus, cudaStream_t s);
+//! One pass: *remaining -= 1, *passes += 1, *flag = *remaining > 0.
+void count_down(int* remaining, int* flag, int* passes, cudaStream_t s);
+//! *counter += 1; then, when *counter == at, x[0] = +inf: an overflow injected at one step.
+void inf_at_count(float* x, int* counter, int at, cudaStream_t s);
 } // namespace engine_kernels

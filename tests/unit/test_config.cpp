@@ -2,6 +2,7 @@
 #include "rule_cases.hpp"
 
 #include <doctest/doctest.h>
+#include <capscope/emit_cpp.hpp>
 
 using namespace capscope;
 
@@ -104,8 +105,32 @@ TEST_CASE("select: a candidate that fixes some settings lets the others pass thr
     }
 }
 
-// Real-valued options: the value itself (g++) or a fraction (every C++20 compiler) mean the same.
+// Real-valued options: the value itself (g++; clang 14 takes no floating-point template argument)
+// or a fraction (every C++20 compiler) mean the same.
+#if __cpp_nontype_template_args >= 201911L
 static_assert(same_config<config<impl::eager, model<experts<8>, capacity_factor<fraction{5, 4}>, pad_to_capacity>>,
                           config<impl::eager, model<experts<8>, capacity_factor<1.25>, pad_to_capacity>>>);
+#endif
+static_assert(config<impl::eager, model<experts<8>, capacity_factor<fraction{5, 4}>, pad_to_capacity>>::normalized.expert_capacity_factor == 1.25);
 static_assert(config<impl::eager, model<attention_dropout<fraction{1, 10}>>>::normalized.attention_dropout == 0.1);
 static_assert(config<impl::eager, model<attention_dropout<fraction{0, 1}>>>::normalized.attention_dropout == 0.0);
+
+TEST_CASE("--emit-cpp writes real values as fraction{n, d}, which reads back exactly, or the value where none does") {
+    using capscope::detail::cpp_real;
+    CHECK(cpp_real(1.25) == "fraction{5, 4}");
+    CHECK(cpp_real(0.1) == "fraction{1, 10}");
+    CHECK(cpp_real(0.0) == "fraction{0, 1}");
+    CHECK(cpp_real(2.0) == "fraction{2, 1}");
+    CHECK(cpp_real(-0.5) == "fraction{-1, 2}");
+    CHECK(cpp_real(1e-5) == "fraction{1, 100000}");
+    CHECK(cpp_real(3e20) == "3e+20");   // past a long long: the value itself (g++ only)
+    CHECK(cpp_real(1e-30) == "1e-30");
+    CHECK(cpp_real(HUGE_VAL) == "__builtin_inf()");
+    // Whatever it writes as a fraction gives back the same double.
+    for (double v : {0.30000000000000004, 1.0 / 3.0, 0.7, 123.456, 1e-12, 6.02e17}) {
+        std::string t = cpp_real(v);
+        if (t.rfind("fraction{", 0) != 0) continue;
+        long long n = std::stoll(t.substr(9)), d = std::stoll(t.substr(t.find(", ") + 2));
+        CHECK_MESSAGE(double(n) / double(d) == v, t);
+    }
+}

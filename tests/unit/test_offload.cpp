@@ -210,7 +210,7 @@ TEST_CASE("rule P11 from the stages: a tensor written in one graph and kept in a
     // Compile time: the same facts in a schema.
     using dense = layer_schema<"dense", stage_decl<stage_kind::attention, regions<capture::attention>, saves<om::qkv_linear>, makes<om::mlp_norm>>,
                                stage_decl<stage_kind::mlp, regions<capture::mlp>, saves<om::mlp_norm>>>;
-    using moe_facts = model<experts<4>, moe_pattern<0, 1>, capacity_factor<1.0>, pad_to_capacity>;
+    using moe_facts = model<experts<4>, moe_pattern<0, 1>, capacity_factor<fraction{1, 1}>, pad_to_capacity>;
     using offload_norm = offload<offload_modules<om::mlp_norm>, min_offloaded_tensor_size<1>>;
     constexpr auto s = find_offload_straddle(capture_scope_of<attn_only>, {om::mlp_norm}, dense::facts());
     static_assert(s.found() && s.producer == 0 && s.keeper == 1 && s.module == om::mlp_norm);

@@ -16,7 +16,7 @@ using namespace plan_helpers;
 
 namespace {
 
-using moe4 = model<experts<4>, moe_pattern<0, 1, 0>, capacity_factor<1.0>, pad_to_capacity>;
+using moe4 = model<experts<4>, moe_pattern<0, 1, 0>, capacity_factor<fraction{1, 1}>, pad_to_capacity>;
 using moe4_dropless = model<experts<4>, moe_pattern<0, 1, 0>>;
 
 

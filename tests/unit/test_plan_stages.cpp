@@ -58,7 +58,7 @@ TEST_CASE("P8: a stage that passes host values to its kernels at launch stays ou
 TEST_CASE("a stage in no capture region gets a fix it can follow") {
     fake::model m;
     auto p = m.program("D", false, 1);
-    p.microbatches[0][2].captured_by = {};
+    p.microbatches[0][2].captured_by = region_set{};
     p.microbatches[0][2].synchronizes_with_host = true;
     CHECK(plan_error_text({graph_impl::lazy_per_layer, {}}, p) ==
           "capscope plan rule P1: stage 'layer0.mlp' synchronizes with the host, yet impl local captures whole layers, this one "

@@ -82,3 +82,23 @@ TEST_CASE("the runner counts what it ran, and its counters saturate instead of w
     detail::count_one(almost);
     CHECK(almost == std::numeric_limits<long>::max());
 }
+
+TEST_CASE("nan_check_on_device needs the optimizer guarded by the check's flag (P17); guarded, the runner is made") {
+    fake::model m;
+    training_program p = m.program("D", false, 1);
+    try {
+        runner<config<impl::whole_iteration, nan_check_on_device>> r(p);
+        FAIL("no error");
+    } catch (const plan_error& e) {
+        CHECK(e.rule() == "P17");
+    }
+    int flag = 0;
+    const tensor_ref all_finite{"all_finite", &flag, sizeof flag};
+    stage check = m.make("check_finite", -1, stage_kind::other, {}, &m.buffers[61]);
+    check.backward = {};
+    check.outputs.push_back(all_finite);
+    p.step_end.insert(p.step_end.begin(), check);
+    p.step_end.back().guard = run_if(all_finite);
+    runner<config<impl::whole_iteration, nan_check_on_device>> r(p); // no runner without the option checks this
+    CHECK(r.plan().graph_count == 1);
+}

@@ -108,4 +108,12 @@ template <class T>
 void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
            cudaStream_t s, bool advance_step = true);
 
+// The finite check of loss and gradients, on the device (capscope's nan_check_on_device): the
+// flag starts at 1 (set_int), each checked array clears it on an inf or a NaN (any thread may: all
+// write 0, so the result does not depend on their order), and count_if_cleared adds one to a
+// device counter of skipped steps when the flag is 0.
+void set_int(int* x, int value, cudaStream_t s);
+void clear_unless_finite(const float* x, long n, int* flag, cudaStream_t s);
+void count_if_cleared(const int* flag, int* count, cudaStream_t s);
+
 } // namespace gpt::kernels

@@ -41,10 +41,18 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<s
     hyperparameters_ = device_buffer<float>(sizeof(kernels::adamw_hyperparameters) / sizeof(float));
     device_step_ = device_buffer<int>(1);
     device_step_.fill_bytes(0, s);
+    all_finite_ = device_buffer<int>(1);
+    skipped_steps_ = device_buffer<int>(1);
+    kernels::set_int(all_finite_.data(), 1, s);
+    skipped_steps_.fill_bytes(0, s);
     host_loss_ = capscope::cuda::pinned_buffer<float>(mbs);
     tokens_.fill_bytes(0, s); // a valid token id until the first set_batch
     labels_.fill_bytes(0xff, s);
     loss_.fill_bytes(0, s);
+    if (sharding && cfg.check_finite_on_device)
+        throw std::invalid_argument("model_config::check_finite_on_device with sharded parameters: each rank would check only its own "
+                                    "shard of the gradients and decide apart, so the ranks would diverge -- fix: check on the device "
+                                    "with replicated parameters (their gradients are all-reduced first), or turn the check off");
     if (sharding) params_.allocate_sharded(cfg.seed, s, *sharding);
     else params_.allocate(cfg.seed, s);
     arenas_ = params_.optimizer_arenas();
@@ -128,6 +136,20 @@ template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s) {
     }
 }
 
+template <class T> void gpt_model<T>::check_finite_stage(cudaStream_t s) {
+    kernels::set_int(all_finite_.data(), 1, s);
+    kernels::clear_unless_finite(loss_.data(), long(loss_.size()), all_finite_.data(), s);
+    for (const optimizer_arena<T>& a : arenas_) kernels::clear_unless_finite(a.grad, long(a.count), all_finite_.data(), s);
+    kernels::count_if_cleared(all_finite_.data(), skipped_steps_.data(), s);
+}
+
+template <class T> int gpt_model<T>::skipped_steps(cudaStream_t s) const {
+    int n = 0;
+    CAPSCOPE_CHECK(cudaMemcpyAsync(&n, skipped_steps_.data(), sizeof n, cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return n;
+}
+
 template <class T> capscope::training_program gpt_model<T>::training_program() const {
     capscope::training_program p;
     auto* self = const_cast<gpt_model*>(this); // the program's functions change the model, as a step does
@@ -145,6 +167,20 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     opt.buffers_declared = true;
     opt.forward = stream_fn::of<static_cast<void (gpt_model::*)(cudaStream_t)>(&gpt_model::optimizer_step)>(self);
     opt.inputs = params_.gradient_arenas();
+    if (cfg_.check_finite_on_device) {
+        // The check reads the loss and every gradient the optimizer reads, and writes the flag
+        // the optimizer is guarded by (and the count of skipped steps).
+        stage check;
+        check.name = "check_finite";
+        check.kind = stage_kind::other;
+        check.buffers_declared = true;
+        check.forward = stream_fn::of<&gpt_model::check_finite_stage>(self);
+        check.inputs = params_.gradient_arenas();
+        check.inputs.push_back({"loss", loss_.data(), loss_.bytes()});
+        check.outputs = {all_finite(), {"skipped_steps", skipped_steps_.data(), skipped_steps_.bytes()}};
+        p.step_end.push_back(std::move(check));
+        opt.guard = capscope::run_if(all_finite());
+    }
     p.step_end.push_back(std::move(opt));
     return p;
 }

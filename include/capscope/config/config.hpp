@@ -49,15 +49,13 @@ constexpr bool option_kinds_unique() {
     return hana::length(hana::to_set(kinds)) == hana::length(kinds);
 }
 
+//! Instantiating it fails the rejecting rule's one static_assert (rules/diagnostics.hpp). A base
+//! class, not a `sizeof` in a static_assert: clang then reports that one error and no second one.
 template <class Config, int RuleIndex>
-struct report_rejection {
-    static constexpr bool reported = true; // accepted: nothing to report
-};
+struct report_rejection {}; // accepted: nothing to report
 template <class Config, int RuleIndex>
     requires(RuleIndex >= 0)
-struct report_rejection<Config, RuleIndex> {
-    static constexpr bool reported = sizeof(rule_diagnostics::rejected<RuleIndex, Config>) > 0;
-};
+struct report_rejection<Config, RuleIndex> : rule_diagnostics::rejected<RuleIndex, Config> {};
 } // namespace detail
 
 template <class... Options>
@@ -70,7 +68,7 @@ struct config {
     //! What the options ask for, deprecated spellings included.
     static constexpr runtime_config requested = detail::collect_options<Options...>();
     static constexpr first_rejection verdict = find_first_rejection(requested, enforcement::compile_time);
-    static_assert(detail::report_rejection<config, verdict.rule_index>::reported);
+    using rejection_report = decltype(detail::report_rejection<config, verdict.rule_index>{});
 
     //! What will run: every migration and derived default applied.
     static constexpr runtime_config normalized = verdict.normalized;

@@ -18,7 +18,7 @@ namespace detail {
 //! The option's value: a `fraction`, or a floating-point or integer argument.
 template <auto V>
 constexpr double real_value() {
-    using T = std::remove_cv_t<decltype(V)>;
+    using T = std::remove_cvref_t<decltype(V)>; // nvcc names a class-type argument as a const reference
     if constexpr (std::is_same_v<T, fraction>) {
         static_assert(V.denominator != 0, "capscope::fraction{n, d}: the denominator d is not 0");
         return double(V.numerator) / double(V.denominator);

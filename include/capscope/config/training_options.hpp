@@ -20,6 +20,19 @@ struct no_nan_check {
     static constexpr void apply(runtime_config& c) { c.check_for_nan_in_loss_and_grad = false; }
 };
 
+//! The NaN/inf check of loss and gradients, on the device (capscope's engine; Megatron has no such
+//! flag): a captured kernel writes an "all finite" flag and the optimizer is guarded by it
+//! (`run_if`, docs/guards.md), so a step with a non-finite value skips its update inside the
+//! graph. It composes with `impl::whole_iteration` (rule A1 is about a check that syncs the host).
+//! The runner checks that the program's optimizer is guarded (plan rule P17).
+struct nan_check_on_device {
+    using option_kind = option_kind::nan_check;
+    static constexpr void apply(runtime_config& c) {
+        c.check_for_nan_in_loss_and_grad = true;
+        c.nan_check_on_device = true;
+    }
+};
+
 //! `--inference-batch-times-seqlen-threshold N` (pipeline-parallel microbatched inference when N > -1).
 template <int N>
 struct pipeline_parallel_inference {

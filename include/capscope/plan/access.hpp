@@ -10,6 +10,7 @@
 //! - a trainer's stage of layer L also reads layer L's parameters, and its backward writes layer
 //!   L's gradients; a trainer's stage of `step_begin` or `step_end` (zeroing, clipping, the
 //!   optimizer) reads and writes every layer's parameters and gradients;
+//! - a guarded stage reads its guard's flag;
 //! - a stage that does not declare its buffers (`buffers_declared` false) reads and writes
 //!   everything: whatever it touches, it is ordered against all other work.
 //! Stages capscope adds (hooks, activation copies: `stage::added`) declare exactly what they touch.
@@ -71,6 +72,7 @@ inline void append(std::vector<tensor_ref>& to, const std::vector<tensor_ref>& f
 //! The accesses of `s`'s `dir` function, in the list `part` of `program`.
 inline call_access access_of(const stage& s, phase dir, step_part part, const training_program& program) {
     call_access a;
+    if (s.guard) a.reads.push_back(s.guard.predicate); // the condition is read before the call (capscope/stage/stage_guard.hpp)
     if (!s.buffers_declared) {
         a.everything = true;
         return a;

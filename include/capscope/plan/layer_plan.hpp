@@ -12,6 +12,7 @@
 //! @endcode
 
 #include <capscope/plan/capture_region.hpp>
+#include <capscope/plan/guarded_stage.hpp>
 #include <capscope/plan/misplaced_stage.hpp>
 #include <capscope/plan/offload_placement.hpp>
 #include <capscope/stage/schema.hpp>
@@ -35,11 +36,13 @@ template <class Config, class Layer>
 struct layer_plan {
     static constexpr std::array<stage_facts, Layer::size> stages = Layer::facts();
     static constexpr misplacement misplaced = find_misplacement(capture_scope_of<Config>, stages);
-    static_assert(detail::report_misplacement<Config, Layer, misplaced.stage,
-                                              Layer::template stage_at<std::size_t(misplaced.found() ? misplaced.stage : 0)>::kind,
-                                              misplaced.problem>::reported);
+    using misplacement_report = decltype(detail::report_misplacement<Config, Layer, misplaced.stage,
+                                         Layer::template stage_at<std::size_t(misplaced.found() ? misplaced.stage : 0)>::kind,
+                                         misplaced.problem>{});
     static constexpr offload_straddle straddle = find_offload_straddle(capture_scope_of<Config>, offloaded_by<Config>, stages);
-    static_assert(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, straddle.megatron_index()>::reported);
+    static constexpr guard_finding guarded = find_guard_problem(stages);
+    using guard_report = decltype(detail::report_guard_problem<Layer, guarded.stage, guarded.problem>{});
+    using straddle_report = decltype(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, straddle.megatron_index()>{});
 
     //! The segments in forward order (backward runs them in reverse).
     static constexpr auto segments = [] {

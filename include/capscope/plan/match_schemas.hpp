@@ -32,6 +32,7 @@ inline std::string facts_text(const stage_facts& f) {
     if (f.shapes_depend_on_data) s += " shapes_depend_on_data";
     if (!f.saves.empty()) s += " saves {" + names_of(f.saves) + "}";
     if (!f.makes.empty()) s += " makes {" + names_of(f.makes) + "}";
+    if (f.guarded != guard_kind::none) s += std::string(" guarded by ") + guard_word(f.guarded) + " '" + std::string(f.guard_flag) + "'";
     return s;
 }
 
@@ -40,6 +41,8 @@ inline bool same_layer_facts(std::span<const stage_facts> a, std::span<const sta
     for (std::size_t i = 0; i < a.size(); ++i) {
         stage_facts x = a[i], y = b[i];
         x.layer = y.layer = 0;
+        x.flags_written = y.flags_written = region_set{}; // a schema's; a bound stage's writes are its outputs
+        x.guard_flag_written_before = y.guard_flag_written_before = false;
         if (!(x == y)) return false;
     }
     return true;

@@ -155,20 +155,16 @@ struct P8<stage_kind::other, Schema, Stage, Config> {
 namespace capscope::detail {
 
 template <class Config, class Schema, int Stage, auto Kind, misplacement_problem Problem>
-struct report_misplacement {
-    static constexpr bool reported = true; // nothing misplaced
-};
+struct report_misplacement {}; // nothing misplaced
+// Each rule's report is a base class, so clang shows its one static_assert and no second error.
 template <class Config, class Schema, int Stage, auto Kind>
-struct report_misplacement<Config, Schema, Stage, Kind, misplacement_problem::synchronizes_with_host> {
-    static constexpr bool reported = sizeof(plan_rules::P1<Kind, Schema, Stage, Config>) > 0;
-};
+struct report_misplacement<Config, Schema, Stage, Kind, misplacement_problem::synchronizes_with_host>
+    : plan_rules::P1<Kind, Schema, Stage, Config> {};
 template <class Config, class Schema, int Stage, auto Kind>
-struct report_misplacement<Config, Schema, Stage, Kind, misplacement_problem::shapes_depend_on_data> {
-    static constexpr bool reported = sizeof(plan_rules::P2<Kind, Schema, Stage, Config>) > 0;
-};
+struct report_misplacement<Config, Schema, Stage, Kind, misplacement_problem::shapes_depend_on_data>
+    : plan_rules::P2<Kind, Schema, Stage, Config> {};
 template <class Config, class Schema, int Stage, auto Kind>
-struct report_misplacement<Config, Schema, Stage, Kind, misplacement_problem::passes_host_values> {
-    static constexpr bool reported = sizeof(plan_rules::P8<Kind, Schema, Stage, Config>) > 0;
-};
+struct report_misplacement<Config, Schema, Stage, Kind, misplacement_problem::passes_host_values>
+    : plan_rules::P8<Kind, Schema, Stage, Config> {};
 
 } // namespace capscope::detail

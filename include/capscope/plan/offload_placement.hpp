@@ -122,14 +122,11 @@ struct P11<int(offload_module::expert_fc1), stage_kind::moe_preprocess, stage_ki
 namespace capscope::detail {
 
 template <class Config, class Schema, int Producer, int Keeper, int MegatronModule>
-struct report_offload_straddle {
-    static constexpr bool reported = true; // nothing straddles
-};
+struct report_offload_straddle {}; // nothing straddles
 template <class Config, class Schema, int Producer, int Keeper, int MegatronModule>
     requires(Keeper >= 0)
-struct report_offload_straddle<Config, Schema, Producer, Keeper, MegatronModule> {
-    static constexpr bool reported = sizeof(plan_rules::P11<MegatronModule, Schema::template stage_at<std::size_t(Producer)>::kind,
-                                                            Schema::template stage_at<std::size_t(Keeper)>::kind, Schema, Config>) > 0;
-};
+struct report_offload_straddle<Config, Schema, Producer, Keeper, MegatronModule>
+    : plan_rules::P11<MegatronModule, Schema::template stage_at<std::size_t(Producer)>::kind,
+                      Schema::template stage_at<std::size_t(Keeper)>::kind, Schema, Config> {}; // a base: one error under clang
 
 } // namespace capscope::detail

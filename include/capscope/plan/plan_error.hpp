@@ -21,7 +21,9 @@ public:
     //! "P8" (host values passed at launch captured), "P9" (named regions match no stage), "P10"
     //! (model facts that are not the program's), "P11" (an offloaded tensor across graphs), "P12"
     //! (two calls that touch one buffer left unordered: the verifier), "P13" (a capture-time stage
-    //! in an eager segment); inference: "P4" (bucket lists; P5 is compile-time only, and P6/P7 are
+    //! in an eager segment), "P14" (a guarded stage the host must act in), "P15" (a guard's flag
+    //! not written before it is read, or a WHILE run that never writes it), "P16" (a guarded run
+    //! split between segments or lanes), "P17" (nan_check_on_device with no guarded optimizer); inference: "P4" (bucket lists; P5 is compile-time only, and P6/P7 are
     //! thrown as `bucket_overflow` when a request is placed).
     const std::string& rule() const noexcept { return rule_; }
     //! The stage at fault, when there is one.

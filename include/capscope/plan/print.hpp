@@ -29,11 +29,34 @@ inline std::string section_title(const plan_segment& s) {
 inline std::string segment_stages(const training_plan& plan, const training_program& program, const plan_segment& s,
                                   const char* separator, bool lanes = false) {
     std::string out;
+    const stage_guard* open = nullptr; // a guarded run in braces: "IF 'all_finite' { a b }"
     for (int k = 0; k < s.call_count; ++k) {
         if (k) out += separator;
         const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
+        if (open && !(st.guard == *open)) {
+            out += std::string("}") + separator;
+            open = nullptr;
+        }
+        if (st.guard && !open) {
+            open = &st.guard;
+            out += std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "' {" + separator;
+        }
         out += st.name;
         if (lanes && st.lane != s.lane) out += " [lane " + std::to_string(st.lane) + "]"; // a branch
+    }
+    if (open) out += std::string(separator) + "}";
+    return out;
+}
+
+//! The guards of a segment's calls, each once: "IF 'all_finite', WHILE 'again'".
+inline std::string guard_list(const training_plan& plan, const training_program& program, const plan_segment& s) {
+    std::string out;
+    const stage_guard* last = nullptr;
+    for (int k = 0; k < s.call_count; ++k) {
+        const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
+        if (st.guard && !(last && st.guard == *last))
+            out += (out.empty() ? "" : ", ") + std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "'";
+        last = st.guard ? &st.guard : nullptr;
     }
     return out;
 }
@@ -80,6 +103,8 @@ inline std::string segment_notes(const training_plan& plan, const training_progr
     for (int k = 0; k < s.call_count; ++k) // inside the segment: a call waiting for a branch of it
         if (const stage_call& c = plan.calls[std::size_t(s.first_call + k)]; c.waits.count)
             out += "  [" + stage_of(program, c).name + " waits for " + wait_list(plan, program, c.waits) + "]";
+    if (const std::string g = guard_list(plan, program, s); !g.empty())
+        out += s.graphed ? "  [conditional nodes: " + g + "]" : "  [guards read on the host: " + g + "]";
     if (s.undeclared_call >= 0)
         out += "  [own graph: '" + stage_of(program, plan.calls[std::size_t(s.undeclared_call)]).name +
                "' does not declare its buffers (stage::buffers_declared)]";
@@ -108,6 +133,7 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
                 const stage& st = stage_of(program, c);
                 const std::string where = c.microbatch >= 0 ? " (microbatch " + std::to_string(c.microbatch) + " " + std::string(phase_name(c.direction)) + ")" : "";
                 if (st.lane) out += "    " + st.name + where + ": forked onto lane " + std::to_string(st.lane) + "\n";
+                if (st.guard) out += "    " + st.name + where + ": in conditional node " + guard_word(st.guard.kind) + " '" + name_of(st.guard.predicate) + "'\n";
                 if (c.waits.count) out += "    " + st.name + where + ": waits for " + detail::wait_list(plan, program, c.waits) + "\n";
             }
             continue;
@@ -149,6 +175,7 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
         if (plan.scope.impl == graph_impl::whole_iteration) {
             label = "g0: " + std::to_string(s.call_count) + " stage calls\\n(" + std::to_string(plan.microbatches) +
                     " microbatches + optimizer)";
+            if (const std::string g = detail::guard_list(plan, program, s); !g.empty()) label += "\\n[conditional nodes: " + g + "]";
         } else {
             label = (s.graphed ? "g" + std::to_string(s.graph) + (s.shared ? " (shared)" : "") + "\\n" : std::string()) +
                     detail::segment_stages(plan, program, s, "\\n", true) + (s.lane ? "\\n[side lane " + std::to_string(s.lane) + "]" : std::string()) +

@@ -11,6 +11,7 @@
 //! Everything that cannot work is found here, before any capture (`plan_error`).
 
 #include <capscope/plan/capture_region.hpp>
+#include <capscope/plan/guards.hpp>
 #include <capscope/plan/plan_calls.hpp>
 #include <capscope/plan/plan_error.hpp>
 #include <capscope/plan/stream_order.hpp>
@@ -197,6 +198,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
         plan.graph_count = 1;
     }
     detail::check_capture_time_calls(plan, program);
+    detail::check_guards(plan, program);
     derive_stream_order(plan, program);
 #if defined(CAPSCOPE_TEST_DROP_WAITS_FROM)
     detail::drop_waits_from(plan, program, CAPSCOPE_TEST_DROP_WAITS_FROM); // a test build, broken on purpose

@@ -75,7 +75,7 @@ struct rejected<19, Config> { // N11
 template <class Config>
 struct rejected<20, Config> { // A1
     static_assert(detail::always_false<Config>,
-                  "capscope rule A1: --no-check-for-nan-in-loss-and-grad should be set with cuda_graph_impl=full_iteration (the check syncs the host inside the graph) -- fix: add --no-check-for-nan-in-loss-and-grad (no_nan_check)");
+                  "capscope rule A1: --no-check-for-nan-in-loss-and-grad should be set with cuda_graph_impl=full_iteration (the check syncs the host inside the graph) -- fix: add --no-check-for-nan-in-loss-and-grad (no_nan_check); or, in capscope's engine, check on the device (nan_check_on_device) with the optimizer guarded by the result");
 };
 template <class Config>
 struct rejected<21, Config> { // A2

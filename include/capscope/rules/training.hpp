@@ -30,9 +30,9 @@ CAPSCOPE_RULE(E1, error, training,
 CAPSCOPE_RULE(A1, error, training,
     "A full-iteration graph runs without the NaN check in loss and grad",
     "--no-check-for-nan-in-loss-and-grad should be set with cuda_graph_impl=full_iteration (the check syncs the host inside the graph)",
-    "add --no-check-for-nan-in-loss-and-grad (no_nan_check)",
+    "add --no-check-for-nan-in-loss-and-grad (no_nan_check); or, in capscope's engine, check on the device (nan_check_on_device) with the optimizer guarded by the result",
     nullptr,
-    [](const runtime_config& c) { return c.impl == graph_impl::whole_iteration && c.check_for_nan_in_loss_and_grad; });
+    [](const runtime_config& c) { return c.impl == graph_impl::whole_iteration && c.check_for_nan_in_loss_and_grad && !c.nan_check_on_device; });
 
 CAPSCOPE_RULE(A2, error, training,
     "A block inference graph with fp8 runs inference_optimized layers with the mxfp8 recipe",

@@ -17,6 +17,8 @@ struct runner_counters {
     long exec_updates = 0;       //!< executable graphs updated in place (cudaGraphExecUpdate) instead of instantiated
     long update_refusals = 0;    //!< updates CUDA refused (other topology): instantiated anew, counted in instantiations too
     long oversize_runs = 0;      //!< inference: requests past the largest bucket run eagerly
+    long conditional_nodes = 0;  //!< conditional nodes captured (a run of guarded stages each)
+    long guard_reads = 0;        //!< eager: a guard's flag read on the host (once per IF, once per WHILE pass and at its end)
     friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
 };
 

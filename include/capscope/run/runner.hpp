@@ -55,7 +55,8 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
         const stage& st = stage_of(program, c);
         std::span<const derived_wait> waits;
         if constexpr (requires { plan.waits_of(c.waits); }) waits = plan.waits_of(c.waits); // inference plans have no lanes
-        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only});
+        calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only,
+                         st.guard ? &st.guard : nullptr});
     }
     return calls;
 }
@@ -179,6 +180,7 @@ private:
     static const training_program& checked(const training_program& p) {
         if constexpr (sizeof...(Layers) > 0) match_schemas(layer_schemas<Layers...>{}, p);
         if (!p.microbatches.empty()) check_model_facts(Config::normalized, p.microbatches.front());
+        if constexpr (Config::normalized.nan_check_on_device) detail::require_guarded_optimizer(p); // P17
         return p;
     }
 

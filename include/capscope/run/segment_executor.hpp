@@ -22,9 +22,11 @@
 //! the streams usable, and CUDA's last-error state keeps errors that are not the capture's.
 
 #include <capscope/config/engine_options.hpp>
+#include <capscope/cuda/conditional.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/stream.hpp>
 #include <capscope/plan/plan_calls.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
@@ -34,6 +36,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -62,7 +65,13 @@ struct bound_call {
     int record = -1;
     std::span<const stream_handle> forks_to;
     bool capture_only = false; //!< run while capturing only (stage::capture_only)
+    const stage_guard* guard = nullptr; //!< its stage's guard, or null when unguarded
 };
+
+//! Whether calls `a` and `b` belong to one guarded run (one conditional node).
+inline bool same_guarded_run(const bound_call& a, const bound_call& b) {
+    return a.guard && b.guard && *a.guard == *b.guard && a.lane == b.lane;
+}
 
 //! Clears the scratch pool's side-lane mark however the call it brackets ends.
 class side_lane_mark {
@@ -235,24 +244,83 @@ private:
     //! plan's event after it. `running` is the call running (for failure messages).
     void execute(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running, bool capturing) {
         forked_here_ = 0;
-        for (std::size_t i = 0; i < calls.size(); ++i) {
-            running = int(i);
+        for (std::size_t i = 0; i < calls.size();) {
             const detail::bound_call& c = calls[i];
-            scope_label label(c.name);
             cudaStream_t on = origin;
             if (c.lane != origin_lane) {
                 on = lanes_.fork(c.lane, origin);
                 forked_here_ |= std::uint32_t{1} << c.lane;
             }
-            wait(c.waits, on);
-            if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
-                const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
-                c.fn(on);
+#if defined(CAPSCOPE_TEST_IGNORE_GUARDS) // a test build, broken on purpose: every guarded stage runs once, unconditionally
+            constexpr bool guards_on = false;
+#else
+            constexpr bool guards_on = true;
+#endif
+            if (guards_on && c.guard) {
+                std::size_t end = i + 1;
+                while (end < calls.size() && detail::same_guarded_run(c, calls[end])) ++end;
+                execute_guarded(calls.subspan(i, end - i), i, on, running, capturing);
+                i = end;
+                continue;
             }
+            running = int(i);
+            scope_label label(c.name);
+            wait(c.waits, on);
+            call(c, on, capturing);
             record(c.record, on);
+            ++i;
         }
         if (forked_here_) lanes_.join(origin, forked_here_);
         forked_here_ = 0;
+    }
+
+    void call(const detail::bound_call& c, cudaStream_t on, bool capturing) {
+        if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
+            const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
+            c.fn(on);
+        }
+    }
+
+    //! A run of calls under one guard, on stream `on`: captured, one conditional node whose body
+    //! is the calls (on a stream of its own); eager, the flag read on the host, taking the same
+    //! decision. The run's waits are made before it and its events recorded after it, outside
+    //! the node (a body may not wait for work outside it).
+    void execute_guarded(std::span<const detail::bound_call> run, std::size_t first, cudaStream_t on, int& running, bool capturing) {
+        const stage_guard& guard = *run.front().guard;
+        running = int(first);
+        for (const detail::bound_call& c : run) wait(c.waits, on);
+        auto body = [&](cudaStream_t s) {
+            for (std::size_t k = 0; k < run.size(); ++k) {
+                running = int(first + k);
+                scope_label label(run[k].name);
+                call(run[k], s, capturing);
+            }
+        };
+        if (capturing) {
+            if (!body_stream_) body_stream_.emplace();
+            scope_label label(run.front().name);
+            cuda::conditional_node node(on, body_stream_->get(),
+                                        guard.kind == guard_kind::while_holds ? cuda::conditional_kind::while_holds : cuda::conditional_kind::if_holds,
+                                        guard.flag(), detail::cuda_capture_mode(mode_));
+            body(body_stream_->get());
+            node.close();
+            detail::count_one(counters_.conditional_nodes);
+        } else {
+            while (holds(guard, on)) {
+                body(on);
+                if (guard.kind != guard_kind::while_holds) break;
+            }
+        }
+        for (const detail::bound_call& c : run) record(c.record, on);
+    }
+
+    //! Eager: the guard's flag, read on the host once the work before it on `on` is done.
+    bool holds(const stage_guard& guard, cudaStream_t on) {
+        int value = 0;
+        CAPSCOPE_CHECK(cudaMemcpyAsync(&value, guard.flag(), sizeof value, cudaMemcpyDeviceToHost, on));
+        CAPSCOPE_CHECK(cudaStreamSynchronize(on));
+        detail::count_one(counters_.guard_reads);
+        return value != 0;
     }
 
     //! Ends a capture that a call left by an exception: joins each stream it may have reached
@@ -290,6 +358,7 @@ private:
     template <class F>
     void for_each_side_stream(std::span<const detail::bound_call> calls, F&& f) noexcept {
         lanes_.for_each_stream(f);
+        if (body_stream_) f(body_stream_->get());
         for (const detail::bound_call& c : calls)
             for (stream_handle s : c.forks_to) f(s);
     }
@@ -315,6 +384,7 @@ private:
     runner_counters counters_;
     std::string last_failure_;
     std::uint32_t forked_here_ = 0; //!< lanes forked by the execution in progress
+    std::optional<cuda::stream> body_stream_; //!< captures conditional nodes' bodies (created at the first)
     cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;
 };
 

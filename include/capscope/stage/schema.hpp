@@ -107,6 +107,35 @@ struct makes_named {
     static constexpr void apply(stage_facts& f) { (f.makes.insert(Names.view()), ...); }
 };
 
+//! Where a guarded stage's flag is written: by an earlier stage of its layer (`writes_flags<...>`
+//! says which), or before the layer runs (step_begin, an earlier layer), where the schema cannot
+//! see it.
+enum class flag_writer { this_layer, before_layer };
+namespace detail {
+constexpr void apply_guard(stage_facts& f, guard_kind kind, std::string_view flag, flag_writer writer) {
+    f.guarded = kind;
+    f.guard_flag = flag;
+    f.guard_flag_written_before = writer == flag_writer::before_layer;
+}
+} // namespace detail
+//! The stage runs only when the guard flag `Flag` holds (IF; capscope/stage/stage_guard.hpp);
+//! the bound stage's `guard` is `run_if` of a tensor named `Flag`. (Structs, not aliases of one
+//! template: nvcc's front end loses string arguments passed through an alias.)
+template <detail::fixed_string Flag, flag_writer Writer = flag_writer::this_layer>
+struct run_if_holds {
+    static constexpr void apply(stage_facts& f) { detail::apply_guard(f, guard_kind::if_holds, Flag.view(), Writer); }
+};
+//! The stage runs again and again while the guard flag `Flag` holds (WHILE).
+template <detail::fixed_string Flag, flag_writer Writer = flag_writer::this_layer>
+struct run_while_holds {
+    static constexpr void apply(stage_facts& f) { detail::apply_guard(f, guard_kind::while_holds, Flag.view(), Writer); }
+};
+//! The stage writes these guard flags.
+template <detail::fixed_string... Flags>
+struct writes_flags {
+    static constexpr void apply(stage_facts& f) { (f.flags_written.insert(Flags.view()), ...); }
+};
+
 namespace detail {
 template <class P>
 concept stage_property = requires(stage_facts& f) { P::apply(f); };
@@ -124,7 +153,8 @@ struct stage_decl {
     static_assert(sizeof(Regions) > 0); // checks the regions where the schema is named
     static_assert((detail::stage_property<Properties> && ...),
                   "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
-                  "on_lane<k>, saves<offload_module...>, makes<offload_module...>, saves_named<\"...\"> and makes_named<\"...\">");
+                  "on_lane<k>, saves<offload_module...>, makes<offload_module...>, saves_named<\"...\">, makes_named<\"...\">, "
+                  "run_if_holds<\"flag\">, run_while_holds<\"flag\"> and writes_flags<\"...\">");
     static_assert(std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind> || requires { Kind.view(); },
                   "capscope::stage_decl<kind, ...>: the kind is a stage_kind (stage_kind::attention, ...) or a trainer's own, "
                   "capscope::kind<\"name\">");

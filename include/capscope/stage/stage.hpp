@@ -21,6 +21,7 @@
 #include <capscope/vocabulary/region.hpp>
 #include <capscope/stage/saved_tensor.hpp>
 #include <capscope/stage/scope_label.hpp>
+#include <capscope/stage/stage_guard.hpp>
 #include <capscope/stage/stage_kind.hpp>
 #include <capscope/stage/stream_fn.hpp>
 #include <capscope/stage/tensor_ref.hpp>
@@ -56,6 +57,16 @@ struct stage_facts {
     //! Module inputs this stage writes that a later stage of its layer keeps (e.g. attention
     //! writes the pre-MLP norm's input, which the MLP keeps).
     offload_name_set makes;
+    //! Runs only while a device flag holds (capscope/stage/stage_guard.hpp): a conditional node
+    //! when captured; `guard_flag` names the flag.
+    guard_kind guarded = guard_kind::none;
+    std::string_view guard_flag;
+    //! A layer schema's guarded stage whose flag a stage before the layer writes (step_begin, an
+    //! earlier layer), where the schema cannot see it (`flag_writer::before_layer`).
+    bool guard_flag_written_before = false;
+    //! Guard flags this stage writes (a layer schema's `writes_flags<...>`; at run time the plan
+    //! reads what a stage writes from its declared outputs instead).
+    region_set flags_written;
 
     constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data && !passes_host_values; }
     friend constexpr bool operator==(const stage_facts&, const stage_facts&) = default;
@@ -75,6 +86,8 @@ struct stage {
     int lane = 0;                    //!< see stage_facts
     bool branch = false;             //!< see stage_facts
     offload_name_set makes;          //!< see stage_facts
+    //! Runs only when (or while) a device flag holds: `run_if(flag)`, `run_while(flag)`.
+    stage_guard guard;
     stream_fn forward;               //!< empty for backward-only work (a gradient reduction)
     stream_fn backward;              //!< empty for forward-only work (optimizer step, zeroing, a frozen layer)
     std::vector<tensor_ref> inputs;  //!< read by forward (and by backward)
@@ -109,13 +122,15 @@ struct stage {
     stage_facts facts() const {
         offload_name_set kept;
         for (const saved_tensor& t : saves) kept.insert(t.module);
-        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, branch, kept, makes};
+        return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, branch, kept, makes, guard.kind,
+                guard ? std::string_view(guard.predicate.name) : std::string_view(), false, {}};
     }
     //! Same work on the same declared buffers: a graph captured from one replays the other. False
     //! when either stage leaves its buffers undeclared.
     bool same_binding(const stage& o) const {
         return buffers_declared && o.buffers_declared && forward == o.forward && backward == o.backward && inputs == o.inputs &&
-               outputs == o.outputs && backward_inputs == o.backward_inputs && backward_outputs == o.backward_outputs && saves == o.saves;
+               outputs == o.outputs && backward_inputs == o.backward_inputs && backward_outputs == o.backward_outputs && saves == o.saves &&
+               guard == o.guard;
     }
 };
 

@@ -106,6 +106,10 @@ struct runtime_config {
     // --- training loop -------------------------------------------------------------
     int cpu_offloading_num_layers = 0;             //!< layer-level CPU offloading when > 0
     bool check_for_nan_in_loss_and_grad = true;
+    //! capscope's engine only (no Megatron flag): the check runs on the device, and the optimizer
+    //! is a guarded stage that runs only when loss and gradients are finite, so it composes with
+    //! a whole-iteration graph (rule A1 does not apply). `nan_check_on_device` sets it.
+    bool nan_check_on_device = false;
     int inference_batch_times_seqlen_threshold = -1;
     int inference_dynamic_batching_num_cuda_graphs = 16;
     transformer_impl transformer = transformer_impl::transformer_engine;

@@ -40,6 +40,11 @@ struct model_config {
     //! random numbers come from a counter-based generator whose seed and offset live in device
     //! memory, so a captured step draws new masks on every replay.
     float hidden_dropout = 0.f;
+    //! Check loss and gradients for inf and NaN on the device before each optimizer step, and
+    //! skip the step when one is found (capscope's nan_check_on_device): `training_program()` then
+    //! has a `check_finite` stage that writes the flag `all_finite`, and the optimizer is guarded by
+    //! it (capscope::run_if), a conditional node when captured.
+    bool check_finite_on_device = false;
 
     int tokens() const { return seq_len * batch; }
     int head_dim() const { return hidden / heads; }

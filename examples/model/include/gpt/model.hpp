@@ -90,6 +90,11 @@ public:
     const model_config& config() const { return cfg_; }
     parameter_store<T>& parameters() { return params_; }
     const parameter_store<T>& parameters() const { return params_; }
+    //! Optimizer steps skipped so far because loss or gradients were not finite (with
+    //! model_config::check_finite_on_device; 0 without). Synchronizes `s`.
+    int skipped_steps(cudaStream_t s) const;
+    //! The finite check's flag (an int: 1 when the last check found loss and gradients finite).
+    capscope::tensor_ref all_finite() const { return {"all_finite", all_finite_.data(), all_finite_.bytes()}; }
     //! The dense MLPs' last dropout masks (1 = kept), [tokens, hidden] each; empty without dropout.
     std::vector<const unsigned char*> dropout_masks() const;
     //! The dropout generator's state now (seed, and the offset every dropout call advances). Synchronizes `s`.
@@ -114,6 +119,7 @@ private:
     void head_forward(cudaStream_t s, int mb);
     void head_backward(cudaStream_t s, int mb);
     void zero_grad_stage(cudaStream_t s) { zero_grad(s); }
+    void check_finite_stage(cudaStream_t s);
 
     model_config cfg_;
     capscope::cuda::blas_handle blas_;
@@ -124,6 +130,7 @@ private:
     typename parameter_store<T>::id tok_emb_, pos_emb_, final_norm_, head_w_;
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;
+    capscope::cuda::device_buffer<int> all_finite_, skipped_steps_; //!< the finite check's flag and count
     capscope::cuda::device_buffer<rng_state> rng_; //!< dropout's generator (seed, offset), in device memory
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_, d_logits_, d_final_normed_, d_last_;
     capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_, hyperparameters_;

@@ -2,6 +2,7 @@
 
 #include "common.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
@@ -107,7 +108,40 @@ __global__ void adamw_k(float* master, T* param, const float* grad, float* m, fl
     param[i] = from_f<T>(w);
 }
 
+// ---- the finite check ---------------------------------------------------------------------
+__global__ void set_int_k(int* x, int value) { *x = value; }
+// A float is finite when its exponent bits are not all ones; OR-ing the "all ones" tests of 16
+// bytes at a time keeps the pass at the memory's rate (it reads every gradient once).
+__device__ __forceinline__ bool not_finite_bits(unsigned u) { return (u & 0x7f800000u) == 0x7f800000u; }
+__global__ void clear_unless_finite_k(const float* x, long n, int* flag) {
+    bool bad = false;
+    const long stride = long(gridDim.x) * blockDim.x, first = blockIdx.x * long(blockDim.x) + threadIdx.x;
+    const long n4 = reinterpret_cast<std::uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    for (long i = first; i < n4; i += stride) {
+        const uint4 v = x4[i];
+        bad = bad || not_finite_bits(v.x) || not_finite_bits(v.y) || not_finite_bits(v.z) || not_finite_bits(v.w);
+    }
+    for (long i = 4 * n4 + first; i < n; i += stride) bad = bad || not_finite_bits(__float_as_uint(x[i]));
+    if (bad) *flag = 0;
+}
+__global__ void count_if_cleared_k(const int* flag, int* count) { *count += *flag == 0; }
+
 } // namespace
+
+void set_int(int* x, int value, cudaStream_t s) {
+    set_int_k<<<1, 1, 0, s>>>(x, value);
+    CHECKED("set_int");
+}
+void clear_unless_finite(const float* x, long n, int* flag, cudaStream_t s) {
+    const int grid = int(std::min<long>(blocks_for((n + 3) / 4, elt_threads), 2048)); // grid-stride: a few waves at most
+    clear_unless_finite_k<<<grid, elt_threads, 0, s>>>(x, n, flag);
+    CHECKED("clear_unless_finite");
+}
+void count_if_cleared(const int* flag, int* count, cudaStream_t s) {
+    count_if_cleared_k<<<1, 1, 0, s>>>(flag, count);
+    CHECKED("count_if_cleared");
+}
 
 template <class T> void cast_from_float(const float* in, T* out, long n, cudaStream_t s) {
     if (n == 0) return;

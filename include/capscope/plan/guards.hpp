@@ -1,0 +1,110 @@
+#pragma once
+//! @file
+//! The plan's checks of guarded stages (capscope/stage/stage_guard.hpp), before any capture:
+//! - P14: a guarded stage runs inside a conditional graph node when captured, where the host
+//!   cannot act: it may not synchronize with the host, launch data-dependent shapes or pass host
+//!   values at launch (the same facts that keep a stage out of any graph).
+//! - P15: the flag is written before it is read: some earlier call of the step writes it (in
+//!   the same graph or an earlier one), and the calls of a WHILE run write it too, or the loop
+//!   could never end. "Writes" is what the calls declare (capscope/plan/access.hpp).
+//! - P16: a run of consecutive stages under one guard becomes one conditional node: it lies in
+//!   one segment and on one lane.
+//! - P17: a config with `nan_check_on_device` has its optimizer guarded (the runner checks).
+
+#include <capscope/plan/access.hpp>
+#include <capscope/plan/plan_calls.hpp>
+#include <capscope/plan/plan_error.hpp>
+
+#include <string>
+
+namespace capscope::detail {
+
+inline bool writes_flag(const call_access& a, const tensor_ref& flag) {
+    if (a.everything) return true; // undeclared: may write anything
+    for (const tensor_ref& w : a.writes)
+        if (overlaps(w, flag)) return true;
+    return false;
+}
+
+inline const char* not_capturable_words(const stage& s) {
+    if (s.synchronizes_with_host) return "synchronizes with the host";
+    if (s.shapes_depend_on_data) return "launches shapes that depend on data";
+    return "passes host values to its kernels at launch";
+}
+
+inline void check_guards(const training_plan& plan, const training_program& program) {
+    std::vector<int> segment_of(plan.calls.size(), -1);
+    for (std::size_t g = 0; g < plan.segments.size(); ++g)
+        for (int k = 0; k < plan.segments[g].call_count; ++k) segment_of[std::size_t(plan.segments[g].first_call + k)] = int(g);
+    auto access = [&](std::size_t i) {
+        const stage_call& c = plan.calls[i];
+        return access_of(stage_of(program, c), c.direction, c.part, program);
+    };
+    auto same_list = [](const stage_call& a, const stage_call& b) {
+        return a.part == b.part && a.microbatch == b.microbatch && a.direction == b.direction;
+    };
+    for (std::size_t i = 0; i < plan.calls.size();) {
+        const stage& first = stage_of(program, plan.calls[i]);
+        if (!first.guard) {
+            ++i;
+            continue;
+        }
+        // The run: consecutive calls of one list under the same guard.
+        std::size_t end = i + 1;
+        while (end < plan.calls.size() && same_list(plan.calls[i], plan.calls[end]) && stage_of(program, plan.calls[end]).guard == first.guard) ++end;
+        const stage_guard& guard = first.guard;
+        const std::string flag = name_of(guard.predicate);
+        if (!guard.predicate.data || guard.predicate.bytes < sizeof(int))
+            throw plan_error("P15", first.name, "the guard of stage '" + first.name + "' has no flag ('" + flag + "' is " +
+                                                    (guard.predicate.data ? std::to_string(guard.predicate.bytes) + " bytes" : std::string("null")) + ")",
+                             "give run_if/run_while the int in device memory a kernel writes, as a tensor_ref of 4 bytes");
+        bool body_writes = false;
+        for (std::size_t k = i; k < end; ++k) {
+            const stage& s = stage_of(program, plan.calls[k]);
+            if (!s.capturable())
+                throw plan_error("P14", s.name,
+                                 "guarded stage '" + s.name + "' " + not_capturable_words(s) + ", but guarded stages run inside a conditional graph node "
+                                 "(" + guard_word(guard.kind) + " '" + flag + "') when captured, where the host cannot act",
+                                 "keep the guarded work on the device (values in device memory, shapes fixed), or move the host work out of the "
+                                 "guarded stages");
+            if (segment_of[k] != segment_of[i])
+                throw plan_error("P16", s.name,
+                                 "the stages guarded by " + std::string(guard_word(guard.kind)) + " '" + flag + "' from '" + first.name + "' to '" + s.name +
+                                     "' fall in two segments (a graph boundary or an eager island lies between them), so they cannot be one conditional node",
+                                 "put them in one capture region (the same layer, or step_begin/step_end), or give each part its own flag");
+            if (s.lane != first.lane)
+                throw plan_error("P16", s.name,
+                                 "the stages guarded by " + std::string(guard_word(guard.kind)) + " '" + flag + "' run on lanes " + std::to_string(first.lane) +
+                                     " ('" + first.name + "') and " + std::to_string(s.lane) + " ('" + s.name + "'), so they cannot be one conditional node",
+                                 "put a guarded run's stages on one lane");
+            body_writes = body_writes || writes_flag(access(k), guard.predicate);
+        }
+        bool written_before = false;
+        for (std::size_t k = 0; k < i && !written_before; ++k) written_before = writes_flag(access(k), guard.predicate);
+        if (!written_before)
+            throw plan_error("P15", first.name,
+                             "stage '" + first.name + "' is guarded by " + guard_word(guard.kind) + " '" + flag + "', which no earlier call of the step writes, "
+                             "so the condition would be whatever a previous step left",
+                             "write the flag in a stage that runs before '" + first.name + "' and declare it in that stage's outputs");
+        if (guard.kind == guard_kind::while_holds && !body_writes)
+            throw plan_error("P15", first.name,
+                             "the stages guarded by WHILE '" + flag + "' (from '" + first.name + "') never write it, so the loop would never end once it holds",
+                             "have the last guarded stage write the flag (and declare it in its outputs)");
+        i = end;
+    }
+}
+
+//! P17: a config that checks loss and gradients on the device (`nan_check_on_device`) has a
+//! program whose optimizer is guarded by the check's flag; otherwise the check would change
+//! nothing, silently.
+inline void require_guarded_optimizer(const training_program& p) {
+    for (const stage& s : p.step_end)
+        if (s.kind == stage_kind_id{stage_kind::optimizer} && s.guard.kind == guard_kind::if_holds) return;
+    throw plan_error("P17", "",
+                     "the config checks loss and gradients on the device (nan_check_on_device), but no optimizer stage of step_end "
+                     "(stage_kind::optimizer) is guarded by run_if, so a step with an inf or a NaN would still update the weights",
+                     "guard the optimizer with run_if(flag), the flag written by a finite check of loss and gradients before it (the "
+                     "example model: model_config::check_finite_on_device), or drop nan_check_on_device");
+}
+
+} // namespace capscope::detail

@@ -1,0 +1,249 @@
+// Guarded stages on the GPU (capscope/stage/stage_guard.hpp): an optimizer that runs only when
+// its flag holds (IF), and a loop inside layer 1 that runs as many passes as a device counter
+// says (WHILE). Captured, each run of guarded stages is a conditional node; eager, the runner
+// reads the flag on the host. Every impl must give the values worked out below, step by step,
+// which are the eager ones; integer kernels, so any difference is a wrong decision.
+
+#include "engine_kernels.hpp"
+#include "support.hpp"
+
+#include <gpt/model.hpp>
+
+#include <capscope/capscope.hpp>
+#include <capscope/cuda/stream.hpp>
+#include <capscope/engine.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+using namespace capscope;
+namespace k = engine_kernels;
+
+namespace {
+
+constexpr int n = 1024;
+using ints = cuda::device_buffer<int>;
+tensor_ref ref(const char* name, const ints& b) { return {name, b.data(), b.bytes()}; }
+
+stage make_stage(std::string name, int layer, stream_fn fwd, stream_fn bwd) {
+    stage st;
+    st.name = std::move(name);
+    st.layer = layer;
+    st.forward = fwd;
+    st.backward = bwd;
+    st.buffers_declared = true;
+    return st;
+}
+
+//! step j (counted from 1 on the device): layer l's forward writes act = j + l, its backward
+//! grad = 2 act. step_end: `check` sets all_finite = (j % 3 != 0) (every third step "overflows"),
+//! and the optimizer, guarded by it, adds grad0 + grad1 = 4 j + 2 into w. Inside layer 1's
+//! forward, `loop.start` sets remaining = j % 4 and again = remaining > 0, and `loop.pass`,
+//! guarded by WHILE again, counts passes until remaining is 0.
+struct guarded_model {
+    ints counter{1}, w{n}, all_finite{1}, remaining{1}, again{1}, passes{1};
+    ints act[2] = {ints(n), ints(n)}, grad[2] = {ints(n), ints(n)};
+    struct layer_fns {
+        guarded_model* m;
+        int l;
+        void forward(cudaStream_t s) { k::fill_from(m->act[l].data(), m->counter.data(), l, n, s); }
+        void backward(cudaStream_t s) { k::scale(m->grad[l].data(), m->act[l].data(), 2, n, s); }
+    } fns[2] = {{this, 0}, {this, 1}};
+    void advance(cudaStream_t s) { k::add_one(counter.data(), s); }
+    void check(cudaStream_t s) { k::flag_unless_multiple(all_finite.data(), counter.data(), 3, s); }
+    void optimizer(cudaStream_t s) {
+        k::add(w.data(), w.data(), grad[0].data(), n, s);
+        k::add(w.data(), w.data(), grad[1].data(), n, s);
+    }
+    void loop_start(cudaStream_t s) { k::start_countdown(remaining.data(), again.data(), counter.data(), 4, s); }
+    void loop_pass(cudaStream_t s) { k::count_down(remaining.data(), again.data(), passes.data(), s); }
+
+    training_program program() {
+        training_program p;
+        p.step_begin.push_back(make_stage("advance", -1, stream_fn::of<&guarded_model::advance>(this), {}));
+        p.step_begin.back().outputs = {ref("counter", counter)};
+        p.microbatches.emplace_back();
+        for (int l = 0; l < 2; ++l) {
+            const std::string name = "layer" + std::to_string(l);
+            stage work = make_stage(name + ".work", l, stream_fn::of<&layer_fns::forward>(&fns[l]), stream_fn::of<&layer_fns::backward>(&fns[l]));
+            work.inputs = {ref("counter", counter)};
+            work.outputs = {ref("act", act[l])};
+            work.backward_outputs = {ref("grad", grad[l])};
+            p.microbatches[0].push_back(std::move(work));
+        }
+        stage start = make_stage("layer1.loop.start", 1, stream_fn::of<&guarded_model::loop_start>(this), {});
+        start.inputs = {ref("counter", counter)};
+        start.outputs = {ref("remaining", remaining), ref("again", again)};
+        p.microbatches[0].push_back(std::move(start));
+        stage pass = make_stage("layer1.loop.pass", 1, stream_fn::of<&guarded_model::loop_pass>(this), {});
+        pass.outputs = {ref("remaining", remaining), ref("again", again), ref("passes", passes)};
+        pass.guard = run_while(ref("again", again));
+        p.microbatches[0].push_back(std::move(pass));
+        stage chk = make_stage("check", -1, stream_fn::of<&guarded_model::check>(this), {});
+        chk.inputs = {ref("counter", counter)};
+        chk.outputs = {ref("all_finite", all_finite)};
+        p.step_end.push_back(std::move(chk));
+        stage opt = make_stage("optimizer", -1, stream_fn::of<&guarded_model::optimizer>(this), {});
+        opt.inputs = {ref("grad0", grad[0]), ref("grad1", grad[1])};
+        opt.outputs = {ref("w", w)};
+        opt.guard = run_if(ref("all_finite", all_finite));
+        p.step_end.push_back(std::move(opt));
+        return p;
+    }
+};
+
+template <class Config>
+void check_guards(const char* name, long conditional_nodes) {
+    cuda::stream s;
+    guarded_model m;
+    for (ints* b : {&m.counter, &m.w, &m.passes}) b->fill_bytes(0, s);
+    runner<Config> r(m.program());
+    int expected_w = 0, expected_passes = 0, wrong_step = 0;
+    for (int j = 1; j <= 9; ++j) {
+        r.step(s);
+        if (j % 3 != 0) expected_w += 4 * j + 2; // the optimizer ran
+        expected_passes += j % 4;                // the loop's passes
+        const std::vector<int> w = support::download(m.w.data(), m.w.size(), s);
+        const int passes = support::download(m.passes.data(), 1, s)[0];
+        bool right = passes == expected_passes;
+        for (int x : w) right = right && x == expected_w;
+        if (!right && !wrong_step) {
+            wrong_step = j;
+            std::printf("  %s, step %d: w[0] = %d (expected %d), passes = %d (expected %d)\n", name, j, w[0], expected_w, passes, expected_passes);
+        }
+    }
+    std::printf("  guards, %-34s: %d graphs, %ld conditional nodes captured, %ld host reads of a flag, %ld replays; every step as eager: %s\n",
+                name, r.plan().graph_count, r.counters().conditional_nodes, r.counters().guard_reads, r.counters().replays,
+                wrong_step ? "NO" : "yes");
+    CHECK_MESSAGE(wrong_step == 0, name);
+    CHECK_MESSAGE(r.counters().conditional_nodes == conditional_nodes, name);
+}
+
+using lo = impl::lazy_per_layer;
+using te = impl::ahead_of_time_per_layer;
+using w1 = warmup_steps<1>;
+
+} // namespace
+
+TEST_CASE("guarded stages: IF skips the optimizer and WHILE loops inside a layer, captured as conditional nodes, as eager under every impl") {
+#if defined(CAPSCOPE_TEST_IGNORE_GUARDS)
+    std::printf("  broken on purpose: the runner ignores every guard (the guarded stages always run once)\n");
+#endif
+    check_guards<config<impl::eager>>("none (the flags read on the host)", 0);
+    // Per layer: layer 1's forward graph holds the WHILE node; step_end is eager (a host read).
+    check_guards<config<lo, modules<>, w1>>("local, whole layers", 1);
+    check_guards<config<te, modules<>, w1>>("transformer_engine, whole layers", 1);
+    // The whole step: one graph with both nodes.
+    check_guards<config<impl::whole_iteration, no_nan_check, w1>>("full_iteration", 2);
+
+    guarded_model m;
+    runner<config<impl::whole_iteration, no_nan_check, w1>> whole(m.program());
+    const std::string text = whole.plan_text();
+    std::printf("%s", text.c_str());
+    CHECK(text.find("layer1.loop.pass (microbatch 0 forward): in conditional node WHILE 'again'") != std::string::npos);
+    CHECK(text.find("optimizer: in conditional node IF 'all_finite'") != std::string::npos);
+    runner<config<lo, modules<>, w1>> local(m.program());
+    std::printf("%s", local.plan_text().c_str());
+    CHECK(local.plan_text().find("layer1.work layer1.loop.start WHILE 'again' { layer1.loop.pass }  [conditional nodes: WHILE 'again']") !=
+          std::string::npos);
+}
+
+// ---- the example model's NaN/inf check on the device (nan_check_on_device) ------------------------
+
+namespace {
+
+//! A test stage at the front of step_end (after the backward, before the check): writes +inf
+//! into the first gradient at the `at`-th step, counted on the device, so that a replayed step
+//! overflows as an eager one does.
+struct inject_inf {
+    float* grads;
+    int* counter;
+    int at;
+    void run(cudaStream_t s) { k::inf_at_count(grads, counter, at, s); }
+};
+
+struct checked_run {
+    std::vector<std::vector<float>> masters; //!< after each step
+    std::vector<float> losses;
+    int skipped = -1;
+};
+
+template <class Config, class T> checked_run run_checked(int inf_at, int steps) {
+    cuda::stream s;
+    gpt::model_config cfg = support::small_model("DEMD", gpt::moe_mode::drop_and_pad, 1.0);
+    cfg.microbatches = 2;
+    cfg.check_finite_on_device = true;
+    gpt::gpt_model<T> m(cfg, s);
+    ints counter(1);
+    counter.fill_bytes(0, s);
+    training_program p = m.training_program();
+    inject_inf inject{m.parameters().grads(), counter.data(), inf_at};
+    stage st = make_stage("inject_inf", -1, stream_fn::of<&inject_inf::run>(&inject), {});
+    st.inputs = {ref("inject.counter", counter)};
+    st.outputs = {{"grads", m.parameters().grads(), sizeof(float)}, ref("inject.counter", counter)};
+    p.step_end.insert(p.step_end.begin(), std::move(st));
+    runner<Config> r(std::move(p));
+    checked_run out;
+    for (int step = 0; step < steps; ++step) {
+        for (int mb = 0; mb < cfg.microbatches; ++mb) {
+            const auto b = support::random_batch(cfg.batch, cfg.seq_len, cfg.vocab, 500 + 10 * std::uint64_t(step) + mb);
+            m.set_batch(mb, b.tokens, b.labels, s);
+        }
+        gpt::adamw_config o;
+        o.lr = 1e-3f * float(1 + step % 3);
+        m.set_optimizer(o, s);
+        r.step(s);
+        out.losses.push_back(m.loss(s));
+        out.masters.push_back(support::download(m.parameters().masters(), m.parameters().total(), s));
+    }
+    out.skipped = m.skipped_steps(s);
+    return out;
+}
+
+template <class Config, class T> void check_finite_case(const char* name, const checked_run& eager, int inf_at) {
+    const checked_run got = run_checked<Config, T>(inf_at, int(eager.masters.size()));
+    bool same = support::same_bits(got.losses, eager.losses);
+    for (std::size_t i = 0; i < eager.masters.size(); ++i) same = same && support::same_bits(got.masters[i], eager.masters[i]);
+    const int k = inf_at - 1; // the step (from 0) whose gradients overflow
+    const bool skipped_k = support::same_bits(got.masters[std::size_t(k)], got.masters[std::size_t(k - 1)]);
+    const bool moved_after = !support::same_bits(got.masters[std::size_t(k + 1)], got.masters[std::size_t(k)]);
+    std::printf("  nan_check_on_device, %-34s: skipped steps %d; step %d left the weights as they were: %s; the next step moved them: %s; "
+                "bitwise equal to eager: %s\n",
+                name, got.skipped, k, skipped_k ? "yes" : "NO", moved_after ? "yes" : "NO", same ? "yes" : "NO");
+    CHECK_MESSAGE(got.skipped == 1, name);
+    CHECK_MESSAGE(skipped_k, name);
+    CHECK_MESSAGE(moved_after, name);
+    CHECK_MESSAGE(same, name);
+}
+
+template <class T> void check_finite_all_impls() {
+    constexpr int steps = 6, inf_at = 4; // the 4th step (index 3) overflows
+    const checked_run eager = run_checked<config<impl::eager, nan_check_on_device>, T>(inf_at, steps);
+    CHECK(eager.skipped == 1);
+    check_finite_case<config<lo, modules<>, w1, nan_check_on_device>, T>("local, whole layers", eager, inf_at);
+    check_finite_case<config<te, modules<capture::attention, capture::mlp>, w1, nan_check_on_device>, T>("transformer_engine, attn mlp", eager, inf_at);
+    // A1 refuses the whole step with Megatron's host-side check; on the device it composes.
+    check_finite_case<config<impl::whole_iteration, w1, nan_check_on_device>, T>("full_iteration", eager, inf_at);
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("nan_check_on_device: an inf at step k skips that update inside the graph, bit for bit like eager, under every impl", T,
+                   float, __nv_bfloat16) {
+    check_finite_all_impls<T>();
+}
+
+TEST_CASE("nan_check_on_device: a program whose optimizer is not guarded is refused (P17)") {
+    cuda::stream s;
+    gpt::gpt_model<float> m(support::small_model("D", gpt::moe_mode::drop_and_pad, 1.0), s); // check_finite_on_device off
+    try {
+        runner<config<impl::whole_iteration, w1, nan_check_on_device>> r(m.training_program());
+        FAIL("no error");
+    } catch (const plan_error& e) {
+        CHECK(e.rule() == "P17");
+        CHECK(std::string(e.what()).find("no optimizer stage of step_end (stage_kind::optimizer) is guarded by run_if") != std::string::npos);
+    }
+}
