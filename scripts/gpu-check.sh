@@ -34,7 +34,7 @@ if want suite; then
   meson test -C build-gpu --suite gpu --verbose --num-processes 4 >"$OUT/gpu-suite.log" 2>&1
   suite_rc=$?
   cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt"
-  grep -E "^ *(determinism|moe modes|vision padding|capture|dropless capture|drop-and-pad|dropless with|runner|plan error|fallback|scratch|transformer_engine,|full_iteration:|lanes|forked stream|rethrown|one-rank|bucket runner|inference|rebind|shared exec)" "$OUT/gpu-suite.log" | head -100
+  grep -E "^ *(determinism|moe modes|vision padding|capture|dropless capture|drop-and-pad|dropless with|runner|plan error|fallback|scratch|transformer_engine,|full_iteration:|lanes|forked stream|rethrown|one-rank|bucket runner|inference|rebind|shared exec|guards,|nan_check_on_device)" "$OUT/gpu-suite.log" | head -100
   grep -E "ERROR|FAIL|SUCCESS|Status" "$OUT/gpu-suite.log" | grep -v "^ *runner" | head -40
   grep -E "^step|^loss|^training|^counters|^step time" "$OUT/gpu-suite.log" | head -40
   tail -15 "$OUT/testlog.txt" | grep -E "Ok:|Fail:|Skipped:|Timeout:"
@@ -61,7 +61,7 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_attention test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks; do
+  for t in test_attention test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks test_guards; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
