@@ -105,3 +105,29 @@ TEST_CASE("P16: one guarded run is one conditional node: one segment, one lane")
     CHECK(contains(plan_error_text({graph_impl::whole_iteration, {}}, l.p),
                    "capscope plan rule P16: the stages guarded by IF 'all_finite' run on lanes 0 ('optimizer') and 3 ('optimizer.second')"));
 }
+
+TEST_CASE("inference plans check guarded stages too: a decode loop's flag is written in the bucket's own forward") {
+    fake::model m;
+    int flags[2] = {0, 0};
+    training_program t = m.program("D", false, 2);
+    for (int b = 0; b < 2; ++b) {
+        auto& list = t.microbatches[std::size_t(b)];
+        const tensor_ref again{"again", &flags[b], sizeof(int)};
+        list[2].guard = run_while(again); // layer0.mlp: the loop's body, which writes the flag
+        list[2].outputs.push_back(again);
+        list[1].outputs.push_back(again); // layer0.attention starts it
+    }
+    inference_program p;
+    p.buckets = t.microbatches;
+    p.bucket_sizes = {1, 4};
+    const inference_plan block = make_inference_plan(inference_scope::per_block, {}, bucket_list{1, 4}, p);
+    CHECK(contains(to_text(block, p), "WHILE 'again' {"));
+
+    p.buckets[1][1].outputs.pop_back(); // bucket 4's loop is started by nothing in its forward
+    try {
+        make_inference_plan(inference_scope::per_block, {}, bucket_list{1, 4}, p);
+        FAIL("no error");
+    } catch (const plan_error& e) {
+        CHECK(e.rule() == "P15");
+    }
+}

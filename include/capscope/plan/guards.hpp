@@ -15,7 +15,9 @@
 #include <capscope/plan/plan_calls.hpp>
 #include <capscope/plan/plan_error.hpp>
 
+#include <span>
 #include <string>
+#include <vector>
 
 namespace capscope::detail {
 
@@ -32,26 +34,27 @@ inline const char* not_capturable_words(const stage& s) {
     return "passes host values to its kernels at launch";
 }
 
-inline void check_guards(const training_plan& plan, const training_program& program) {
-    std::vector<int> segment_of(plan.calls.size(), -1);
-    for (std::size_t g = 0; g < plan.segments.size(); ++g)
-        for (int k = 0; k < plan.segments[g].call_count; ++k) segment_of[std::size_t(plan.segments[g].first_call + k)] = int(g);
-    auto access = [&](std::size_t i) {
-        const stage_call& c = plan.calls[i];
-        return access_of(stage_of(program, c), c.direction, c.part, program);
-    };
+//! The guard checks over a plan's calls and segments. `stage_at(call)` gives a call's stage,
+//! `access(call index)` what it touches, and `same_pass(a, b)` whether call a runs before call b
+//! in one pass (a training step; an inference bucket's forward).
+template <class StageAt, class Access, class SamePass>
+void check_guard_runs(std::span<const stage_call> calls, std::span<const plan_segment> segments, StageAt&& stage_at, Access&& access,
+                      SamePass&& same_pass) {
+    std::vector<int> segment_of(calls.size(), -1);
+    for (std::size_t g = 0; g < segments.size(); ++g)
+        for (int k = 0; k < segments[g].call_count; ++k) segment_of[std::size_t(segments[g].first_call + k)] = int(g);
     auto same_list = [](const stage_call& a, const stage_call& b) {
         return a.part == b.part && a.microbatch == b.microbatch && a.direction == b.direction;
     };
-    for (std::size_t i = 0; i < plan.calls.size();) {
-        const stage& first = stage_of(program, plan.calls[i]);
+    for (std::size_t i = 0; i < calls.size();) {
+        const stage& first = stage_at(calls[i]);
         if (!first.guard) {
             ++i;
             continue;
         }
         // The run: consecutive calls of one list under the same guard.
         std::size_t end = i + 1;
-        while (end < plan.calls.size() && same_list(plan.calls[i], plan.calls[end]) && stage_of(program, plan.calls[end]).guard == first.guard) ++end;
+        while (end < calls.size() && same_list(calls[i], calls[end]) && stage_at(calls[end]).guard == first.guard) ++end;
         const stage_guard& guard = first.guard;
         const std::string flag = name_of(guard.predicate);
         if (!guard.predicate.data || guard.predicate.bytes < sizeof(int))
@@ -60,7 +63,7 @@ inline void check_guards(const training_plan& plan, const training_program& prog
                              "give run_if/run_while the int in device memory a kernel writes, as a tensor_ref of 4 bytes");
         bool body_writes = false;
         for (std::size_t k = i; k < end; ++k) {
-            const stage& s = stage_of(program, plan.calls[k]);
+            const stage& s = stage_at(calls[k]);
             if (!s.capturable())
                 throw plan_error("P14", s.name,
                                  "guarded stage '" + s.name + "' " + not_capturable_words(s) + ", but guarded stages run inside a conditional graph node "
@@ -80,7 +83,8 @@ inline void check_guards(const training_plan& plan, const training_program& prog
             body_writes = body_writes || writes_flag(access(k), guard.predicate);
         }
         bool written_before = false;
-        for (std::size_t k = 0; k < i && !written_before; ++k) written_before = writes_flag(access(k), guard.predicate);
+        for (std::size_t k = 0; k < i && !written_before; ++k)
+            written_before = same_pass(calls[k], calls[i]) && writes_flag(access(k), guard.predicate);
         if (!written_before)
             throw plan_error("P15", first.name,
                              "stage '" + first.name + "' is guarded by " + guard_word(guard.kind) + " '" + flag + "', which no earlier call of the step writes, "
@@ -92,6 +96,16 @@ inline void check_guards(const training_plan& plan, const training_program& prog
                              "have the last guarded stage write the flag (and declare it in its outputs)");
         i = end;
     }
+}
+
+inline void check_guards(const training_plan& plan, const training_program& program) {
+    check_guard_runs(
+        plan.calls, plan.segments, [&](const stage_call& c) -> const stage& { return stage_of(program, c); },
+        [&](std::size_t i) {
+            const stage_call& c = plan.calls[i];
+            return access_of(stage_of(program, c), c.direction, c.part, program);
+        },
+        [](const stage_call&, const stage_call&) { return true; });
 }
 
 //! P17: a config that checks loss and gradients on the device (`nan_check_on_device`) has a

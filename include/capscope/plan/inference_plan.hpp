@@ -111,7 +111,7 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
 }
 } // namespace detail
 
-//! Plans every bucket's forward; throws `plan_error` (P1-P4, P8) when the program cannot run so.
+//! Plans every bucket's forward; throws `plan_error` (P1-P4, P8, and P14-P16 for guarded stages) when the program cannot run so.
 inline inference_plan make_inference_plan(inference_scope scope, const region_set& modules, const bucket_list& sizes,
                                           const inference_program& program) {
     inference_plan plan;
@@ -139,6 +139,13 @@ inline inference_plan make_inference_plan(inference_scope scope, const region_se
         }
         plan.graphs_per_bucket = graph;
     }
+    // Guarded stages (P14-P16): a bucket's forward is one pass, so its flags are written in it.
+    const training_program no_layers; // an inference stage touches what it declares
+    auto stage_at = [&](const stage_call& c) -> const stage& { return program.buckets[std::size_t(c.microbatch)][std::size_t(c.stage)]; };
+    detail::check_guard_runs(
+        plan.calls, plan.segments, stage_at,
+        [&](std::size_t i) { return access_of(stage_at(plan.calls[i]), phase::forward, step_part::microbatch, no_layers); },
+        [](const stage_call& a, const stage_call& b) { return a.microbatch == b.microbatch; });
     return plan;
 }
 
@@ -156,9 +163,18 @@ inline std::string to_text(const inference_plan& plan, const inference_program& 
                       (plan.eager_islands_per_run() == 1 ? "" : "s") + "\n";
     for (const plan_segment* s = plan.bucket_begin(0); s != plan.bucket_end(0); ++s) {
         out += s->graphed ? "  g" + std::to_string(s->graph) + "  graph  " : std::string("      eager  ");
-        for (int k = 0; k < s->call_count; ++k)
-            out += (k ? ", " : "") + stage_of(program, plan.calls[std::size_t(s->first_call + k)]).name;
-        out += "\n";
+        const stage_guard* open = nullptr; // a guarded run in braces: "WHILE 'again' { decode }"
+        for (int k = 0; k < s->call_count; ++k) {
+            const stage& st = stage_of(program, plan.calls[std::size_t(s->first_call + k)]);
+            if (open && !(st.guard == *open)) out += " }", open = nullptr;
+            out += k ? ", " : "";
+            if (st.guard && !open) {
+                open = &st.guard;
+                out += std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "' { ";
+            }
+            out += st.name;
+        }
+        out += open ? " }\n" : "\n";
     }
     return out;
 }
