@@ -22,5 +22,5 @@ if [[ " ${targets[*]} " == *" 10_custom_trainer "* ]]; then
   echo '$ build/examples/10_custom_trainer   # captured vs eager, bit for bit'
   build/examples/10_custom_trainer | grep -E '^==|bitwise equal|^every run|FAIL'
 else
-  echo "no GPU here: the capture tutorials (examples/02-11) build with nvcc and run on a machine with one"
+  echo "no GPU here: the capture tutorials (examples/02-12) build with nvcc and run on a machine with one"
 fi

@@ -49,7 +49,8 @@ if want tutorials; then
     build-gpu/examples/03_partial_capture --dot /tmp/plans/03_partial_capture.dot &&
     build-gpu/examples/04_moe_capture --dot /tmp/plans/04_moe_drop_and_pad.dot --dot /tmp/plans/04_moe_dropless.dot &&
     build-gpu/examples/05_full_iteration --dot /tmp/plans/05_full_iteration.dot &&
-    build-gpu/examples/09_activation_offload --dot /tmp/plans/09_activation_offload.dot
+    build-gpu/examples/09_activation_offload --dot /tmp/plans/09_activation_offload.dot &&
+    build-gpu/examples/12_nan_check --dot /tmp/plans/12_nan_check.dot
   } >"$OUT/tutorials.log" 2>&1
   trc=$?
   if command -v dot >/dev/null; then for d in /tmp/plans/*.dot; do dot -Tsvg "$d" -o "${d%.dot}.svg"; done; fi

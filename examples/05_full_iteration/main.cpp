@@ -23,7 +23,8 @@
 
 using namespace capscope;
 
-// full_iteration needs the NaN check off (rule A1: it would synchronize inside the graph).
+// full_iteration needs Megatron's NaN check off (rule A1: it would synchronize inside the graph);
+// tutorial 12 keeps a check on the device instead (nan_check_on_device).
 using whole_step = config<impl::whole_iteration, no_nan_check, model<experts<4>, moe_pattern<0, 1, 0, 0>, capacity_factor<1.5>, pad_to_capacity>>;
 
 //! Linear warmup over 20 steps, then cosine decay to 10% at step 300.
