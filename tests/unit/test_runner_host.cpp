@@ -81,6 +81,10 @@ TEST_CASE("the runner counts what it ran, and its counters saturate instead of w
     detail::count_one(almost);
     detail::count_one(almost);
     CHECK(almost == std::numeric_limits<long>::max());
+    long total = std::numeric_limits<long>::max() - 5, longest = 3;
+    detail::add_time(total, longest, 7); // start-up times saturate too, and keep the longest
+    CHECK(total == std::numeric_limits<long>::max());
+    CHECK(longest == 7);
 }
 
 TEST_CASE("nan_check_on_device needs the optimizer guarded by the check's flag (P17); guarded, the runner is made") {

@@ -19,6 +19,11 @@ struct runner_counters {
     long oversize_runs = 0;      //!< inference: requests past the largest bucket run eagerly
     long conditional_nodes = 0;  //!< conditional nodes captured (a run of guarded stages each)
     long guard_reads = 0;        //!< eager: a guard's flag read on the host (once per IF, once per WHILE pass and at its end)
+    // Start-up, in host microseconds (set-up only: never on the replay path).
+    long capture_us = 0;             //!< capturing segments into graphs, all of them
+    long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them
+    long longest_capture_us = 0;     //!< the longest single capture
+    long longest_instantiate_us = 0; //!< the longest single instantiation or update
     friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
 };
 
@@ -26,6 +31,11 @@ namespace detail {
 //! Adds one, saturating.
 constexpr void count_one(long& counter) noexcept {
     if (counter < std::numeric_limits<long>::max()) ++counter;
+}
+//! Adds `us` to `total` (saturating) and keeps the longest in `longest`.
+constexpr void add_time(long& total, long& longest, long us) noexcept {
+    total = total > std::numeric_limits<long>::max() - us ? std::numeric_limits<long>::max() : total + us;
+    if (us > longest) longest = us;
 }
 } // namespace detail
 

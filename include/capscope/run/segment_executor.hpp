@@ -34,6 +34,7 @@
 #include <capscope/run/scratch.hpp>
 #include <capscope/stage/stage.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -100,6 +101,10 @@ constexpr bool is_capture_rule_code(int code) {
     }
 }
 
+inline long microseconds_since(std::chrono::steady_clock::time_point t) {
+    return long(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t).count());
+}
+
 //! A failing clean-up call set CUDA's last error; it is ours, so clear it.
 inline void clear_own(cudaError_t e) noexcept {
     if (e != cudaSuccess) (void)cudaGetLastError();
@@ -143,6 +148,7 @@ public:
     cuda::graph capture(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, Describe&& describe) {
         int running = -1;
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        const auto started = std::chrono::steady_clock::now();
         try {
             scratch_.reserve_arena();
             scratch_.begin_segment(true);
@@ -165,6 +171,7 @@ public:
             cuda::graph g(captured);
             scratch_.end_segment(calls.front().name);
             detail::count_one(counters_.captures);
+            detail::add_time(counters_.capture_us, counters_.longest_capture_us, detail::microseconds_since(started));
             return g;
         } catch (const std::exception& e) {
             scratch_.begin_segment(false); // forget the failed segment's scratch
@@ -191,11 +198,13 @@ public:
     //! next use instantiates it again.
     void apply(cuda::graph_exec& exec, const cuda::graph& g, std::string_view scope) {
         scope_label label(scope);
+        const auto started = std::chrono::steady_clock::now();
         try {
             if (exec) {
                 cudaGraphExecUpdateResult why = cudaGraphExecUpdateSuccess;
                 if (exec.update(g, &why) == cuda::update_result::updated) {
                     detail::count_one(counters_.exec_updates);
+                    detail::add_time(counters_.instantiate_us, counters_.longest_instantiate_us, detail::microseconds_since(started));
                     return;
                 }
                 detail::count_one(counters_.update_refusals);
@@ -203,6 +212,7 @@ public:
             }
             exec = cuda::graph_exec(g);
             detail::count_one(counters_.instantiations);
+            detail::add_time(counters_.instantiate_us, counters_.longest_instantiate_us, detail::microseconds_since(started));
         } catch (...) {
             exec = cuda::graph_exec{};
             throw;

@@ -1,0 +1,139 @@
+// What graphs cost besides their replays: device memory and start-up, per impl, for the example
+// model (issue 33, items 2 and 3; capscope's side). For each impl, in turn and on a fresh model:
+// - memory: device memory in use (cudaMemGetInfo) with the model alone, then at steady replay;
+//   the difference is everything the runner and its graphs add (executable graphs, the scratch
+//   pool, CUDA's graph memory pool, whose high-water mark is printed too);
+// - start-up: host time from the first step to the end of the first replayed step (warmup steps,
+//   captures, instantiations, the first launch), with capture and instantiation apart (the
+//   runner's counters: totals, and the longest single one), against a steady step.
+//
+//   graph_cost [--layers L] [--hidden H] [--microbatches M]
+
+#include <gpt/model.hpp>
+
+#include <capscope/capscope.hpp>
+#include <capscope/cuda/device.hpp>
+#include <capscope/cuda/stream.hpp>
+#include <capscope/engine.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using T = __nv_bfloat16;
+using namespace capscope;
+
+int layer_count = 24, hidden = 1024, microbatches = 2;
+
+gpt::model_config bench_model() {
+    gpt::model_config c;
+    c.vocab = 256;
+    c.hidden = hidden;
+    c.heads = hidden / 64;
+    c.ffn_hidden = 4 * hidden;
+    c.seq_len = 2048;
+    c.batch = 1;
+    c.microbatches = microbatches;
+    c.layer_pattern = std::string(std::size_t(layer_count), 'D');
+    return c;
+}
+
+double mib(std::size_t bytes) { return double(bytes) / 1048576.0; }
+
+std::size_t device_used() {
+    CAPSCOPE_CHECK(cudaDeviceSynchronize());
+    std::size_t free = 0, total = 0;
+    CAPSCOPE_CHECK(cudaMemGetInfo(&free, &total));
+    return total - free;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+template <class Config> void measure(const char* name, cudaStream_t s, bool print = true) {
+    gpt::gpt_model<T> model(bench_model(), s);
+    std::mt19937 rng(5);
+    const int t = model.config().tokens();
+    for (int mb = 0; mb < microbatches; ++mb) {
+        std::vector<int> tokens(static_cast<std::size_t>(t)), labels(static_cast<std::size_t>(t));
+        for (int i = 0; i < t; ++i) tokens[std::size_t(i)] = int(rng() % 256), labels[std::size_t(i)] = int(rng() % 256);
+        model.set_batch(mb, tokens, labels, s);
+    }
+    model.set_optimizer({}, s);
+    const std::size_t model_alone = device_used();
+
+    const auto start = std::chrono::steady_clock::now();
+    auto r = std::make_unique<runner<Config>>(model.training_program());
+    const double plan_ms = ms_since(start);
+    // The first steps: warmup (eager), then the step that captures, instantiates and launches.
+    for (int i = 0; i <= Config::warmup_steps; ++i) r->step(s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const double startup_ms = ms_since(start);
+    const std::size_t steady = device_used();
+    // A steady step, for scale.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 5; ++i) r->step(s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const double step_ms = ms_since(t0) / 5;
+    const std::size_t after = device_used();
+
+    int device = 0;
+    CAPSCOPE_CHECK(cudaGetDevice(&device));
+    std::size_t graph_pool_high = 0;
+    CAPSCOPE_CHECK(cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &graph_pool_high));
+    const runner_counters& c = r->counters();
+    if (!print) return;
+    const double added = mib(steady) - mib(model_alone);
+    std::printf("%-20s | %4d graphs | memory: model %8.1f MiB, + runner and graphs %7.1f MiB (%+.2f%%; CUDA graph pool high %.1f MiB), "
+                "unchanged over 5 more steps: %s | start-up %8.1f ms (plan %.1f ms; %ld captures %.1f ms, longest %.2f ms; %ld "
+                "instantiations %.1f ms, longest %.2f ms) = %.1f steady steps of %.2f ms\n",
+                name, r->plan().graph_count, mib(model_alone), added, 100.0 * added / mib(model_alone), mib(graph_pool_high),
+                after == steady ? "yes" : "NO", startup_ms, plan_ms, c.captures, c.capture_us / 1e3, c.longest_capture_us / 1e3,
+                c.instantiations, c.instantiate_us / 1e3, c.longest_instantiate_us / 1e3, startup_ms / step_ms, step_ms);
+    std::fflush(stdout);
+    r.reset();
+    CAPSCOPE_CHECK(cudaDeviceGraphMemTrim(device));
+    std::uint64_t zero = 0; // resets the high-water mark for the next impl
+    CAPSCOPE_CHECK(cudaDeviceSetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &zero));
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
+        else if (a == "--hidden" && i + 1 < argc) hidden = std::atoi(argv[++i]);
+        else if (a == "--microbatches" && i + 1 < argc) microbatches = std::atoi(argv[++i]);
+        else {
+            std::fprintf(stderr, "usage: graph_cost [--layers L] [--hidden H] [--microbatches M]\n");
+            return 2;
+        }
+    }
+    if (cuda::usable_device_count() == 0) {
+        std::printf("no CUDA device: skipped\n");
+        return cuda::skip_exit_code;
+    }
+    cuda::stream s;
+    cudaDeviceProp prop{};
+    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("%s; bf16 h%d s2048 b1 x %d microbatches, %d dense layers; one impl at a time, each on a fresh model\n", prop.name, hidden,
+                microbatches, layer_count);
+    using w1 = warmup_steps<1>;
+    // Once, not printed: the process's first steps load the kernels and set up cuBLAS, which no
+    // impl should be charged with.
+    measure<config<impl::eager>>("process warm-up", s, false);
+    measure<config<impl::eager>>("none", s);
+    measure<config<impl::lazy_per_layer, modules<>, w1>>("local, whole layers", s);
+    measure<config<impl::ahead_of_time_per_layer, modules<>, w1>>("transformer_engine", s);
+    measure<config<impl::whole_iteration, no_nan_check, w1>>("full_iteration", s);
+    return 0;
+}
