@@ -37,6 +37,7 @@ inline std::string cpp_real(double v) {
         else digits += t[i];
     }
     constexpr long long limit = 1'000'000'000'000'000'000LL; // 10^18: n and d fit a long long
+    if (digits.size() > 18) return cpp_double(v);          // "12345678901234567168": past 10^18
     long long n = std::stoll(digits), d = 1;
     for (; exponent > 0; --exponent) {
         if (n > limit / 10) return cpp_double(v);

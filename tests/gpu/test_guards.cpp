@@ -42,9 +42,12 @@ stage make_stage(std::string name, int layer, stream_fn fwd, stream_fn bwd) {
 //! grad = 2 act. step_end: `check` sets all_finite = (j % 3 != 0) (every third step "overflows"),
 //! and the optimizer, guarded by it, adds grad0 + grad1 = 4 j + 2 into w. Inside layer 1's
 //! forward, `loop.start` sets remaining = j % 4 and again = remaining > 0, and `loop.pass`,
-//! guarded by WHILE again, counts passes until remaining is 0.
+//! guarded by WHILE again, counts passes until remaining is 0. Its backward, guarded by the same
+//! flag, would count passes_back, but the forward's loop left the flag clear: it never runs.
+//! (Under full_iteration the forward and the backward call of `loop.pass` are next to each other
+//! in the one segment; they stay two nodes.)
 struct guarded_model {
-    ints counter{1}, w{n}, all_finite{1}, remaining{1}, again{1}, passes{1};
+    ints counter{1}, w{n}, all_finite{1}, remaining{1}, again{1}, passes{1}, passes_back{1};
     ints act[2] = {ints(n), ints(n)}, grad[2] = {ints(n), ints(n)};
     struct layer_fns {
         guarded_model* m;
@@ -60,6 +63,7 @@ struct guarded_model {
     }
     void loop_start(cudaStream_t s) { k::start_countdown(remaining.data(), again.data(), counter.data(), 4, s); }
     void loop_pass(cudaStream_t s) { k::count_down(remaining.data(), again.data(), passes.data(), s); }
+    void loop_pass_back(cudaStream_t s) { k::count_down(remaining.data(), again.data(), passes_back.data(), s); }
 
     training_program program() {
         training_program p;
@@ -78,8 +82,10 @@ struct guarded_model {
         start.inputs = {ref("counter", counter)};
         start.outputs = {ref("remaining", remaining), ref("again", again)};
         p.microbatches[0].push_back(std::move(start));
-        stage pass = make_stage("layer1.loop.pass", 1, stream_fn::of<&guarded_model::loop_pass>(this), {});
+        stage pass = make_stage("layer1.loop.pass", 1, stream_fn::of<&guarded_model::loop_pass>(this),
+                                stream_fn::of<&guarded_model::loop_pass_back>(this));
         pass.outputs = {ref("remaining", remaining), ref("again", again), ref("passes", passes)};
+        pass.backward_outputs = {ref("remaining", remaining), ref("again", again), ref("passes_back", passes_back)};
         pass.guard = run_while(ref("again", again));
         p.microbatches[0].push_back(std::move(pass));
         stage chk = make_stage("check", -1, stream_fn::of<&guarded_model::check>(this), {});
@@ -99,7 +105,7 @@ template <class Config>
 void check_guards(const char* name, long conditional_nodes) {
     cuda::stream s;
     guarded_model m;
-    for (ints* b : {&m.counter, &m.w, &m.passes}) b->fill_bytes(0, s);
+    for (ints* b : {&m.counter, &m.w, &m.passes, &m.passes_back}) b->fill_bytes(0, s);
     runner<Config> r(m.program());
     int expected_w = 0, expected_passes = 0, wrong_step = 0;
     for (int j = 1; j <= 9; ++j) {
@@ -108,11 +114,13 @@ void check_guards(const char* name, long conditional_nodes) {
         expected_passes += j % 4;                // the loop's passes
         const std::vector<int> w = support::download(m.w.data(), m.w.size(), s);
         const int passes = support::download(m.passes.data(), 1, s)[0];
-        bool right = passes == expected_passes;
+        const int passes_back = support::download(m.passes_back.data(), 1, s)[0];
+        bool right = passes == expected_passes && passes_back == 0;
         for (int x : w) right = right && x == expected_w;
         if (!right && !wrong_step) {
             wrong_step = j;
-            std::printf("  %s, step %d: w[0] = %d (expected %d), passes = %d (expected %d)\n", name, j, w[0], expected_w, passes, expected_passes);
+            std::printf("  %s, step %d: w[0] = %d (expected %d), passes = %d (expected %d), backward passes = %d (expected 0)\n", name, j,
+                        w[0], expected_w, passes, expected_passes, passes_back);
         }
     }
     std::printf("  guards, %-34s: %d graphs, %ld conditional nodes captured, %ld host reads of a flag, %ld replays; every step as eager: %s\n",
@@ -133,11 +141,12 @@ TEST_CASE("guarded stages: IF skips the optimizer and WHILE loops inside a layer
     std::printf("  broken on purpose: the runner ignores every guard (the guarded stages always run once)\n");
 #endif
     check_guards<config<impl::eager>>("none (the flags read on the host)", 0);
-    // Per layer: layer 1's forward graph holds the WHILE node; step_end is eager (a host read).
-    check_guards<config<lo, modules<>, w1>>("local, whole layers", 1);
-    check_guards<config<te, modules<>, w1>>("transformer_engine, whole layers", 1);
-    // The whole step: one graph with both nodes.
-    check_guards<config<impl::whole_iteration, no_nan_check, w1>>("full_iteration", 2);
+    // Per layer: layer 1's forward graph and its backward graph hold a WHILE node each; step_end
+    // is eager (a host read).
+    check_guards<config<lo, modules<>, w1>>("local, whole layers", 2);
+    check_guards<config<te, modules<>, w1>>("transformer_engine, whole layers", 2);
+    // The whole step: one graph with all three nodes (the forward's and the backward's WHILE stay two).
+    check_guards<config<impl::whole_iteration, no_nan_check, w1>>("full_iteration", 3);
 
     guarded_model m;
     runner<config<impl::whole_iteration, no_nan_check, w1>> whole(m.program());

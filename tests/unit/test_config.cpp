@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <capscope/emit_cpp.hpp>
 
+#include <cmath>
+
 using namespace capscope;
 
 using dense_te = config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::mlp>>;
@@ -125,6 +127,8 @@ TEST_CASE("--emit-cpp writes real values as fraction{n, d}, which reads back exa
     CHECK(cpp_real(1e-5) == "fraction{1, 100000}");
     CHECK(cpp_real(3e20) == "3e+20");   // past a long long: the value itself (g++ only)
     CHECK(cpp_real(1e-30) == "1e-30");
+    CHECK(cpp_real(12345678901234567890.0).rfind("fraction{", 0) != 0); // 20 digits: past 10^18, no throw
+    CHECK(cpp_real(std::ldexp(1.0, 70)).rfind("fraction{", 0) != 0);
     CHECK(cpp_real(HUGE_VAL) == "__builtin_inf()");
     // Whatever it writes as a fraction gives back the same double.
     for (double v : {0.30000000000000004, 1.0 / 3.0, 0.7, 123.456, 1e-12, 6.02e17}) {

@@ -47,6 +47,10 @@ TEST_CASE("a guarded optimizer is a conditional node inside the graph, and a hos
     const training_plan local = make_training_plan({graph_impl::lazy_per_layer, {}}, 0, g.p);
     const std::string local_text = to_text(local, g.p);
     CHECK(contains(local_text, "eager        check_finite IF 'all_finite' { optimizer }  [guards read on the host: IF 'all_finite']\n"));
+    // As a failed capture names a segment's stages: comma-separated, the braces still read right.
+    const plan_segment& step_end = local.segments.back();
+    CHECK(detail::segment_stages(local, g.p, step_end, ", ") == "check_finite, IF 'all_finite' { optimizer }");
+    CHECK(detail::segment_stages(local, g.p, step_end, "\\n") == "check_finite\\nIF 'all_finite' {\\noptimizer\\n}");
 
     // The guard reads the flag: a writer on a side lane is waited for, as any other reader's would be.
     g.p.step_end.front().lane = 2;

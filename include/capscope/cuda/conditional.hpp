@@ -1,6 +1,6 @@
 #pragma once
 //! @file
-//! Conditional graph nodes (CUDA 12.4 and later): an IF node runs its body once when a device
+//! Conditional graph nodes: an IF node runs its body once when a device
 //! flag holds, a WHILE node repeats it while the flag holds. The decision is taken on the device,
 //! inside the graph, so a step that skips its optimizer or loops until a condition stays one
 //! graph launch.
@@ -9,6 +9,11 @@
 //! condition with a one-thread kernel of its own, launched right before the node (and, for
 //! WHILE, at the end of each pass of the body). That kernel is PTX loaded at first use
 //! (`cudaLibraryLoadData`), so this header needs no nvcc: the library stays header-only.
+//!
+//! Versions: conditional nodes exist since CUDA 12.4, but the capture calls used here take CUDA
+//! 13's signatures (edge data). With an older toolkit everything else still builds, and the first
+//! capture of a guarded run throws an error naming CUDA 13.0; eager runs take guards on any
+//! version.
 
 #include <capscope/cuda/error.hpp>
 
@@ -17,10 +22,6 @@
 #include <stdexcept>
 #include <string>
 
-#if CUDART_VERSION < 12040
-#error "capscope/cuda/conditional.hpp: conditional graph nodes (guarded stages) need the CUDA Toolkit 12.4 or later -- fix: build with CUDA 12.4 or newer"
-#endif
-
 namespace capscope::cuda {
 
 enum class conditional_kind {
@@ -28,11 +29,12 @@ enum class conditional_kind {
     while_holds, //!< the body runs again and again while the flag holds (it must clear it)
 };
 
+#if CUDART_VERSION >= 13000
 namespace detail {
 
 //! `capscope_set_condition(handle, flag)`: sets the node's condition to `*flag != 0`. nvcc 13's
-//! PTX for `cudaGraphSetConditional(handle, *flag != 0)`, declared as ISA 8.4 (CUDA 12.4) so that
-//! any driver with conditional nodes can compile it.
+//! PTX for `cudaGraphSetConditional(handle, *flag != 0)`, declared as ISA 8.4 (CUDA 12.4's), so
+//! that any driver with conditional nodes can compile it.
 inline constexpr char set_condition_ptx[] = R"PTX(
 .version 8.4
 .target sm_75
@@ -73,23 +75,9 @@ inline constexpr char set_condition_ptx[] = R"PTX(
 }
 )PTX";
 
-//! The driver must know conditional nodes too: a clear error, not CUDA's "invalid value".
-inline void require_conditional_nodes() {
-    static const int driver = [] {
-        int v = 0;
-        CAPSCOPE_CHECK(cudaDriverGetVersion(&v));
-        return v;
-    }();
-    if (driver < 12040)
-        throw std::runtime_error("capscope: guarded stages are captured as conditional graph nodes, which need a CUDA 12.4 driver or "
-                                 "later; this driver is CUDA " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
-                                 " -- fix: update the driver, or run the guarded stages eagerly (impl::eager)");
-}
-
 //! capscope's kernel, loaded once per process (context-independent: every device gets it).
 inline cudaKernel_t set_condition_kernel() {
     static const cudaKernel_t kernel = [] {
-        require_conditional_nodes();
         cudaLibrary_t library = nullptr;
         CAPSCOPE_CHECK(cudaLibraryLoadData(&library, set_condition_ptx, nullptr, nullptr, 0, nullptr, nullptr, 0));
         cudaKernel_t k = nullptr;
@@ -105,6 +93,8 @@ inline void launch_set_condition(cudaGraphConditionalHandle handle, const int* f
 }
 
 } // namespace detail
+#endif
+
 
 //! One conditional node in the graph that `outer` is capturing. The constructor sets the node's
 //! condition from `*flag` (after all `outer` has captured so far), adds the node, makes `outer`
@@ -115,6 +105,7 @@ class conditional_node {
 public:
     conditional_node(cudaStream_t outer, cudaStream_t body, conditional_kind kind, const int* flag, cudaStreamCaptureMode mode)
         : body_(body), kind_(kind), flag_(flag) {
+#if CUDART_VERSION >= 13000
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         cudaGraph_t graph = nullptr;
         CAPSCOPE_CHECK(cudaStreamGetCaptureInfo(outer, &status, nullptr, &graph));
@@ -135,6 +126,13 @@ public:
         CAPSCOPE_CHECK(cudaStreamUpdateCaptureDependencies(outer, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
         CAPSCOPE_CHECK(cudaStreamBeginCaptureToGraph(body_, params.conditional.phGraph_out[0], nullptr, nullptr, 0, mode));
         open_ = true;
+#else
+        (void)outer, (void)mode;
+        throw std::runtime_error("capscope: guarded stages are captured as conditional graph nodes, which capscope builds with the CUDA "
+                                 "Toolkit 13.0 or later (the capture calls take CUDA 13's signatures); this build has CUDA " +
+                                 std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10) +
+                                 " -- fix: build with CUDA 13, or run the guarded stages eagerly (impl::eager)");
+#endif
     }
     conditional_node(const conditional_node&) = delete;
     conditional_node& operator=(const conditional_node&) = delete;
@@ -146,7 +144,9 @@ public:
 
     //! Ends the body (a WHILE body first sets the condition again, for the next pass).
     void close() {
+#if CUDART_VERSION >= 13000
         if (kind_ == conditional_kind::while_holds) detail::launch_set_condition(handle_, flag_, body_);
+#endif
         cudaGraph_t body = nullptr;
         open_ = false;
         CAPSCOPE_CHECK(cudaStreamEndCapture(body_, &body));
@@ -156,7 +156,9 @@ private:
     cudaStream_t body_;
     conditional_kind kind_;
     const int* flag_;
+#if CUDART_VERSION >= 13000
     cudaGraphConditionalHandle handle_ = 0;
+#endif
     bool open_ = false;
 };
 

@@ -65,8 +65,7 @@ inline void match_layer(const std::vector<schema_view>& schemas, const std::vect
         if (!kinds) continue;
         for (std::size_t i = 0; i < facts.size(); ++i) {
             stage_facts want = s.stages[i], got = facts[i];
-            want.layer = got.layer = 0;
-            if (!(want == got)) {
+            if (!same_layer_facts(std::span(&want, 1), std::span(&got, 1))) {
                 nearest = "\n  schema '" + std::string(s.name) + "' has the same stages, but declares " + list[first + i].name + " as " +
                           facts_text(want);
                 break;

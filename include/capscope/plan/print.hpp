@@ -29,22 +29,24 @@ inline std::string section_title(const plan_segment& s) {
 inline std::string segment_stages(const training_plan& plan, const training_program& program, const plan_segment& s,
                                   const char* separator, bool lanes = false) {
     std::string out;
-    const stage_guard* open = nullptr; // a guarded run in braces: "IF 'all_finite' { a b }"
+    // A guarded run in braces: "IF 'all_finite' { a b }", "IF 'all_finite' { a, b }", or a line each.
+    const std::string sep = separator, inner = sep == ", " ? " " : sep;
+    const stage_guard* open = nullptr;
     for (int k = 0; k < s.call_count; ++k) {
-        if (k) out += separator;
         const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
         if (open && !(st.guard == *open)) {
-            out += std::string("}") + separator;
+            out += inner + "}";
             open = nullptr;
         }
+        if (k) out += sep;
         if (st.guard && !open) {
             open = &st.guard;
-            out += std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "' {" + separator;
+            out += std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "' {" + inner;
         }
         out += st.name;
         if (lanes && st.lane != s.lane) out += " [lane " + std::to_string(st.lane) + "]"; // a branch
     }
-    if (open) out += std::string(separator) + "}";
+    if (open) out += inner + "}";
     return out;
 }
 

@@ -3,7 +3,7 @@
 //! A guard: stages that run only when a condition kept on the device holds (`run_if`), or again
 //! and again while it holds (`run_while`). The condition is a 32-bit `int` in device memory that
 //! a kernel writes (nonzero: holds), so no host read is needed to decide. Captured, consecutive
-//! stages with the same guard become one conditional graph node (IF or WHILE, CUDA 12.4+:
+//! stages with the same guard become one conditional graph node (IF or WHILE, captured with CUDA 13:
 //! capscope/cuda/conditional.hpp); run eagerly, the runner reads the flag on the host and takes
 //! the same decision, so eager runs and replays agree bit for bit.
 //!
