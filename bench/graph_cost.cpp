@@ -3,11 +3,15 @@
 // - memory: device memory in use (cudaMemGetInfo) with the model alone, then at steady replay;
 //   the difference is everything the runner and its graphs add (executable graphs, the scratch
 //   pool, CUDA's graph memory pool, whose high-water mark is printed too);
-// - start-up: host time from the first step to the end of the first replayed step (warmup steps,
-//   captures, instantiations, the first launch), with capture and instantiation apart (the
-//   runner's counters: totals, and the longest single one), against a steady step.
+// - start-up: the wall time from building the runner to steady steps (warmup, captures,
+//   instantiations), with capture and instantiation apart (the runner's counters: totals, and
+//   the longest single one). Measured as bench/peers/gpt_peer.py --startup measures PyTorch's
+//   variants: each step synchronized, the steady step the median of the last ten of 25, and
+//   steady replay beginning at the first step from which every later one takes at most 1.25
+//   steady steps.
+// The model is bench/same_model's (vocab 256, heads of 64, ffn 4 x hidden, bf16), dense.
 //
-//   graph_cost [--layers L] [--hidden H] [--microbatches M]
+//   graph_cost [--layers L] [--hidden H] [--batch B] [--microbatches M]
 
 #include <gpt/model.hpp>
 
@@ -16,6 +20,7 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,7 +35,7 @@ namespace {
 using T = __nv_bfloat16;
 using namespace capscope;
 
-int layer_count = 24, hidden = 1024, microbatches = 2;
+int layer_count = 24, hidden = 1024, batch = 1, microbatches = 2;
 
 gpt::model_config bench_model() {
     gpt::model_config c;
@@ -39,7 +44,7 @@ gpt::model_config bench_model() {
     c.heads = hidden / 64;
     c.ffn_hidden = 4 * hidden;
     c.seq_len = 2048;
-    c.batch = 1;
+    c.batch = batch;
     c.microbatches = microbatches;
     c.layer_pattern = std::string(std::size_t(layer_count), 'D');
     return c;
@@ -73,16 +78,26 @@ template <class Config> void measure(const char* name, cudaStream_t s, bool prin
     const auto start = std::chrono::steady_clock::now();
     auto r = std::make_unique<runner<Config>>(model.training_program());
     const double plan_ms = ms_since(start);
-    // The first steps: warmup (eager), then the step that captures, instantiates and launches.
-    for (int i = 0; i <= Config::warmup_steps; ++i) r->step(s);
-    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-    const double startup_ms = ms_since(start);
+    std::vector<double> ends; // ms since start, at the end of each step
+    for (int i = 0; i < 25; ++i) {
+        r->step(s);
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        ends.push_back(ms_since(start));
+    }
+    std::vector<double> durations{ends[0]};
+    for (std::size_t i = 1; i < ends.size(); ++i) durations.push_back(ends[i] - ends[i - 1]);
+    std::vector<double> last(durations.end() - 10, durations.end());
+    std::sort(last.begin(), last.end());
+    const double step_ms = 0.5 * (last[4] + last[5]);
+    std::size_t first = 0;
+    for (std::size_t i = durations.size(); i-- > 0;)
+        if (durations[i] > 1.25 * step_ms) {
+            first = i + 1;
+            break;
+        }
+    const double startup_ms = ends[first] - step_ms;
     const std::size_t steady = device_used();
-    // A steady step, for scale.
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 5; ++i) r->step(s);
-    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-    const double step_ms = ms_since(t0) / 5;
+    for (int i = 0; i < 5; ++i) r->step(s); // memory must not grow with replays
     const std::size_t after = device_used();
 
     int device = 0;
@@ -94,10 +109,10 @@ template <class Config> void measure(const char* name, cudaStream_t s, bool prin
     const double added = mib(steady) - mib(model_alone);
     std::printf("%-20s | %4d graphs | memory: model %8.1f MiB, + runner and graphs %7.1f MiB (%+.2f%%; CUDA graph pool high %.1f MiB), "
                 "unchanged over 5 more steps: %s | start-up %8.1f ms (plan %.1f ms; %ld captures %.1f ms, longest %.2f ms; %ld "
-                "instantiations %.1f ms, longest %.2f ms) = %.1f steady steps of %.2f ms\n",
+                "instantiations %.1f ms, longest %.2f ms) = %.1f steady steps of %.2f ms | device memory in use %.1f MiB\n",
                 name, r->plan().graph_count, mib(model_alone), added, 100.0 * added / mib(model_alone), mib(graph_pool_high),
                 after == steady ? "yes" : "NO", startup_ms, plan_ms, c.captures, c.capture_us / 1e3, c.longest_capture_us / 1e3,
-                c.instantiations, c.instantiate_us / 1e3, c.longest_instantiate_us / 1e3, startup_ms / step_ms, step_ms);
+                c.instantiations, c.instantiate_us / 1e3, c.longest_instantiate_us / 1e3, startup_ms / step_ms, step_ms, mib(after));
     std::fflush(stdout);
     r.reset();
     CAPSCOPE_CHECK(cudaDeviceGraphMemTrim(device));
@@ -113,8 +128,9 @@ int main(int argc, char** argv) {
         if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
         else if (a == "--hidden" && i + 1 < argc) hidden = std::atoi(argv[++i]);
         else if (a == "--microbatches" && i + 1 < argc) microbatches = std::atoi(argv[++i]);
+        else if (a == "--batch" && i + 1 < argc) batch = std::atoi(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: graph_cost [--layers L] [--hidden H] [--microbatches M]\n");
+            std::fprintf(stderr, "usage: graph_cost [--layers L] [--hidden H] [--batch B] [--microbatches M]\n");
             return 2;
         }
     }
@@ -125,8 +141,8 @@ int main(int argc, char** argv) {
     cuda::stream s;
     cudaDeviceProp prop{};
     CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("%s; bf16 h%d s2048 b1 x %d microbatches, %d dense layers; one impl at a time, each on a fresh model\n", prop.name, hidden,
-                microbatches, layer_count);
+    std::printf("%s; bf16 h%d s2048 b%d x %d microbatches, %d dense layers; one impl at a time, each on a fresh model\n", prop.name,
+                hidden, batch, microbatches, layer_count);
     using w1 = warmup_steps<1>;
     // Once, not printed: the process's first steps load the kernels and set up cuBLAS, which no
     // impl should be charged with.

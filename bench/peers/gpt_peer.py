@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The example model in PyTorch: the peer that bench/same_model compares capscope with.
 
-usage: python3 bench/peers/gpt_peer.py DIR [--check-only | --profile VARIANT]
+usage: python3 bench/peers/gpt_peer.py DIR [--check-only | --profile VARIANT | --startup VARIANT]
 
 DIR is what bench/same_model wrote: weights.safetensors (the C++ model's initial fp32 master
 weights, its config in the metadata), batches.bin, losses.txt, gradients_step1.safetensors and,
@@ -21,12 +21,16 @@ encoder is not in it: the bench does not train it.
 Writes DIR/peer.csv (variant,ms), DIR/peer_check.txt and DIR/peer_gradients.txt (each
 parameter's gradient difference). --profile VARIANT neither checks nor times: it warms the
 variant up, then runs one step between torch.cuda.profiler.start() and stop(), for
-`ncu --profile-from-start off` (bench/profile.sh). Exits 77 without torch or a GPU.
+`ncu --profile-from-start off` (bench/profile.sh). --startup VARIANT neither checks nor times:
+it prints the variant's start-up to steady steps and the device memory in use then, as
+bench/graph_cost prints capscope's. Exits 77 without torch or a GPU.
 """
 import math
 import os
 import subprocess
+import statistics
 import sys
+import time
 
 try:
     import torch
@@ -224,6 +228,51 @@ def time_variant(out, cfg, w, data, name):
         f.write(f"{name},{ms}\n")
 
 
+def startup_variant(cfg, w, data, name):
+    """One variant, in a process of its own (bench/graph_cost.cpp measures capscope the same way):
+    the wall time from building it to steady steps, and the device memory in use then.
+
+    First, uncounted, three eager steps of a model of its own warm up CUDA, cuBLAS and the
+    allocator, and building the model and its optimizer once more is timed: capscope's figure
+    starts from a built model, so that time is taken off. Then each step is synchronized; the
+    steady step is the median of the last ten of 25, and steady replay begins at the first step
+    from which every later step takes at most 1.25 steady steps. The start-up is the time until
+    then."""
+    tokens, labels = data[0]
+    warm, warm_opt = Peer(cfg, w).cuda(), None
+    warm_opt = adamw(warm.parameters())
+    warm_step = eager_step(warm, warm_opt, tokens, labels)
+    for _ in range(3):
+        warm_step()
+    torch.cuda.synchronize()
+    del warm_step, warm, warm_opt
+    torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    built = Peer(cfg, w).cuda()
+    built_opt = adamw(built.parameters())
+    torch.cuda.synchronize()
+    build_s = time.perf_counter() - t0
+    del built, built_opt
+    torch.cuda.empty_cache()
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step, name = step_of(cfg, w, data, name)
+    ends = []
+    for _ in range(25):
+        step()
+        torch.cuda.synchronize()
+        ends.append(time.perf_counter())
+    durations = [ends[0] - t0] + [b - a for a, b in zip(ends, ends[1:])]
+    steady = statistics.median(durations[-10:])
+    first = next(i for i in range(len(durations)) if all(d <= 1.25 * steady for d in durations[i:]))
+    startup = (ends[first] - t0) - steady - build_s
+    free, total = torch.cuda.mem_get_info()
+    print(f"torch {name:40s} | start-up {startup * 1e3:9.1f} ms = {startup / steady:6.1f} steady steps of {steady * 1e3:7.2f} ms "
+          f"(building the model, {build_s * 1e3:.0f} ms, taken off) | device memory in use {(total - free) / 2**20:9.1f} MiB "
+          f"(torch reserved {torch.cuda.memory_reserved() / 2**20:9.1f} MiB)", flush=True)
+
+
 def main():
     args = sys.argv[1:]
     if not args:
@@ -242,6 +291,9 @@ def main():
         return
     if len(args) == 3 and args[1] == "--profile":
         profile_variant(cfg, w, data, args[2])
+        return
+    if len(args) == 3 and args[1] == "--startup":
+        startup_variant(cfg, w, data, args[2])
         return
 
     _, want_grads = load_safetensors(f"{out}/gradients_step1.safetensors")
