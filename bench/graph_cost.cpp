@@ -95,6 +95,7 @@ template <class Config> void measure(const char* name, cudaStream_t s, bool prin
             first = i + 1;
             break;
         }
+    if (first >= ends.size()) first = ends.size() - 1; // the last step was slow too: count to the end (a floor)
     const double startup_ms = ends[first] - step_ms;
     const std::size_t steady = device_used();
     for (int i = 0; i < 5; ++i) r->step(s); // memory must not grow with replays

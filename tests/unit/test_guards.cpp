@@ -135,3 +135,14 @@ TEST_CASE("inference plans check guarded stages too: a decode loop's flag is wri
         CHECK(e.rule() == "P15");
     }
 }
+
+TEST_CASE("a guarded stage's forward and backward, side by side in a whole-step segment, are two runs (two nodes)") {
+    guarded_model g;
+    g.p.step_begin.front().outputs.push_back(g.all_finite); // written before the microbatch
+    auto& list = g.p.microbatches[0];
+    list.back().guard = run_if(g.all_finite); // the head: its forward call and its backward call are adjacent
+    const training_plan whole = make_training_plan({graph_impl::whole_iteration, {}}, 0, g.p);
+    const std::string stages = detail::segment_stages(whole, g.p, whole.segments.front(), " ");
+    CHECK(contains(stages, "IF 'all_finite' { head } IF 'all_finite' { head }"));
+    CHECK(contains(detail::guard_list(whole, g.p, whole.segments.front()), "IF 'all_finite', IF 'all_finite', IF 'all_finite'"));
+}

@@ -127,7 +127,7 @@ public:
         CAPSCOPE_CHECK(cudaStreamBeginCaptureToGraph(body_, params.conditional.phGraph_out[0], nullptr, nullptr, 0, mode));
         open_ = true;
 #else
-        (void)outer, (void)mode;
+        (void)outer, (void)mode, (void)kind_, (void)flag_;
         throw std::runtime_error("capscope: guarded stages are captured as conditional graph nodes, which capscope builds with the CUDA "
                                  "Toolkit 13.0 or later (the capture calls take CUDA 13's signatures); this build has CUDA " +
                                  std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10) +

@@ -43,9 +43,6 @@ void check_guard_runs(std::span<const stage_call> calls, std::span<const plan_se
     std::vector<int> segment_of(calls.size(), -1);
     for (std::size_t g = 0; g < segments.size(); ++g)
         for (int k = 0; k < segments[g].call_count; ++k) segment_of[std::size_t(segments[g].first_call + k)] = int(g);
-    auto same_list = [](const stage_call& a, const stage_call& b) {
-        return a.part == b.part && a.microbatch == b.microbatch && a.direction == b.direction;
-    };
     for (std::size_t i = 0; i < calls.size();) {
         const stage& first = stage_at(calls[i]);
         if (!first.guard) {

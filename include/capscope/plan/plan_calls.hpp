@@ -36,6 +36,12 @@ struct stage_call {
     int record = -1;
 };
 
+//! Whether two calls come from one stage list and pass (step_begin, a microbatch's forward or
+//! backward, step_end): a guarded run never crosses from one to the next.
+inline bool same_list(const stage_call& a, const stage_call& b) {
+    return a.part == b.part && a.microbatch == b.microbatch && a.direction == b.direction;
+}
+
 struct plan_segment {
     step_part part = step_part::microbatch;
     int microbatch = -1;

@@ -33,8 +33,10 @@ inline std::string segment_stages(const training_plan& plan, const training_prog
     const std::string sep = separator, inner = sep == ", " ? " " : sep;
     const stage_guard* open = nullptr;
     for (int k = 0; k < s.call_count; ++k) {
-        const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
-        if (open && !(st.guard == *open)) {
+        const stage_call& c = plan.calls[std::size_t(s.first_call + k)];
+        const stage& st = stage_of(program, c);
+        const bool next_list = k > 0 && !same_list(plan.calls[std::size_t(s.first_call + k - 1)], c); // runs end with their list
+        if (open && (!(st.guard == *open) || next_list)) {
             out += inner + "}";
             open = nullptr;
         }
@@ -50,12 +52,14 @@ inline std::string segment_stages(const training_plan& plan, const training_prog
     return out;
 }
 
-//! The guards of a segment's calls, each once: "IF 'all_finite', WHILE 'again'".
+//! The guards of a segment's calls, one per guarded run: "IF 'all_finite', WHILE 'again'".
 inline std::string guard_list(const training_plan& plan, const training_program& program, const plan_segment& s) {
     std::string out;
     const stage_guard* last = nullptr;
     for (int k = 0; k < s.call_count; ++k) {
-        const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
+        const stage_call& c = plan.calls[std::size_t(s.first_call + k)];
+        const stage& st = stage_of(program, c);
+        if (k > 0 && !same_list(plan.calls[std::size_t(s.first_call + k - 1)], c)) last = nullptr; // a new run
         if (st.guard && !(last && st.guard == *last))
             out += (out.empty() ? "" : ", ") + std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "'";
         last = st.guard ? &st.guard : nullptr;
