@@ -5,6 +5,7 @@
 //
 //   finite_check [--layers L] [--batch B] [--rounds R]
 
+#include "dense_model.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/model.hpp>
@@ -18,7 +19,6 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -30,14 +30,7 @@ using namespace capscope;
 int layer_count = 12, batch = 2;
 
 gpt::model_config bench_model(bool check) {
-    gpt::model_config c;
-    c.vocab = 256;
-    c.hidden = 1024;
-    c.heads = 16;
-    c.ffn_hidden = 4096;
-    c.seq_len = 2048;
-    c.batch = batch;
-    c.layer_pattern = std::string(std::size_t(layer_count), 'D');
+    gpt::model_config c = bench::dense_model(1024, batch, layer_count);
     c.check_finite_on_device = check;
     return c;
 }
@@ -52,11 +45,7 @@ struct variant {
 template <class Config> variant build(bool check, cudaStream_t s) {
     variant v;
     v.model = std::make_unique<gpt::gpt_model<T>>(bench_model(check), s);
-    std::mt19937 rng(7);
-    const int t = v.model->config().tokens();
-    std::vector<int> tokens(static_cast<std::size_t>(t)), labels(static_cast<std::size_t>(t));
-    for (int i = 0; i < t; ++i) tokens[std::size_t(i)] = int(rng() % 256), labels[std::size_t(i)] = int(rng() % 256);
-    v.model->set_batch(tokens, labels, s);
+    bench::random_batches(*v.model, 7, s);
     v.model->set_optimizer({}, s);
     auto r = std::make_shared<runner<Config>>(v.model->training_program());
     v.run = [r](cudaStream_t st) { r->step(st); };

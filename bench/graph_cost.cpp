@@ -13,6 +13,9 @@
 //
 //   graph_cost [--layers L] [--hidden H] [--batch B] [--microbatches M]
 
+#include "dense_model.hpp"
+#include "round_robin.hpp"
+
 #include <gpt/model.hpp>
 
 #include <capscope/capscope.hpp>
@@ -26,7 +29,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -37,26 +39,12 @@ using namespace capscope;
 
 int layer_count = 24, hidden = 1024, batch = 1, microbatches = 2;
 
-gpt::model_config bench_model() {
-    gpt::model_config c;
-    c.vocab = 256;
-    c.hidden = hidden;
-    c.heads = hidden / 64;
-    c.ffn_hidden = 4 * hidden;
-    c.seq_len = 2048;
-    c.batch = batch;
-    c.microbatches = microbatches;
-    c.layer_pattern = std::string(std::size_t(layer_count), 'D');
-    return c;
-}
-
 double mib(std::size_t bytes) { return double(bytes) / 1048576.0; }
 
+//! Device memory in use once everything issued so far is done.
 std::size_t device_used() {
     CAPSCOPE_CHECK(cudaDeviceSynchronize());
-    std::size_t free = 0, total = 0;
-    CAPSCOPE_CHECK(cudaMemGetInfo(&free, &total));
-    return total - free;
+    return bench::device_used();
 }
 
 double ms_since(std::chrono::steady_clock::time_point t) {
@@ -64,14 +52,8 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 }
 
 template <class Config> void measure(const char* name, cudaStream_t s, bool print = true) {
-    gpt::gpt_model<T> model(bench_model(), s);
-    std::mt19937 rng(5);
-    const int t = model.config().tokens();
-    for (int mb = 0; mb < microbatches; ++mb) {
-        std::vector<int> tokens(static_cast<std::size_t>(t)), labels(static_cast<std::size_t>(t));
-        for (int i = 0; i < t; ++i) tokens[std::size_t(i)] = int(rng() % 256), labels[std::size_t(i)] = int(rng() % 256);
-        model.set_batch(mb, tokens, labels, s);
-    }
+    gpt::gpt_model<T> model(bench::dense_model(hidden, batch, layer_count, microbatches), s);
+    bench::random_batches(model, 5, s);
     model.set_optimizer({}, s);
     const std::size_t model_alone = device_used();
 

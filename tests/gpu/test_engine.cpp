@@ -7,6 +7,7 @@
 #include "engine_kernels.hpp"
 #include "count_host_allocations.hpp"
 #include "support.hpp"
+#include "synthetic_stages.hpp"
 
 #include <gpt/inference.hpp>
 #include <gpt/model.hpp>
@@ -32,7 +33,9 @@ namespace k = engine_kernels;
 namespace {
 
 constexpr int n = 4096;
-using ints = cuda::device_buffer<int>;
+using synthetic::ints;
+using synthetic::make_stage;
+using synthetic::ref;
 
 std::vector<int> get(const ints& b, cudaStream_t s) { return support::download(b.data(), b.size(), s); }
 bool all_equal(const std::vector<int>& v, int x) {
@@ -41,18 +44,6 @@ bool all_equal(const std::vector<int>& v, int x) {
     return true;
 }
 void poison(const ints& b, cudaStream_t s) { support::poison(b.data(), b.bytes(), s); }
-tensor_ref ref(const ints& b) { return {"", b.data(), b.bytes()}; }
-
-stage make_stage(std::string name, int layer, capture_module_set regions, stream_fn fwd, stream_fn bwd) {
-    stage st;
-    st.name = std::move(name);
-    st.layer = layer;
-    st.captured_by = regions;
-    st.forward = fwd;
-    st.backward = bwd;
-    st.buffers_declared = true;
-    return st;
-}
 
 // ---- lanes: a per-layer reduction on side lane 1 that the optimizer waits for ----------------------
 

@@ -6,6 +6,7 @@
 
 #include "engine_kernels.hpp"
 #include "support.hpp"
+#include "synthetic_stages.hpp"
 
 #include <gpt/model.hpp>
 
@@ -25,18 +26,10 @@ namespace k = engine_kernels;
 namespace {
 
 constexpr int n = 1024;
-using ints = cuda::device_buffer<int>;
-tensor_ref ref(const char* name, const ints& b) { return {name, b.data(), b.bytes()}; }
-
-stage make_stage(std::string name, int layer, stream_fn fwd, stream_fn bwd) {
-    stage st;
-    st.name = std::move(name);
-    st.layer = layer;
-    st.forward = fwd;
-    st.backward = bwd;
-    st.buffers_declared = true;
-    return st;
-}
+using synthetic::ints;
+using synthetic::ref;
+//! A stage of `layer` in no named region, its buffers declared.
+stage make_stage(std::string name, int layer, stream_fn fwd, stream_fn bwd) { return synthetic::make_stage(std::move(name), layer, {}, fwd, bwd); }
 
 //! step j (counted from 1 on the device): layer l's forward writes act = j + l, its backward
 //! grad = 2 act. step_end: `check` sets all_finite = (j % 3 != 0) (every third step "overflows"),
@@ -68,34 +61,34 @@ struct guarded_model {
     training_program program() {
         training_program p;
         p.step_begin.push_back(make_stage("advance", -1, stream_fn::of<&guarded_model::advance>(this), {}));
-        p.step_begin.back().outputs = {ref("counter", counter)};
+        p.step_begin.back().outputs = {ref(counter, "counter")};
         p.microbatches.emplace_back();
         for (int l = 0; l < 2; ++l) {
             const std::string name = "layer" + std::to_string(l);
             stage work = make_stage(name + ".work", l, stream_fn::of<&layer_fns::forward>(&fns[l]), stream_fn::of<&layer_fns::backward>(&fns[l]));
-            work.inputs = {ref("counter", counter)};
-            work.outputs = {ref("act", act[l])};
-            work.backward_outputs = {ref("grad", grad[l])};
+            work.inputs = {ref(counter, "counter")};
+            work.outputs = {ref(act[l], "act")};
+            work.backward_outputs = {ref(grad[l], "grad")};
             p.microbatches[0].push_back(std::move(work));
         }
         stage start = make_stage("layer1.loop.start", 1, stream_fn::of<&guarded_model::loop_start>(this), {});
-        start.inputs = {ref("counter", counter)};
-        start.outputs = {ref("remaining", remaining), ref("again", again)};
+        start.inputs = {ref(counter, "counter")};
+        start.outputs = {ref(remaining, "remaining"), ref(again, "again")};
         p.microbatches[0].push_back(std::move(start));
         stage pass = make_stage("layer1.loop.pass", 1, stream_fn::of<&guarded_model::loop_pass>(this),
                                 stream_fn::of<&guarded_model::loop_pass_back>(this));
-        pass.outputs = {ref("remaining", remaining), ref("again", again), ref("passes", passes)};
-        pass.backward_outputs = {ref("remaining", remaining), ref("again", again), ref("passes_back", passes_back)};
-        pass.guard = run_while(ref("again", again));
+        pass.outputs = {ref(remaining, "remaining"), ref(again, "again"), ref(passes, "passes")};
+        pass.backward_outputs = {ref(remaining, "remaining"), ref(again, "again"), ref(passes_back, "passes_back")};
+        pass.guard = run_while(ref(again, "again"));
         p.microbatches[0].push_back(std::move(pass));
         stage chk = make_stage("check", -1, stream_fn::of<&guarded_model::check>(this), {});
-        chk.inputs = {ref("counter", counter)};
-        chk.outputs = {ref("all_finite", all_finite)};
+        chk.inputs = {ref(counter, "counter")};
+        chk.outputs = {ref(all_finite, "all_finite")};
         p.step_end.push_back(std::move(chk));
         stage opt = make_stage("optimizer", -1, stream_fn::of<&guarded_model::optimizer>(this), {});
-        opt.inputs = {ref("grad0", grad[0]), ref("grad1", grad[1])};
-        opt.outputs = {ref("w", w)};
-        opt.guard = run_if(ref("all_finite", all_finite));
+        opt.inputs = {ref(grad[0], "grad0"), ref(grad[1], "grad1")};
+        opt.outputs = {ref(w, "w")};
+        opt.guard = run_if(ref(all_finite, "all_finite"));
         p.step_end.push_back(std::move(opt));
         return p;
     }
@@ -191,8 +184,8 @@ template <class Config, class T> checked_run run_checked(int inf_at, int steps) 
     training_program p = m.training_program();
     inject_inf inject{m.parameters().grads(), counter.data(), inf_at};
     stage st = make_stage("inject_inf", -1, stream_fn::of<&inject_inf::run>(&inject), {});
-    st.inputs = {ref("inject.counter", counter)};
-    st.outputs = {{"grads", m.parameters().grads(), sizeof(float)}, ref("inject.counter", counter)};
+    st.inputs = {ref(counter, "inject.counter")};
+    st.outputs = {{"grads", m.parameters().grads(), sizeof(float)}, ref(counter, "inject.counter")};
     p.step_end.insert(p.step_end.begin(), std::move(st));
     runner<Config> r(std::move(p));
     checked_run out;

@@ -41,14 +41,19 @@ struct misplacement {
     constexpr bool found() const { return stage >= 0; }
 };
 
+//! Why a stage cannot be captured (the first of its facts that forbids it), or none.
+constexpr misplacement_problem capture_problem(const stage_facts& s) {
+    if (s.synchronizes_with_host) return misplacement_problem::synchronizes_with_host;
+    if (s.shapes_depend_on_data) return misplacement_problem::shapes_depend_on_data;
+    if (s.passes_host_values) return misplacement_problem::passes_host_values;
+    return misplacement_problem::none;
+}
+
 //! The first stage inside a captured region that cannot be captured.
 constexpr misplacement find_misplacement(const capture_scope& c, std::span<const stage_facts> stages) {
     for (std::size_t i = 0; i < stages.size(); ++i) {
-        const stage_facts& s = stages[i];
-        if (!inside_captured_region(c, s)) continue;
-        if (s.synchronizes_with_host) return {static_cast<int>(i), misplacement_problem::synchronizes_with_host};
-        if (s.shapes_depend_on_data) return {static_cast<int>(i), misplacement_problem::shapes_depend_on_data};
-        if (s.passes_host_values) return {static_cast<int>(i), misplacement_problem::passes_host_values};
+        const misplacement_problem p = capture_problem(stages[i]);
+        if (p != misplacement_problem::none && inside_captured_region(c, stages[i])) return {static_cast<int>(i), p};
     }
     return {};
 }

@@ -28,12 +28,6 @@ inline bool writes_flag(const call_access& a, const tensor_ref& flag) {
     return false;
 }
 
-inline const char* not_capturable_words(const stage& s) {
-    if (s.synchronizes_with_host) return "synchronizes with the host";
-    if (s.shapes_depend_on_data) return "launches shapes that depend on data";
-    return "passes host values to its kernels at launch";
-}
-
 //! The guard checks over a plan's calls and segments. `stage_at(call)` gives a call's stage,
 //! `access(call index)` what it touches, and `same_pass(a, b)` whether call a runs before call b
 //! in one pass (a training step; an inference bucket's forward).
@@ -63,7 +57,7 @@ void check_guard_runs(std::span<const stage_call> calls, std::span<const plan_se
             const stage& s = stage_at(calls[k]);
             if (!s.capturable())
                 throw plan_error("P14", s.name,
-                                 "guarded stage '" + s.name + "' " + not_capturable_words(s) + ", but guarded stages run inside a conditional graph node "
+                                 "guarded stage '" + s.name + "' " + misplacement_words(capture_problem(s.facts())) + ", but guarded stages run inside a conditional graph node "
                                  "(" + guard_word(guard.kind) + " '" + flag + "') when captured, where the host cannot act",
                                  "keep the guarded work on the device (values in device memory, shapes fixed), or move the host work out of the "
                                  "guarded stages");

@@ -14,6 +14,7 @@
 //! only in launch sizes: the runner can turn one into the other with `cudaGraphExecUpdate`.
 
 #include <capscope/plan/buckets.hpp>
+#include <capscope/plan/print.hpp>
 #include <capscope/plan/training_plan.hpp>
 #include <capscope/vocabulary/inference_scope.hpp>
 
@@ -163,18 +164,7 @@ inline std::string to_text(const inference_plan& plan, const inference_program& 
                       (plan.eager_islands_per_run() == 1 ? "" : "s") + "\n";
     for (const plan_segment* s = plan.bucket_begin(0); s != plan.bucket_end(0); ++s) {
         out += s->graphed ? "  g" + std::to_string(s->graph) + "  graph  " : std::string("      eager  ");
-        const stage_guard* open = nullptr; // a guarded run in braces: "WHILE 'again' { decode }"
-        for (int k = 0; k < s->call_count; ++k) {
-            const stage& st = stage_of(program, plan.calls[std::size_t(s->first_call + k)]);
-            if (open && !(st.guard == *open)) out += " }", open = nullptr;
-            out += k ? ", " : "";
-            if (st.guard && !open) {
-                open = &st.guard;
-                out += std::string(guard_word(st.guard.kind)) + " '" + name_of(st.guard.predicate) + "' { ";
-            }
-            out += st.name;
-        }
-        out += open ? " }\n" : "\n";
+        out += detail::segment_stages(plan, program, *s, ", ") + "\n"; // guarded runs in braces: "WHILE 'again' { decode }"
     }
     return out;
 }

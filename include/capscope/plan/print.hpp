@@ -26,8 +26,9 @@ inline std::string section_title(const plan_segment& s) {
     return "microbatch " + std::to_string(s.microbatch) + " " + std::string(phase_name(s.direction));
 }
 
-inline std::string segment_stages(const training_plan& plan, const training_program& program, const plan_segment& s,
-                                  const char* separator, bool lanes = false) {
+//! A segment's stages, by name (training and inference plans alike).
+template <class Plan, class Program>
+std::string segment_stages(const Plan& plan, const Program& program, const plan_segment& s, const char* separator, bool lanes = false) {
     std::string out;
     // A guarded run in braces: "IF 'all_finite' { a b }", "IF 'all_finite' { a, b }", or a line each.
     const std::string sep = separator, inner = sep == ", " ? " " : sep;

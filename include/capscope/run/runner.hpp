@@ -55,10 +55,8 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
         const stage& st = stage_of(program, c);
         std::span<const derived_wait> waits;
         if constexpr (requires { plan.waits_of(c.waits); }) waits = plan.waits_of(c.waits); // inference plans have no lanes
-        // One number per (part, microbatch, direction): the list and pass a guarded run stays in.
-        const int list = (int(c.part) * 1'000'003 + c.microbatch + 1) * 2 + (c.direction == phase::forward ? 0 : 1);
         calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only,
-                         st.guard ? &st.guard : nullptr, list});
+                         st.guard ? &st.guard : nullptr, &c}); // c lives in the plan, as the waits do
     }
     return calls;
 }

@@ -67,15 +67,14 @@ struct bound_call {
     std::span<const stream_handle> forks_to;
     bool capture_only = false; //!< run while capturing only (stage::capture_only)
     const stage_guard* guard = nullptr; //!< its stage's guard, or null when unguarded
-    //! Which stage list and pass the call belongs to (`stage_call::part`, `microbatch`,
-    //! `direction`): a guarded run never crosses from one to the next, as the plan's do not
-    //! (a whole-step segment holds a stage's forward next to its backward).
-    int list = 0;
+    //! The plan's call (its list and pass: a guarded run never crosses from one to the next, as
+    //! the plan's do not, though a whole-step segment holds a stage's forward next to its backward).
+    const stage_call* call = nullptr;
 };
 
 //! Whether calls `a` and `b` belong to one guarded run (one conditional node).
 inline bool same_guarded_run(const bound_call& a, const bound_call& b) {
-    return a.guard && b.guard && *a.guard == *b.guard && a.lane == b.lane && a.list == b.list;
+    return a.guard && b.guard && *a.guard == *b.guard && a.lane == b.lane && same_list(*a.call, *b.call);
 }
 
 //! Clears the scratch pool's side-lane mark however the call it brackets ends.
