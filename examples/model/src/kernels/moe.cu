@@ -40,36 +40,70 @@ __global__ void router_topk_backward_k(const int* expert, const float* gate, con
     for (int j = 0; j < k; ++j) dot += gate[t * k + j] * dgate[t * k + j];
     for (int j = 0; j < k; ++j) d[expert[t * k + j]] = from_f<T>(gate[t * k + j] * (dgate[t * k + j] - dot));
 }
-// One block, one thread per expert: positions in token order, so assignment is deterministic.
-__global__ void assign_slots_k(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity) {
-    __shared__ int offset[max_experts + 1];
-    const int e = threadIdx.x;
+// One block walks the assignments in tiles of its 1024 threads, in token order, so the assignment
+// is deterministic. Within a tile each thread's position among its expert's assignments is the
+// expert's running count, plus those in earlier warps of the tile (an exclusive sum over warps
+// per expert), plus those in earlier lanes of its warp (a match mask). The counts come first, from
+// integer atomics (exact in any order): drop-and-pad needs them for padding rows, dropless for
+// its offsets.
+constexpr int slot_threads = 1024, slot_warps = slot_threads / 32;
+__global__ void __launch_bounds__(slot_threads)
+    assign_slots_k(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity) {
+    __shared__ int seen[max_experts];       // assignments per expert so far (pass 2)
+    __shared__ int kept[max_experts];       // rows each expert keeps
+    __shared__ int offset[max_experts + 1]; // first row of each expert
+    __shared__ int before[slot_warps][max_experts];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int assignments = tokens * k;
-    int n = 0;
-    if (e < experts)
-        for (int a = 0; a < assignments; ++a) n += expert[a] == e;
-    if (e < experts) offset[e + 1] = capacity > 0 ? capacity : n;
+    for (int e = tid; e < experts; e += slot_threads) seen[e] = 0;
     __syncthreads();
-    if (e == 0) {
+    for (int a = tid; a < assignments; a += slot_threads) atomicAdd(&seen[expert[a]], 1);
+    __syncthreads();
+    if (tid == 0) {
         offset[0] = 0;
-        for (int i = 1; i <= experts; ++i) offset[i] += offset[i - 1];
+        for (int e = 0; e < experts; ++e) {
+            kept[e] = capacity > 0 ? min(seen[e], capacity) : seen[e];
+            offset[e + 1] = offset[e] + (capacity > 0 ? capacity : seen[e]);
+        }
     }
     __syncthreads();
-    if (e >= experts) return;
-    int pos = 0;
-    for (int a = 0; a < assignments; ++a) {
-        if (expert[a] != e) continue;
-        if (capacity > 0 && pos >= capacity) {
-            slot[a] = -1; // dropped
-        } else {
-            slot[a] = offset[e] + pos;
-            row_owner[offset[e] + pos] = a;
-        }
-        ++pos;
+    for (int e = tid; e < experts; e += slot_threads) {
+        counts[e] = kept[e];
+        seen[e] = 0;
     }
-    const int kept = capacity > 0 ? min(pos, capacity) : pos;
-    for (int r = kept; r < offset[e + 1] - offset[e]; ++r) row_owner[offset[e] + r] = -1;
-    counts[e] = kept;
+    if (capacity > 0) // padding rows
+        for (int r = tid; r < experts * capacity; r += slot_threads)
+            if (r % capacity >= kept[r / capacity]) row_owner[r] = -1;
+    for (int tile = 0; tile < assignments; tile += slot_threads) {
+        const int a = tile + tid;
+        const int e = a < assignments ? expert[a] : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        const int lane_rank = __popc(same & ((1u << lane) - 1u));
+        for (int i = tid; i < slot_warps * experts; i += slot_threads) before[i / experts][i % experts] = 0;
+        __syncthreads();
+        if (e >= 0 && lane_rank == 0) before[warp][e] = __popc(same);
+        __syncthreads();
+        if (tid < experts) {
+            int run = seen[tid];
+            for (int w = 0; w < slot_warps; ++w) {
+                const int n = before[w][tid];
+                before[w][tid] = run;
+                run += n;
+            }
+            seen[tid] = run;
+        }
+        __syncthreads();
+        if (e >= 0) {
+            const int pos = before[warp][e] + lane_rank;
+            if (capacity > 0 && pos >= capacity) {
+                slot[a] = -1; // dropped
+            } else {
+                slot[a] = offset[e] + pos;
+                row_owner[offset[e] + pos] = a;
+            }
+        }
+        __syncthreads(); // `before` is cleared for the next tile
+    }
 }
 template <class T> __global__ void permute_rows_k(const T* x, const int* row_owner, T* out, int rows, int hidden, int k) {
     const long n = long(rows) * hidden;
@@ -140,7 +174,7 @@ void router_topk_backward(const int* expert, const float* gate, const float* dga
 }
 void assign_slots(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity,
                   cudaStream_t s) {
-    assign_slots_k<<<1, ((experts + 31) / 32) * 32, 0, s>>>(expert, counts, slot, row_owner, tokens, k, experts, capacity);
+    assign_slots_k<<<1, slot_threads, 0, s>>>(expert, counts, slot, row_owner, tokens, k, experts, capacity);
     CHECKED("assign_slots");
 }
 template <class T> void permute_rows(const T* x, const int* row_owner, T* out, int rows, int hidden, int k, cudaStream_t s) {
