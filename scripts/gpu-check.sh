@@ -62,7 +62,7 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_attention test_scan_slots test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks test_guards; do
+  for t in test_attention test_scan_slots test_generate test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks test_guards; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
@@ -90,6 +90,12 @@ if want racecheck; then
     --test-case='*for the sanitizers*' >>"$OUT/racecheck.log" 2>&1
   xrc=$?
   echo "racecheck gpu_test_attention: exit $xrc" | tee -a "$OUT/racecheck.log"
+  [ $xrc -eq 0 ] || rc=$xrc
+  # The decode attention's scores and the greedy choice's per-warp bests go through shared memory.
+  timeout 540 compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/gpu_test_generate \
+    --test-case='*for the sanitizers*' >>"$OUT/racecheck.log" 2>&1
+  xrc=$?
+  echo "racecheck gpu_test_generate: exit $xrc" | tee -a "$OUT/racecheck.log"
   [ $xrc -eq 0 ] || rc=$xrc
   # The scan's stretch maps and the slot assignment's per-warp counts go through shared memory.
   timeout 540 compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/gpu_test_scan_slots \

@@ -97,6 +97,43 @@ template <class T> void gated_scan_forward(const T* proj, float* h, T* y, int ba
 template <class T>
 void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, int batch, int seq, int inner, cudaStream_t s);
 
+// Greedy decoding with a KV cache (decode.cu). The loop's state lives on the device, so a replay
+// of a decode step reads what the last pass wrote: `flag` (nonzero: another pass), `step` (tokens
+// out so far), `position` (where the next token goes), per sequence `done`, `last` (the token to
+// feed) and `generated` [rows, max_new]. A step run past the last (step >= max_new, position >=
+// seq_len) changes nothing.
+struct decode_state {
+    int *flag, *step, *position, *done, *last, *generated;
+};
+// Keys and values of a prompt's qkv rows (b*prompt + s) into the cache [rows, seq_cap, hidden] each.
+template <class T> void kv_cache_fill(const T* qkv, T* cache_k, T* cache_v, int rows, int prompt, int hidden, int seq_cap, cudaStream_t s);
+// The new token's key and value (qkv row b) at *position.
+template <class T>
+void kv_cache_append(const T* qkv, T* cache_k, T* cache_v, const int* position, int rows, int hidden, int seq_cap, cudaStream_t s);
+// Causal attention of one query per sequence (qkv row b) over cached positions 0..*position. Its
+// scores live in shared memory: (seq_cap + dh) floats, within 48 KiB less the reductions' own.
+inline std::size_t decode_attention_shared_bytes(int seq_cap, int dh) { return (std::size_t(seq_cap) + std::size_t(dh)) * sizeof(float); }
+constexpr std::size_t decode_attention_shared_limit = 48 * 1024 - 256;
+template <class T>
+void decode_attention(const T* qkv, const T* cache_k, const T* cache_v, const int* position, T* out, int rows, int heads, int dh,
+                      int seq_cap, cudaStream_t s);
+template <class T>
+void decode_embedding(const int* last, const int* position, const T* tok, const T* pos, T* out, int rows, int hidden, int positions,
+                      cudaStream_t s);
+// The scan's state at the prompt's last position, and one step from it (state updated in place).
+void scan_state_fill(const float* h, float* state, int rows, int prompt, int inner, cudaStream_t s);
+template <class T> void scan_step(const T* proj, float* state, T* y, int rows, int inner, cudaStream_t s);
+// done = 0 for `rows` sequences, step = 0.
+void decode_begin(const decode_state& st, int rows, cudaStream_t s);
+// generated[b][*step] = last[b] = the index of row b*row_stride + row_offset's largest logit (or
+// end_token once sequence b has ended); done[b] = 1 when it is end_token.
+template <class T>
+void greedy_pick(const T* logits, int row_stride, int row_offset, int rows, int vocab, const decode_state& st, int end_token, int max_new,
+                 cudaStream_t s);
+// ++step; position = prompt - 1 + step; flag = some real sequence (of *valid) is open and step <
+// max_new. A loop that stops before max_new fills the rest of every row with end_token.
+void decode_advance(const decode_state& st, const int* valid, int rows, int prompt, int max_new, int end_token, cudaStream_t s);
+
 // AdamW. The step count and the hyperparameters live on the device: the step count is advanced by
 // the same call (by the first of a step's calls, when several arenas are stepped), and the hyperparameters are set by a launch of their own, so a step replayed
 // from a graph follows both (bias corrections, a learning-rate schedule).

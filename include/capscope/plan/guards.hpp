@@ -65,7 +65,7 @@ void check_guard_runs(std::span<const stage_call> calls, std::span<const plan_se
                 throw plan_error("P16", s.name,
                                  "the stages guarded by " + std::string(guard_word(guard.kind)) + " '" + flag + "' from '" + first.name + "' to '" + s.name +
                                      "' fall in two segments (a graph boundary or an eager island lies between them), so they cannot be one conditional node",
-                                 "put them in one capture region (the same layer, or step_begin/step_end), or give each part its own flag");
+                                 "put them in one capture region (the same layer, or step_begin/step_end; an inference forward: scope block, inference::per_block), or give each part its own flag");
             if (s.lane != first.lane)
                 throw plan_error("P16", s.name,
                                  "the stages guarded by " + std::string(guard_word(guard.kind)) + " '" + flag + "' run on lanes " + std::to_string(first.lane) +

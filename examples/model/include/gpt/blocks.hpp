@@ -113,6 +113,22 @@ public:
     }
     //! Gradient of the loss with respect to the input, written by backward.
     const T* input_grad() const { return dx_.data(); }
+
+    //! Greedy decoding (inference blocks): `allocate_decode` makes what a block keeps from one
+    //! position to the next (attention: the keys and values; the scan: its state), once, before
+    //! any capture; `begin_decode` fills it from the last forward, on the prompts' grid;
+    //! `decode_forward` runs one new position of the first `rows` sequences, at the position held
+    //! in device memory at `position` (a replay reads the one the last pass wrote). Blocks that
+    //! keep nothing run their forward on one position.
+    virtual void allocate_decode() {}
+    virtual void begin_decode(cudaStream_t, token_grid /*prompt*/) {}
+    virtual void decode_forward(cudaStream_t s, int rows, const int* /*position*/) { forward_on({rows, 1}, s); }
+    //! What a block keeps from one position to the next (read and written by its decode stage).
+    virtual std::vector<tensor_ref> decode_state() const { return {}; }
+    //! The stage of `decode_forward` for `rows` sequences: the kind, regions and host facts of the
+    //! block's forward on one position (an MoE block's routing reads counts on the host when
+    //! dropless: that stage says so, and a guarded decode loop is then refused, P14).
+    stage decode_stage(int rows, const int* position);
     const std::vector<stage>& stages() const { return stages_; }
 
 protected:
@@ -212,7 +228,36 @@ protected:
     backward_scratch::layout scratch_;
     std::vector<stage> stages_;
     std::deque<grid_call> grid_calls_;
+
+private:
+    struct decode_call {
+        block* self;
+        int rows;
+        const int* position;
+    };
+    static void call_decode(decode_call* c, capscope::stream_handle s) { c->self->decode_forward(s, c->rows, c->position); }
+    std::deque<decode_call> decode_calls_;
 };
+
+template <class T> stage block<T>::decode_stage(int rows, const int* position) {
+    decode_call* call = nullptr;
+    for (decode_call& c : decode_calls_)
+        if (c.rows == rows && c.position == position) call = &c;
+    if (!call) call = &decode_calls_.emplace_back(decode_call{this, rows, position});
+    const std::vector<stage> one = forward_stages({rows, 1});
+    // "layer1.attention.decode", "layer1.moe.decode": the block's forward stage, or "moe" for the three of an MoE block.
+    const std::string what = one.size() == 1 ? one.front().name.substr(name_.size() + 1) : std::string("moe");
+    stage st = grid_stage(what + ".decode", stage_kind::other, {}, stream_fn::of_function<&call_decode>(call), {rows, 1});
+    st.kind = one.back().kind;
+    st.captured_by = one.back().captured_by;
+    for (const stage& f : one) {
+        st.synchronizes_with_host = st.synchronizes_with_host || f.synchronizes_with_host;
+        st.shapes_depend_on_data = st.shapes_depend_on_data || f.shapes_depend_on_data;
+    }
+    st.inputs.push_back(ref("position", position, sizeof(int)));
+    for (const tensor_ref& kept : decode_state()) st.outputs.push_back(kept);
+    return st;
+}
 
 template <class T>
 class attention_block final : public block<T> {
@@ -225,9 +270,16 @@ public:
     void forward_grid(cudaStream_t s, token_grid grid);
     void forward_on(token_grid grid, cudaStream_t s) override { forward_grid(s, grid); }
     void backward(cudaStream_t s);
+    void allocate_decode() override;
+    void begin_decode(cudaStream_t s, token_grid prompt) override;
+    void decode_forward(cudaStream_t s, int rows, const int* position) override;
+    std::vector<tensor_ref> decode_state() const override {
+        return {this->ref("cache_k", cache_k_.data(), cache_k_.bytes()), this->ref("cache_v", cache_v_.data(), cache_v_.bytes())};
+    }
 
 private:
     attention_kind kind_;
+    capscope::cuda::device_buffer<T> cache_k_, cache_v_; // [batch, seq, hidden] each: the KV cache (decoding)
     const int* lengths_;
     typename parameter_store<T>::id norm_, qkv_w_, out_w_;
     capscope::cuda::device_buffer<float> rstd_, lse_; // per token row; per query row and head (the fused attention's log-sum-exp)
@@ -313,9 +365,15 @@ public:
     void forward_on(token_grid grid, cudaStream_t s) override { forward_grid(s, grid); }
     void backward(cudaStream_t s);
 
+    void allocate_decode() override;
+    void begin_decode(cudaStream_t s, token_grid prompt) override;
+    void decode_forward(cudaStream_t s, int rows, const int* position) override;
+    std::vector<tensor_ref> decode_state() const override { return {this->ref("scan_state", decode_state_.data(), decode_state_.bytes())}; }
+
 private:
     typename parameter_store<T>::id norm_, in_proj_, out_proj_;
     capscope::cuda::device_buffer<float> rstd_, state_;
+    capscope::cuda::device_buffer<float> decode_state_; // [batch, inner]: the scan's state at the last decoded position
     capscope::cuda::device_buffer<T> normed_, proj_, mixed_;
     scratch<T> d_mixed_, d_proj_, d_normed_;
 };

@@ -29,6 +29,18 @@ namespace gpt {
 template <class T>
 class gpt_model;
 
+//! What a greedy generation makes: `max_new` tokens per sequence after a prompt of `prompt_len`
+//! tokens, the first from the prompt's last logits. A sequence ends when it emits `end_token`
+//! (-1: never); its later tokens are `end_token` again. prompt_len + max_new - 1 positions must
+//! fit the model's seq_len. A drop-and-pad MoE gives each expert its capacity for the rows of
+//! one position, padding rows included; with capacity_factor >= experts / top_k no token is ever
+//! dropped, and a sequence's tokens do not depend on the others in its bucket.
+struct generation {
+    int prompt_len = 1;
+    int max_new = 1;
+    int end_token = -1;
+};
+
 template <class T>
 class inference_model {
 public:
@@ -56,7 +68,25 @@ public:
     //! The forward on `rows` sequences, eagerly.
     void forward(int rows, cudaStream_t s, int slot = 0);
 
-    //! Logits [capacity * seq_len, vocab]; after a forward on a padded batch, rows of padded
+    //! Greedy generation with a KV cache (examples/model/src/inference.cu). `set_prompts` writes
+    //! `n` prompts of `prompt_len` tokens each (n * prompt_len ids), padded to `rows` sequences.
+    void set_prompts(std::span<const int> tokens, int n, int rows, int prompt_len, cudaStream_t s, int slot = 0, int pad_token = 0);
+    //! Per bucket: the prompts' forward, the first token, then WHILE 'decoding' { one token per
+    //! sequence }. Under inference scope `block` a whole generation is one graph launch; eagerly,
+    //! the runner reads the flag on the host after each pass.
+    capscope::inference_program generate_program(std::span<const int> bucket_sizes, const generation& g, int slot = 0);
+    //! The same work in two programs, for a loop that launches once per token: the prompts'
+    //! forward with the first token, and one more token per sequence (no guard).
+    capscope::inference_program prefill_program(std::span<const int> bucket_sizes, const generation& g, int slot = 0);
+    capscope::inference_program decode_step_program(std::span<const int> bucket_sizes, const generation& g, int slot = 0);
+    //! The decode loop's flag in device memory: nonzero while another token is due.
+    const int* decoding() const { return decode_.data(); }
+    //! The first `n` sequences' generated tokens, [n, max_new]; `g` must be the generation that
+    //! ran last (its max_new is the rows' stride). Synchronizes `s`.
+    std::vector<int> copy_generated(int n, const generation& g, cudaStream_t s) const;
+
+    //! Logits [capacity * seq_len, vocab]; after a generation, the last step's [rows, vocab]
+    //! (padded rows not zeroed). After a forward on a padded batch, rows of padded
     //! sequences are zero.
     const T* logits() const { return logits_.data(); }
     //! The first `n` sequences' logits as floats (n * seq_len * vocab); synchronizes `s`. Not for
@@ -70,14 +100,33 @@ public:
 private:
     struct io_call {
         inference_model* model;
-        int rows, slot;
-        void embed(cudaStream_t s) { model->embed(s, rows, slot); }
-        void head(cudaStream_t s) { model->head(s, rows, slot); }
+        int rows, slot, seq;
+        void embed(cudaStream_t s) { model->embed(s, {rows, seq}, slot); }
+        void head(cudaStream_t s) { model->head(s, {rows, seq}, slot); }
         void whole(cudaStream_t s, int n) { model->forward(n, s, slot); }
     };
-    io_call* call_for(int rows, int slot);
-    void embed(cudaStream_t s, int rows, int slot);
-    void head(cudaStream_t s, int rows, int slot);
+    //! A generation's calls for one bucket: the first token after the prompts, and one token.
+    struct decode_call {
+        inference_model* model;
+        int rows, slot;
+        generation g;
+        void first_token(cudaStream_t s) { model->first_token(s, *this); }
+        void embed(cudaStream_t s) { model->decode_embed(s, *this); }
+        void head(cudaStream_t s) { model->decode_head(s, *this); }
+    };
+    io_call* call_for(int rows, int slot, int seq = 0);
+    decode_call* decode_call_for(int rows, int slot, const generation& g);
+    std::vector<capscope::stage> prompt_stages(token_grid grid, int slot);
+    std::vector<capscope::stage> decode_stages(decode_call* c, bool loop);
+    capscope::stage first_token_stage(decode_call* c);
+    capscope::inference_program generation_program(std::span<const int> sizes, const generation& g, int slot, bool prompt, bool decode,
+                                                   bool loop);
+    void write_inputs(std::span<const int> tokens, int n, int rows, int per_row, cudaStream_t s, int slot, int pad_token, const char* who);
+    void embed(cudaStream_t s, token_grid grid, int slot);
+    void head(cudaStream_t s, token_grid grid, int slot);
+    void first_token(cudaStream_t s, const decode_call& c);
+    void decode_embed(cudaStream_t s, const decode_call& c);
+    void decode_head(cudaStream_t s, const decode_call& c);
     int* tokens(int slot) const { return inputs_.data() + std::size_t(slot) * slot_ints(); }
     int* valid(int slot) const { return tokens(slot) + std::size_t(cfg_.tokens()); }
     std::size_t slot_ints() const { return std::size_t(cfg_.tokens()) + 1; }
@@ -94,6 +143,11 @@ private:
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_;
     capscope::cuda::device_buffer<float> final_rstd_, logits_f32_;
     std::deque<io_call> calls_;
+    std::deque<decode_call> decode_calls_;
+    //! The decode loop's state (allocated with the first generation program): flag, step,
+    //! position, one int spare, then per sequence done and last, then the generated tokens,
+    //! packed [rows, max_new] in room for [capacity, seq_len].
+    capscope::cuda::device_buffer<int> decode_;
 };
 
 } // namespace gpt
