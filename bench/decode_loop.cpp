@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    if (rounds < 1) {
+        std::fprintf(stderr, "decode_loop: --rounds must be at least 1\n");
+        return 2;
+    }
     if (cuda::usable_device_count() == 0) {
         std::printf("no CUDA device: skipped\n");
         return cuda::skip_exit_code;

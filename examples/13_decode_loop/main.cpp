@@ -5,8 +5,8 @@
 // 8 tokens, one position at a time. The whole generation, the prompts' forward and every decode
 // step, is one graph launch: the decode step sits in a WHILE node whose flag a kernel clears
 // once every sequence has emitted its end token or the length is reached. The same program runs
-// eagerly (the runner reads the flag on the host after each pass) and as one graph per token;
-// the three make the same tokens, bit for bit.
+// eagerly (the runner reads the flag on the host before each pass and after the last) and as one
+// graph per token; the three make the same tokens, bit for bit.
 //
 //   13_decode_loop
 //
@@ -87,7 +87,7 @@ int main(int argc, char**) {
         }
         const std::vector<int> graphed = served.copy_generated(n, g, s);
 
-        // 5. The same program eagerly: the runner reads the loop's flag on the host each pass.
+        // 5. The same program eagerly: the runner reads the loop's flag on the host before each pass.
         inference_runner<serve_eager> eager(served.generate_program(bucket_list, g));
         served.set_prompts(prompts, n, n, g.prompt_len, s);
         eager.run(eager.choose(n), s);

@@ -32,7 +32,7 @@ using block_cfg = config<impl::lazy_per_layer, inference::per_block, moe_facts, 
 using eager_cfg = config<impl::eager, inference::eager, moe_facts, warmup_steps<1>, sizes>;
 using layer_cfg = config<impl::lazy_per_layer, inference::per_layer, moe_facts, warmup_steps<1>, sizes>;
 
-//! "DEM" (attention + MoE with room for every token, dense, Mamba-style), 4 sequences of 16.
+//! "DEM" (dense, attention + MoE with room for every token, Mamba-style), 4 sequences of 16.
 gpt::model_config decoder(gpt::moe_mode mode = gpt::moe_mode::drop_and_pad) {
     gpt::model_config c = support::small_model("DEM", mode, 2.0);
     c.seed = 11;
@@ -208,6 +208,13 @@ TEST_CASE("the end token stops the loop early once every real sequence has emitt
     CHECK(launches == ends_at + 1);
     const outcome eager = generate_once<eager_cfg>(m, m.generate_program(bucket, g), prompts, 1, 1, g, s.get());
     CHECK(eager.tokens == per_token.tokens);
+    CHECK(m.tokens_made(s.get()) == ends_at + 1);
+    // The WHILE node stops there too: a loop that ignored the flag would write the same tokens
+    // (the end token again), but its step count would reach max_new.
+    const outcome graph = generate_once<block_cfg>(m, m.generate_program(bucket, g), prompts, 1, 1, g, s.get());
+    CHECK(graph.tokens == per_token.tokens);
+    CHECK(graph.counters.conditional_nodes == 1);
+    CHECK(m.tokens_made(s.get()) == ends_at + 1);
     // Passes of the WHILE run, read on the host: one read per pass, one at its end; two generations.
     CHECK(eager.counters.guard_reads == 2 * (ends_at + 1));
 }

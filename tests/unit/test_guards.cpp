@@ -100,6 +100,9 @@ TEST_CASE("P16: one guarded run is one conditional node: one segment, one lane")
     CHECK(contains(plan_error_text({graph_impl::lazy_per_layer, {}}, g.p),
                    "capscope plan rule P16: the stages guarded by IF 'all_finite' from 'layer0.mlp' to 'layer1.attention' fall in two segments"));
     CHECK(plan_error_text({graph_impl::whole_iteration, {}}, g.p) == "(no error)"); // one graph: one node
+    // A training plan keeps its eager segments per layer (offload places its copies by them), so
+    // an eager run across layers is refused too.
+    CHECK(contains(plan_error_text({graph_impl::eager, {}}, g.p), "capscope plan rule P16"));
 
     guarded_model l;
     stage second = l.p.step_end.back();
@@ -133,6 +136,32 @@ TEST_CASE("inference plans check guarded stages too: a decode loop's flag is wri
         FAIL("no error");
     } catch (const plan_error& e) {
         CHECK(e.rule() == "P15");
+    }
+}
+
+TEST_CASE("an inference forward's guarded run across layers: one eager segment, or one node under scope block; P16 per layer") {
+    fake::model m;
+    int flag = 0;
+    const tensor_ref again{"again", &flag, sizeof(int)};
+    training_program t = m.program("DD", false, 1);
+    auto& list = t.microbatches[0]; // embedding, layer0.attention, layer0.mlp, layer1.attention, layer1.mlp, head
+    list[1].outputs.push_back(again);
+    for (std::size_t i = 2; i <= 4; ++i) list[i].guard = run_while(again); // layer0.mlp to layer1.mlp
+    list[4].outputs.push_back(again);
+    inference_program p;
+    p.buckets = {list};
+    p.bucket_sizes = {1};
+    const inference_plan eager = make_inference_plan(inference_scope::eager, {}, bucket_list{1}, p);
+    // embedding, layer0 + layer1 (joined where the run crosses them; 4 segments without), head
+    CHECK(eager.segments_per_bucket == 3);
+    const inference_plan block = make_inference_plan(inference_scope::per_block, {}, bucket_list{1}, p);
+    CHECK(contains(to_text(block, p), "WHILE 'again' { layer0.mlp, layer1.attention, layer1.mlp }"));
+    try {
+        make_inference_plan(inference_scope::per_layer, {}, bucket_list{1}, p);
+        FAIL("no error");
+    } catch (const plan_error& e) {
+        CHECK(e.rule() == "P16");
+        CHECK(contains(e.what(), "inference::per_block"));
     }
 }
 

@@ -309,6 +309,15 @@ capscope::inference_program inference_model<T>::decode_step_program(std::span<co
     return generation_program(sizes, g, slot, false, true, false);
 }
 
+template <class T> int inference_model<T>::tokens_made(cudaStream_t s) const {
+    if (decode_.empty()) throw std::logic_error("tokens_made: no generation program was made, so nothing was generated");
+    int step = 0;
+    CAPSCOPE_CHECK(cudaMemcpyAsync(&step, decode_layout(const_cast<int*>(decode_.data()), cfg_.batch).step, sizeof(int),
+                                   cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return step;
+}
+
 template <class T> std::vector<int> inference_model<T>::copy_generated(int n, const generation& g, cudaStream_t s) const {
     if (decode_.empty()) throw std::logic_error("copy_generated: no generation program was made, so nothing was generated");
     if (n < 1 || n > cfg_.batch || g.max_new < 1 || g.max_new > cfg_.seq_len)

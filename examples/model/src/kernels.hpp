@@ -100,8 +100,8 @@ void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, i
 // Greedy decoding with a KV cache (decode.cu). The loop's state lives on the device, so a replay
 // of a decode step reads what the last pass wrote: `flag` (nonzero: another pass), `step` (tokens
 // out so far), `position` (where the next token goes), per sequence `done`, `last` (the token to
-// feed) and `generated` [rows, max_new]. A step run past the last (step >= max_new, position >=
-// seq_len) changes nothing.
+// feed) and `generated` [rows, max_new]. A step run past the last changes no generated token and
+// not the flag, and writes nothing out of bounds (step >= max_new, position >= seq_len are checked).
 struct decode_state {
     int *flag, *step, *position, *done, *last, *generated;
 };

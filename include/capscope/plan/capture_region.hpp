@@ -61,23 +61,16 @@ constexpr misplacement find_misplacement(const capture_scope& c, std::span<const
 //! Splits a stage list into segments: maximal runs of consecutive stages that are all captured
 //! or all eager. Except in the whole iteration, which is one segment, a segment never crosses a
 //! layer boundary (one graph per layer and run of regions) nor a change of lane (a segment runs
-//! on one stream), except for a branch stage, which stays in the segment it is forked from.
-//! An eager run of stages under one guard stays one segment across layers: the host decides it
-//! once (IF) or once per pass (WHILE), as a conditional node would. Calls `emit(stage_range)` in
-//! list order and returns the number of segments.
+//! on one stream), except for a branch stage, which stays in the segment it is forked from. Calls `emit(stage_range)` in list order and returns the number of segments.
 template <class Emit>
 constexpr int split_segments(const capture_scope& c, std::span<const stage_facts> stages, Emit&& emit) {
     int n = 0;
     std::size_t i = 0;
-    auto same_eager_guard = [&](std::size_t j) {
-        const stage_facts &a = stages[j - 1], &b = stages[j];
-        return a.guarded != guard_kind::none && a.guarded == b.guarded && a.guard_flag == b.guard_flag && a.lane == b.lane;
-    };
     while (i < stages.size()) {
         const bool graphed = inside_captured_region(c, stages[i]);
         std::size_t j = i + 1;
         while (j < stages.size() && inside_captured_region(c, stages[j]) == graphed &&
-               (c.impl == graph_impl::whole_iteration || (!graphed && same_eager_guard(j)) ||
+               (c.impl == graph_impl::whole_iteration ||
                 (stages[j].layer == stages[i].layer && (stages[j].branch || stages[j].lane == stages[i].lane))))
             ++j;
         emit(stage_range{static_cast<int>(i), static_cast<int>(j - i), graphed});

@@ -123,7 +123,20 @@ inline inference_plan make_inference_plan(inference_scope scope, const region_se
 
     const auto facts = detail::facts_of(program.buckets.front());
     std::vector<stage_range> ranges;
-    split_segments(plan.capture, facts, [&](stage_range r) { ranges.push_back(r); });
+    split_segments(plan.capture, facts, [&](stage_range r) {
+        // An eager run of stages under one guard stays one segment across layers (a decode loop
+        // over every layer, run eagerly): the host decides it once (IF) or once per pass (WHILE),
+        // as a node would. Captured runs split between graphs are refused (P16).
+        if (!ranges.empty() && !r.graphed && !ranges.back().graphed) {
+            const stage_facts& a = facts[std::size_t(ranges.back().first + ranges.back().count - 1)];
+            const stage_facts& b = facts[std::size_t(r.first)];
+            if (a.guarded != guard_kind::none && a.guarded == b.guarded && a.guard_flag == b.guard_flag && a.lane == b.lane) {
+                ranges.back().count += r.count;
+                return;
+            }
+        }
+        ranges.push_back(r);
+    });
     plan.segments_per_bucket = int(ranges.size());
     for (int b = 0; b < sizes.size(); ++b) {
         int graph = 0;

@@ -72,8 +72,10 @@ public:
     //! `n` prompts of `prompt_len` tokens each (n * prompt_len ids), padded to `rows` sequences.
     void set_prompts(std::span<const int> tokens, int n, int rows, int prompt_len, cudaStream_t s, int slot = 0, int pad_token = 0);
     //! Per bucket: the prompts' forward, the first token, then WHILE 'decoding' { one token per
-    //! sequence }. Under inference scope `block` a whole generation is one graph launch; eagerly,
-    //! the runner reads the flag on the host after each pass.
+    //! sequence }. Under inference scope `block` a whole generation is one graph launch (after the
+    //! bucket's eager warmup); eagerly, the runner reads the flag on the host before each pass and
+    //! after the last. The caches and the loop's state are the model's, one set whatever the
+    //! input slot: one generation runs at a time.
     capscope::inference_program generate_program(std::span<const int> bucket_sizes, const generation& g, int slot = 0);
     //! The same work in two programs, for a loop that launches once per token: the prompts'
     //! forward with the first token, and one more token per sequence (no guard).
@@ -81,12 +83,16 @@ public:
     capscope::inference_program decode_step_program(std::span<const int> bucket_sizes, const generation& g, int slot = 0);
     //! The decode loop's flag in device memory: nonzero while another token is due.
     const int* decoding() const { return decode_.data(); }
+    //! Tokens made per sequence by the last generation (the loop's step count); synchronizes `s`.
+    //! Fewer than max_new when every real sequence emitted the end token early.
+    int tokens_made(cudaStream_t s) const;
     //! The first `n` sequences' generated tokens, [n, max_new]; `g` must be the generation that
     //! ran last (its max_new is the rows' stride). Synchronizes `s`.
     std::vector<int> copy_generated(int n, const generation& g, cudaStream_t s) const;
 
-    //! Logits [capacity * seq_len, vocab]; after a generation, the last step's [rows, vocab]
-    //! (padded rows not zeroed). After a forward on a padded batch, rows of padded
+    //! Logits [capacity * seq_len, vocab]; after a generation that ran a decode step, the last
+    //! step's [rows, vocab] (padded rows not zeroed). After a forward on a padded batch (or a
+    //! generation that stopped at its first token), rows of padded
     //! sequences are zero.
     const T* logits() const { return logits_.data(); }
     //! The first `n` sequences' logits as floats (n * seq_len * vocab); synchronizes `s`. Not for

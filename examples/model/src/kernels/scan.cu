@@ -11,8 +11,8 @@ using namespace detail;
 // block takes 32 channels (threadIdx.x: coalesced rows) of one sequence and splits the positions
 // into `scan_chunks` stretches (threadIdx.y): every thread first composes its stretch's map, then
 // folds the maps of the stretches before it (in a fixed order: deterministic), then walks its
-// stretch again from the true state, writing. 1024 threads per block instead of one thread walking
-// the whole sequence: the sequential part is seq / 32 + 32 steps long, not seq.
+// stretch again from the true state, writing. 32 threads per channel instead of one walking the
+// whole sequence: the dependent chain is 2 seq / 32 + 31 steps long, not seq.
 constexpr int scan_lanes = 32, scan_chunks = 32;
 
 struct stretch {
