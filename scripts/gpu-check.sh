@@ -62,7 +62,7 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_attention test_scan_slots test_generate test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks test_guards; do
+  for t in test_attention test_scan_slots test_norms test_generate test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks test_guards; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
@@ -97,12 +97,15 @@ if want racecheck; then
   xrc=$?
   echo "racecheck gpu_test_generate: exit $xrc" | tee -a "$OUT/racecheck.log"
   [ $xrc -eq 0 ] || rc=$xrc
-  # The scan's stretch maps and the slot assignment's per-warp counts go through shared memory.
-  timeout 540 compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/gpu_test_scan_slots \
-    --test-case='*for the sanitizers*' >>"$OUT/racecheck.log" 2>&1
-  xrc=$?
-  echo "racecheck gpu_test_scan_slots: exit $xrc" | tee -a "$OUT/racecheck.log"
-  [ $xrc -eq 0 ] || rc=$xrc
+  # The scan's stretch maps and the slot assignment's per-warp counts go through shared memory;
+  # the norms reduce through it (block per row) or within a warp.
+  for t in test_scan_slots test_norms; do
+    timeout 540 compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/gpu_$t \
+      --test-case='*for the sanitizers*' >>"$OUT/racecheck.log" 2>&1
+    xrc=$?
+    echo "racecheck gpu_$t: exit $xrc" | tee -a "$OUT/racecheck.log"
+    [ $xrc -eq 0 ] || rc=$xrc
+  done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK" "$OUT/racecheck.log" | head
 fi
 

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace gpt::kernels::detail {
 
@@ -56,6 +57,17 @@ __device__ __forceinline__ float block_sum(float v) { return block_reduce(v, sum
 __device__ __forceinline__ float block_max(float v) { return block_reduce(v, max_op{}); }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+//! 16 bytes of T (8 bf16 or 4 floats), loaded and stored as one.
+template <class T> constexpr int lanes_of = 16 / int(sizeof(T));
+template <class T, int W> struct alignas(sizeof(T) * W) pack {
+    T e[W];
+};
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+    for (const void* p : ptrs)
+        if (reinterpret_cast<std::uintptr_t>(p) % 16) return false;
+    return true;
+}
 
 } // namespace gpt::kernels::detail
 

@@ -33,6 +33,56 @@ __global__ void rms_norm_backward_k(const T* x, const T* g, const float* rstd, c
         dx[base + c] = from_f<T>(v);
     }
 }
+// The forward, one warp per row, when a row is whole 16-byte packs and fits V packs per lane: the
+// row is read once into registers (16 bytes a load), its sum of squares reduced within the warp (a
+// fixed butterfly, so deterministic), and written from the registers. No block barrier, and 8
+// rows per block of 256 threads.
+constexpr int norm_warps = 8;
+template <class T, int V>
+__global__ void __launch_bounds__(32 * norm_warps) rms_norm_forward_warp_k(const T* x, const T* g, T* y, float* rstd, int rows, int cols) {
+    constexpr int W = lanes_of<T>;
+    const int row = blockIdx.x * norm_warps + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+    if (row >= rows) return; // a whole warp leaves together
+    const auto* xr = reinterpret_cast<const pack<T, W>*>(x + long(row) * cols);
+    const int packs = cols / W;
+    pack<T, W> v[V];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int p = k * 32 + lane;
+        if (p < packs) {
+            v[k] = xr[p];
+#pragma unroll
+            for (int e = 0; e < W; ++e) ss += to_f(v[k].e[e]) * to_f(v[k].e[e]);
+        }
+    }
+    const float r = rsqrtf(warp_sum(ss) / cols + norm_eps);
+    const auto* gp = reinterpret_cast<const pack<T, W>*>(g);
+    auto* yr = reinterpret_cast<pack<T, W>*>(y + long(row) * cols);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int p = k * 32 + lane;
+        if (p < packs) {
+            const pack<T, W> gk = gp[p];
+            pack<T, W> out;
+#pragma unroll
+            for (int e = 0; e < W; ++e) out.e[e] = from_f<T>(to_f(v[k].e[e]) * r * to_f(gk.e[e]));
+            yr[p] = out;
+        }
+    }
+    if (lane == 0) rstd[row] = r;
+}
+// Packs per lane for the warp-per-row kernel, or 0 when the block-per-row kernel must run (a row
+// that is not whole packs, addresses off 16 bytes, or a row past 16 packs per lane).
+template <class T> int packs_per_lane(int cols, std::initializer_list<const void*> ptrs) {
+    constexpr int W = lanes_of<T>;
+    if (cols % W != 0 || !aligned16(ptrs)) return 0;
+    const int need = (cols / W + 31) / 32;
+    for (int v : {1, 2, 4, 8, 16})
+        if (need <= v) return v;
+    return 0;
+}
+
 // dg[c] += sum_r dy[r, c] x[r, c] rstd[r]. A block owns 32 columns (one per lane, so a warp
 // reads 32 adjacent elements of a row) and 32 warps split the rows; the 32 partial sums of each
 // column are then added in a fixed order, so the result does not depend on scheduling.
@@ -68,12 +118,23 @@ template <class T> __global__ void __launch_bounds__(32 * weight_grad_rows)
 } // namespace
 
 template <class T> void rms_norm_forward(const T* x, const T* g, T* y, float* rstd, int rows, int cols, cudaStream_t s) {
-    rms_norm_forward_k<<<rows, row_threads, 0, s>>>(x, g, y, rstd, cols);
+    if (rows == 0) return;
+    const unsigned blocks = blocks_for(rows, norm_warps), threads = 32 * norm_warps;
+    switch (packs_per_lane<T>(cols, {x, g, y})) {
+    case 1: rms_norm_forward_warp_k<T, 1><<<blocks, threads, 0, s>>>(x, g, y, rstd, rows, cols); break;
+    case 2: rms_norm_forward_warp_k<T, 2><<<blocks, threads, 0, s>>>(x, g, y, rstd, rows, cols); break;
+    case 4: rms_norm_forward_warp_k<T, 4><<<blocks, threads, 0, s>>>(x, g, y, rstd, rows, cols); break;
+    case 8: rms_norm_forward_warp_k<T, 8><<<blocks, threads, 0, s>>>(x, g, y, rstd, rows, cols); break;
+    case 16: rms_norm_forward_warp_k<T, 16><<<blocks, threads, 0, s>>>(x, g, y, rstd, rows, cols); break;
+    default: rms_norm_forward_k<<<rows, row_threads, 0, s>>>(x, g, y, rstd, cols);
+    }
     CHECKED("rms_norm_forward");
 }
 template <class T>
 void rms_norm_backward(const T* x, const T* g, const float* rstd, const T* dy, const T* residual_grad, T* dx, int rows, int cols,
                        cudaStream_t s) {
+    // One block per row: a warp-per-row backward that kept x and dy in registers measured slower
+    // under ncu at h2048 (458 against 441 us a step), so the backward keeps this kernel.
     rms_norm_backward_k<<<rows, row_threads, 0, s>>>(x, g, rstd, dy, residual_grad, dx, cols);
     CHECKED("rms_norm_backward");
 }

@@ -34,15 +34,6 @@ __device__ __forceinline__ float gelu_grad(float v) {
     const float t = tanhf(gelu_k0 * (v + gelu_k1 * v * v * v));
     return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * gelu_k0 * (1.f + 3.f * gelu_k1 * v * v);
 }
-template <class T> constexpr int lanes_of = 16 / int(sizeof(T));
-template <class T, int W> struct alignas(sizeof(T) * W) pack {
-    T e[W];
-};
-bool aligned16(std::initializer_list<const void*> ptrs) {
-    for (const void* p : ptrs)
-        if (reinterpret_cast<std::uintptr_t>(p) % 16) return false;
-    return true;
-}
 template <class T, int W> __global__ void gelu_forward_k(const T* x, T* y, long n) {
     const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
     if (i * W >= n) return;
