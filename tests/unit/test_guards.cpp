@@ -156,6 +156,12 @@ TEST_CASE("an inference forward's guarded run across layers: one eager segment, 
     CHECK(eager.segments_per_bucket == 3);
     const inference_plan block = make_inference_plan(inference_scope::per_block, {}, bucket_list{1}, p);
     CHECK(contains(to_text(block, p), "WHILE 'again' { layer0.mlp, layer1.attention, layer1.mlp }"));
+    // The DOT shows the node, a stage a line, and says where the flag is read.
+    const std::string dot = to_dot(block, p);
+    CHECK(contains(dot, "label=\"inference scope block, buckets {1}: 1 graph per bucket (bucket 1 shown)\""));
+    CHECK(contains(dot, "s0 [label=\"g0\\nembedding\\nlayer0.attention\\nWHILE 'again' {\\nlayer0.mlp\\nlayer1.attention\\nlayer1.mlp\\n}\\nhead"
+                        "\\n[conditional nodes: WHILE 'again']\", style=\"filled,bold\""));
+    CHECK(contains(to_dot(eager, p), "[guards read on the host: WHILE 'again']\", style=dashed];\n  s0 -> s1;"));
     try {
         make_inference_plan(inference_scope::per_layer, {}, bucket_list{1}, p);
         FAIL("no error");

@@ -182,4 +182,25 @@ inline std::string to_text(const inference_plan& plan, const inference_program& 
     return out;
 }
 
+//! The first bucket's segments as Graphviz DOT, in order: graphs filled, eager islands dashed, a
+//! stage a line (a guarded run in braces), and the conditional nodes each graph holds.
+inline std::string to_dot(const inference_plan& plan, const inference_program& program) {
+    static constexpr const char* scope_words[] = {"none", "layer", "block"};
+    std::string out = "digraph capscope_inference_plan {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box];\n";
+    out += "  label=\"inference scope " + std::string(scope_words[std::size_t(plan.scope)]) + ", buckets " + detail::bucket_text(plan.sizes) +
+           ": " + std::to_string(plan.graphs_per_bucket) + " graph" + (plan.graphs_per_bucket == 1 ? "" : "s") + " per bucket (bucket " +
+           std::to_string(plan.sizes[0]) + " shown)\";\n  labelloc=t;\n";
+    int i = 0;
+    for (const plan_segment* s = plan.bucket_begin(0); s != plan.bucket_end(0); ++s, ++i) {
+        std::string label = (s->graphed ? "g" + std::to_string(s->graph) + "\\n" : std::string()) + detail::segment_stages(plan, program, *s, "\\n");
+        if (const std::string g = detail::guard_list(plan, program, *s); !g.empty())
+            label += s->graphed ? "\\n[conditional nodes: " + g + "]" : "\\n[guards read on the host: " + g + "]";
+        out += "  s" + std::to_string(i) + " [label=\"" + label + "\"" +
+               (s->graphed ? ", style=\"filled,bold\", fillcolor=\"#9fd3a8\"" : ", style=dashed") + "];\n";
+        if (i > 0) out += "  s" + std::to_string(i - 1) + " -> s" + std::to_string(i) + ";\n";
+    }
+    out += "}\n";
+    return out;
+}
+
 } // namespace capscope

@@ -53,8 +53,9 @@ std::string segment_stages(const Plan& plan, const Program& program, const plan_
     return out;
 }
 
-//! The guards of a segment's calls, one per guarded run: "IF 'all_finite', WHILE 'again'".
-inline std::string guard_list(const training_plan& plan, const training_program& program, const plan_segment& s) {
+//! The guards of a segment's calls, one per guarded run: "IF 'all_finite', WHILE 'again'"
+//! (training and inference plans alike).
+template <class Plan, class Program> std::string guard_list(const Plan& plan, const Program& program, const plan_segment& s) {
     std::string out;
     const stage_guard* last = nullptr;
     for (int k = 0; k < s.call_count; ++k) {

@@ -161,6 +161,8 @@ public:
     //! The runner's scratch memory: its pool, and the arena its graphs share.
     const scratch_pool& scratch() const noexcept { return executor_.scratch(); }
     std::string plan_text() const { return to_text(plan_, program_); }
+    //! The first bucket's plan as Graphviz DOT (`dot -Tsvg`).
+    std::string plan_dot() const { return to_dot(plan_, program_); }
     static constexpr const bucket_runner_settings& settings() noexcept { return Settings; }
     //! Executable graphs alive, and captured graphs kept (`bucket_exec::shared` keeps each
     //! bucket's captured graph to update from).
