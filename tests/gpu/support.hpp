@@ -164,4 +164,16 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float
     return v;
 }
 
+//! `n` values of T, normal with deviation `scale` around `shift` (random_floats, rounded to T).
+template <class T> std::vector<T> random_values(std::size_t n, std::uint64_t seed, float scale, float shift = 0.f) {
+    std::vector<T> v;
+    for (float x : random_floats(n, seed, scale)) v.push_back(T(x + shift));
+    return v;
+}
+template <class T> std::vector<double> as_double(const std::vector<T>& v) {
+    std::vector<double> out;
+    for (const T& x : v) out.push_back(to_double(x));
+    return out;
+}
+
 } // namespace support

@@ -90,11 +90,7 @@ template <class T> std::vector<T> random_values(std::size_t n, unsigned seed, fl
     for (T& x : v) x = T(dist(gen));
     return v;
 }
-template <class T> std::vector<double> as_double(const std::vector<T>& v) {
-    std::vector<double> out;
-    for (const T& x : v) out.push_back(support::to_double(x));
-    return out;
-}
+using support::as_double;
 
 template <class T> void check(const shape& sh, attention_mask mask, std::vector<int> lengths) {
     if (lengths.empty()) lengths.assign(std::size_t(sh.batch), sh.seq);

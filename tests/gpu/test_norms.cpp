@@ -17,22 +17,9 @@
 
 namespace {
 
-double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
-    return std::sqrt(num / std::max(den, 1e-30));
-}
-
-template <class T> std::vector<T> values(std::size_t n, unsigned seed, float scale, float shift = 0.f) {
-    std::vector<T> v;
-    for (float x : support::random_floats(n, seed, scale)) v.push_back(T(x + shift));
-    return v;
-}
-template <class T> std::vector<double> as_double(const std::vector<T>& v) {
-    std::vector<double> out;
-    for (const T& x : v) out.push_back(support::to_double(x));
-    return out;
-}
+using support::as_double;
+using support::random_values;
+using support::relative_error;
 
 //! `offset` elements into each buffer: 0 keeps rows on 16 bytes, 1 moves every address off them.
 template <class T> void check_norm(int rows, int cols, bool residual, int offset) {
@@ -42,8 +29,9 @@ template <class T> void check_norm(int rows, int cols, bool residual, int offset
     CAPTURE(offset);
     capscope::cuda::stream s;
     const std::size_t n = std::size_t(rows) * cols;
-    const auto x = values<T>(n, 3 + unsigned(cols), 1.f), dy = values<T>(n, 5 + unsigned(rows), 1.f), res = values<T>(n, 9, 0.5f);
-    const auto g = values<T>(std::size_t(cols), 7, 0.2f, 1.f);
+    const auto x = random_values<T>(n, 3 + unsigned(cols), 1.f), dy = random_values<T>(n, 5 + unsigned(rows), 1.f),
+               res = random_values<T>(n, 9, 0.5f);
+    const auto g = random_values<T>(std::size_t(cols), 7, 0.2f, 1.f);
     const std::size_t o = std::size_t(offset);
     capscope::cuda::device_buffer<T> d_x(n + o), d_dy(n + o), d_res(n + o), d_g(std::size_t(cols) + o), d_y(n + o), d_dx(n + o);
     capscope::cuda::device_buffer<float> d_rstd{std::size_t(rows)};
@@ -78,7 +66,7 @@ template <class T> void check_norm(int rows, int cols, bool residual, int offset
         }
     }
     const double bound = std::is_same_v<T, float> ? 1e-5 : 1e-2;
-    const double e_y = rel_l2(as_double(y), want_y), e_dx = rel_l2(as_double(dx), want_dx);
+    const double e_y = relative_error(as_double(y), want_y), e_dx = relative_error(as_double(dx), want_dx);
     std::printf("  norm %s rows %-3d cols %-5d residual %d offset %d: rel. L2 y %.1e dx %.1e (bound %.0e)\n", support::precision_name<T>, rows,
                 cols, int(residual), offset, e_y, e_dx, bound);
     CHECK(e_y < bound);

@@ -20,6 +20,10 @@
 
 namespace {
 
+using support::as_double;
+using support::random_values;
+using support::relative_error;
+
 struct scan_shape {
     int batch, seq, inner;
     std::size_t rows() const { return std::size_t(batch) * seq; }
@@ -61,23 +65,6 @@ scan_result reference_scan(const scan_shape& sh, const std::vector<double>& proj
     return r;
 }
 
-double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
-    return std::sqrt(num / std::max(den, 1e-30));
-}
-
-template <class T> std::vector<T> random_values(std::size_t n, unsigned seed, float stddev) {
-    std::vector<T> v;
-    for (float x : support::random_floats(n, seed, stddev)) v.push_back(T(x));
-    return v;
-}
-template <class T> std::vector<double> as_double(const std::vector<T>& v) {
-    std::vector<double> out;
-    for (const T& x : v) out.push_back(support::to_double(x));
-    return out;
-}
-
 template <class T> void check_scan(const scan_shape& sh) {
     capscope::cuda::stream s;
     const std::size_t n = sh.rows() * sh.inner;
@@ -107,7 +94,8 @@ template <class T> void check_scan(const scan_shape& sh) {
     const scan_result want = reference_scan(sh, as_double(proj), as_double(dy));
     const bool fp32 = std::is_same_v<T, float>;
     const double bound = fp32 ? 1e-5 : 1e-2;
-    const double e_h = rel_l2(as_double(h), want.h), e_y = rel_l2(as_double(y), want.y), e_d = rel_l2(as_double(dproj), want.dproj);
+    const double e_h = relative_error(as_double(h), want.h), e_y = relative_error(as_double(y), want.y),
+                 e_d = relative_error(as_double(dproj), want.dproj);
     std::printf("  scan %s b%d s%-5d inner %-3d  rel. L2: h %.1e  y %.1e  dproj %.1e (bound %.0e)\n", support::precision_name<T>, sh.batch,
                 sh.seq, sh.inner, e_h, e_y, e_d, bound);
     CHECK(e_h < bound);

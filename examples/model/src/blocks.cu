@@ -3,29 +3,23 @@
 
 #include <gpt/blocks.hpp>
 
+#include "block_support.hpp"
 #include "gemm.hpp"
 #include "kernels.hpp"
-
-#include <capscope/cuda/error.hpp>
-
 
 namespace gpt {
 
 using capscope::capture_module;
 using capture_offload = capscope::offload_module;
 using capscope::cuda::device_buffer;
+using detail::copy_rows;
 using detail::gemm;
 using detail::gemm_shape;
+using detail::n_elems;
 
 namespace {
-std::size_t n_elems(long a, long b = 1, long c = 1) { return std::size_t(a) * std::size_t(b) * std::size_t(c); }
-
 kernels::attention_mask mask_of(attention_kind kind) {
     return kind == attention_kind::causal ? kernels::attention_mask::causal : kernels::attention_mask::key_padding;
-}
-
-template <class T> void copy_rows(T* dst, const T* src, std::size_t count, cudaStream_t s) {
-    CAPSCOPE_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, s));
 }
 } // namespace
 
@@ -408,45 +402,6 @@ template <class T> void mamba_block<T>::backward(cudaStream_t s) {
     gemm(this->blas_, s, {false, true, t, h, 3 * d}, d_proj_.data(), P.value(in_proj_), d_normed_.data());
     kernels::rms_norm_weight_grad(this->x_, rstd_.data(), d_normed_.data(), P.grad(norm_), t, h, s);
     kernels::rms_norm_backward(this->x_, P.value(norm_), rstd_.data(), d_normed_.data(), dy, this->dx_.data(), t, h, s);
-}
-
-// ---- greedy decoding: the KV cache and the scan's state -----------------------------------
-template <class T> void attention_block<T>::allocate_decode() {
-    if (kind_ != attention_kind::causal) throw std::invalid_argument(this->name_ + ": decoding needs causal attention");
-    if (cache_k_.empty()) {
-        cache_k_ = device_buffer<T>(n_elems(this->shape_.tokens(), this->shape_.hidden));
-        cache_v_ = device_buffer<T>(n_elems(this->shape_.tokens(), this->shape_.hidden));
-    }
-}
-template <class T> void attention_block<T>::begin_decode(cudaStream_t s, token_grid prompt) {
-    kernels::kv_cache_fill(qkv_.data(), cache_k_.data(), cache_v_.data(), prompt.batch, prompt.seq, this->shape_.hidden, this->shape_.seq, s);
-}
-template <class T> void attention_block<T>::decode_forward(cudaStream_t s, int rows, const int* position) {
-    const auto& sh = this->shape_;
-    const int h = sh.hidden;
-    auto& P = this->params_;
-    kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), rows, h, s);
-    gemm(this->blas_, s, {false, false, rows, 3 * h, h}, normed_.data(), P.value(qkv_w_), qkv_.data());
-    kernels::kv_cache_append(qkv_.data(), cache_k_.data(), cache_v_.data(), position, rows, h, sh.seq, s);
-    kernels::decode_attention(qkv_.data(), cache_k_.data(), cache_v_.data(), position, merged_.data(), rows, sh.heads, h / sh.heads, sh.seq, s);
-    copy_rows(this->y_.data(), this->x_, n_elems(rows, h), s);
-    gemm(this->blas_, s, {false, false, rows, h, h}, merged_.data(), P.value(out_w_), this->y_.data(), 1.f);
-}
-template <class T> void mamba_block<T>::allocate_decode() {
-    if (decode_state_.empty()) decode_state_ = device_buffer<float>(n_elems(this->shape_.batch, this->shape_.inner));
-}
-template <class T> void mamba_block<T>::begin_decode(cudaStream_t s, token_grid prompt) {
-    kernels::scan_state_fill(state_.data(), decode_state_.data(), prompt.batch, prompt.seq, this->shape_.inner, s);
-}
-template <class T> void mamba_block<T>::decode_forward(cudaStream_t s, int rows, const int*) {
-    const auto& sh = this->shape_;
-    const int h = sh.hidden, d = sh.inner;
-    auto& P = this->params_;
-    kernels::rms_norm_forward(this->x_, P.value(norm_), normed_.data(), rstd_.data(), rows, h, s);
-    gemm(this->blas_, s, {false, false, rows, 3 * d, h}, normed_.data(), P.value(in_proj_), proj_.data());
-    kernels::scan_step(proj_.data(), decode_state_.data(), mixed_.data(), rows, d, s);
-    copy_rows(this->y_.data(), this->x_, n_elems(rows, h), s);
-    gemm(this->blas_, s, {false, false, rows, h, d}, mixed_.data(), P.value(out_proj_), this->y_.data(), 1.f);
 }
 
 template class attention_block<float>;

@@ -18,6 +18,22 @@ using capscope::stream_fn;
 using capscope::cuda::device_buffer;
 using detail::gemm;
 
+namespace {
+//! One of the model's own stages (embedding, head, the decode loop's): outside the layers, its
+//! buffers declared.
+stage model_stage(std::string name, stage_kind kind, stream_fn forward, std::vector<capscope::tensor_ref> inputs,
+                  std::vector<capscope::tensor_ref> outputs) {
+    stage st;
+    st.name = std::move(name);
+    st.kind = kind;
+    st.buffers_declared = true;
+    st.forward = forward;
+    st.inputs = std::move(inputs);
+    st.outputs = std::move(outputs);
+    return st;
+}
+} // namespace
+
 template <class T>
 inference_model<T>::inference_model(const model_config& cfg, cudaStream_t s)
     : cfg_(detail::validated(cfg)) {
@@ -112,25 +128,15 @@ template <class T> std::vector<stage> inference_model<T>::prompt_stages(token_gr
     const std::string at = grid.seq == cfg_.seq_len ? "[" + std::to_string(rows) + "]"
                                                     : "[" + std::to_string(rows) + "x" + std::to_string(grid.seq) + "]";
     std::vector<stage> list;
-    stage embed;
-    embed.name = "embedding" + at;
-    embed.kind = stage_kind::embedding;
-    embed.buffers_declared = true;
-    embed.forward = stream_fn::of<&io_call::embed>(io);
-    embed.inputs = {{"tokens.slot" + std::to_string(slot), tokens(slot), t * sizeof(int)}};
-    embed.outputs = {{"embedding.output", embedded_.data(), t * h * sizeof(T)}};
-    list.push_back(std::move(embed));
+    list.push_back(model_stage("embedding" + at, stage_kind::embedding, stream_fn::of<&io_call::embed>(io),
+                               {{"tokens.slot" + std::to_string(slot), tokens(slot), t * sizeof(int)}},
+                               {{"embedding.output", embedded_.data(), t * h * sizeof(T)}}));
     for (const auto& b : blocks_)
         for (stage& st : b->forward_stages(grid)) list.push_back(std::move(st));
-    stage head;
-    head.name = "head" + at;
-    head.kind = stage_kind::head;
-    head.buffers_declared = true;
-    head.forward = stream_fn::of<&io_call::head>(io);
-    head.inputs = {{"head.input", const_cast<T*>(blocks_.back()->output()), t * h * sizeof(T)},
-                   {"valid.slot" + std::to_string(slot), valid(slot), sizeof(int)}};
-    head.outputs = {{"logits", logits_.data(), t * v * sizeof(T)}};
-    list.push_back(std::move(head));
+    list.push_back(model_stage("head" + at, stage_kind::head, stream_fn::of<&io_call::head>(io),
+                               {{"head.input", const_cast<T*>(blocks_.back()->output()), t * h * sizeof(T)},
+                                {"valid.slot" + std::to_string(slot), valid(slot), sizeof(int)}},
+                               {{"logits", logits_.data(), t * v * sizeof(T)}}));
     return list;
 }
 
@@ -233,47 +239,29 @@ template <class T> void inference_model<T>::decode_head(cudaStream_t s, const de
 }
 
 template <class T> stage inference_model<T>::first_token_stage(decode_call* c) {
-    const std::size_t state_bytes = decode_.bytes();
-    stage st;
-    st.name = "first_token[" + std::to_string(c->rows) + "]";
-    st.kind = stage_kind::head;
-    st.buffers_declared = true;
-    st.forward = stream_fn::of<&decode_call::first_token>(c);
-    st.inputs = {{"logits", logits_.data(), std::size_t(c->rows) * c->g.prompt_len * cfg_.vocab * sizeof(T)},
-                 {"valid.slot" + std::to_string(c->slot), valid(c->slot), sizeof(int)}};
-    // The flag first (the guard's tensor), then the rest of the loop's state.
-    st.outputs = {{"decoding", decode_.data(), sizeof(int)}, {"decode.state", decode_.data() + 1, state_bytes - sizeof(int)}};
+    stage st = model_stage("first_token[" + std::to_string(c->rows) + "]", stage_kind::head, stream_fn::of<&decode_call::first_token>(c),
+                           {{"logits", logits_.data(), std::size_t(c->rows) * c->g.prompt_len * cfg_.vocab * sizeof(T)},
+                            {"valid.slot" + std::to_string(c->slot), valid(c->slot), sizeof(int)}},
+                           {flag_ref(), loop_state_ref()});
     for (const auto& b : blocks_) // the caches it fills
         for (const capscope::tensor_ref& kept : b->decode_state()) st.outputs.push_back(kept);
     return st;
 }
 
 template <class T> std::vector<stage> inference_model<T>::decode_stages(decode_call* c, bool loop) {
-    const std::size_t h = cfg_.hidden, v = cfg_.vocab, rows = std::size_t(c->rows), state_bytes = decode_.bytes();
-    const capscope::tensor_ref flag{"decoding", decode_.data(), sizeof(int)}, state{"decode.state", decode_.data() + 1, state_bytes - sizeof(int)};
+    const std::size_t h = cfg_.hidden, v = cfg_.vocab, rows = std::size_t(c->rows);
     const int* position = decode_layout(decode_.data(), cfg_.batch).position;
     const std::string at = "[" + std::to_string(c->rows) + "]";
     std::vector<stage> list;
-    stage embed;
-    embed.name = "decode.embedding" + at;
-    embed.kind = stage_kind::embedding;
-    embed.buffers_declared = true;
-    embed.forward = stream_fn::of<&decode_call::embed>(c);
-    embed.inputs = {state};
-    embed.outputs = {{"embedding.output", embedded_.data(), rows * h * sizeof(T)}};
-    list.push_back(std::move(embed));
+    list.push_back(model_stage("decode.embedding" + at, stage_kind::embedding, stream_fn::of<&decode_call::embed>(c), {loop_state_ref()},
+                               {{"embedding.output", embedded_.data(), rows * h * sizeof(T)}}));
     for (const auto& b : blocks_) list.push_back(b->decode_stage(c->rows, position));
-    stage head;
-    head.name = "decode.head" + at;
-    head.kind = stage_kind::head;
-    head.buffers_declared = true;
-    head.forward = stream_fn::of<&decode_call::head>(c);
-    head.inputs = {{"head.input", const_cast<T*>(blocks_.back()->output()), rows * h * sizeof(T)},
-                   {"valid.slot" + std::to_string(c->slot), valid(c->slot), sizeof(int)}};
-    head.outputs = {{"logits", logits_.data(), rows * v * sizeof(T)}, flag, state};
-    list.push_back(std::move(head));
+    list.push_back(model_stage("decode.head" + at, stage_kind::head, stream_fn::of<&decode_call::head>(c),
+                               {{"head.input", const_cast<T*>(blocks_.back()->output()), rows * h * sizeof(T)},
+                                {"valid.slot" + std::to_string(c->slot), valid(c->slot), sizeof(int)}},
+                               {{"logits", logits_.data(), rows * v * sizeof(T)}, flag_ref(), loop_state_ref()}));
     if (loop)
-        for (stage& st : list) st.guard = capscope::run_while(flag);
+        for (stage& st : list) st.guard = capscope::run_while(flag_ref());
     return list;
 }
 

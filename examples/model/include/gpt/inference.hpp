@@ -125,6 +125,9 @@ private:
     std::vector<capscope::stage> prompt_stages(token_grid grid, int slot);
     std::vector<capscope::stage> decode_stages(decode_call* c, bool loop);
     capscope::stage first_token_stage(decode_call* c);
+    //! The loop's flag (the guard's tensor), and the rest of its state after it.
+    capscope::tensor_ref flag_ref() const { return {"decoding", decode_.data(), sizeof(int)}; }
+    capscope::tensor_ref loop_state_ref() const { return {"decode.state", decode_.data() + 1, decode_.bytes() - sizeof(int)}; }
     capscope::inference_program generation_program(std::span<const int> sizes, const generation& g, int slot, bool prompt, bool decode,
                                                    bool loop);
     void write_inputs(std::span<const int> tokens, int n, int rows, int per_row, cudaStream_t s, int slot, int pad_token, const char* who);
