@@ -47,7 +47,7 @@ if want tutorials; then
   mkdir -p /tmp/plans && rm -f /tmp/plans/*
   {
     build-gpu/examples/03_partial_capture --dot /tmp/plans/03_partial_capture.dot &&
-    build-gpu/examples/04_moe_capture --dot /tmp/plans/04_moe_drop_and_pad.dot --dot /tmp/plans/04_moe_dropless.dot &&
+    build-gpu/examples/04_moe_capture --dot /tmp/plans/04_moe_drop_and_pad.dot --dot /tmp/plans/04_moe_dropless.dot --dot /tmp/plans/04_moe_static_capacity.dot &&
     build-gpu/examples/05_full_iteration --dot /tmp/plans/05_full_iteration.dot &&
     build-gpu/examples/09_activation_offload --dot /tmp/plans/09_activation_offload.dot &&
     build-gpu/examples/12_nan_check --dot /tmp/plans/12_nan_check.dot

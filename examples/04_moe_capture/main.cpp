@@ -2,11 +2,14 @@
 // the router and the token permutation (`moe_router`, `moe_preprocess`) can be captured with
 // the attention. Under dropless MoE the permutation reads the per-expert counts back to the
 // host to size the expert GEMMs: capturing it cannot work, and the plan says so before any
-// capture, with the fix. Capturing `attn` + `moe_router` only works.
+// capture, with the fix. Capturing `attn` + `moe_router` only works. Or, in capscope's engine,
+// the dropless model gets a static capacity per expert (`static_expert_capacity`,
+// model_config::dropless_capacity_factor): `moe` is captured whole, and a step in which an
+// expert gets more tokens is refused on the device and rerun eagerly.
 //
-//   04_moe_capture [--dot FILE_DROP_AND_PAD [--dot FILE_DROPLESS]]
+//   04_moe_capture [--dot FILE_DROP_AND_PAD [--dot FILE_DROPLESS [--dot FILE_STATIC_CAPACITY]]]
 //
-// Exits 1 unless both models learn and the dropless plan error was raised, 77 without a GPU.
+// Exits 1 unless the three models learn and the dropless plan error was raised, 77 without a GPU.
 
 #include "../common/tutorial.hpp"
 
@@ -27,6 +30,8 @@ using router_and_preprocess = config<impl::ahead_of_time_per_layer,
 using dropless_router_and_preprocess = config<impl::ahead_of_time_per_layer,
                                               modules<capture::attention, capture::moe_router, capture::moe_preprocess>, dropless_facts>;
 using dropless_router_only = config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::moe_router>, dropless_facts>;
+using dropless_static_capacity =
+    config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::moe>, dropless_facts, static_expert_capacity>;
 
 template <class Config, class Schemas>
 float train(gpt::gpt_model<float>& model, cudaStream_t s, const char* what, const std::string& dot, float* first) {
@@ -53,7 +58,7 @@ float train(gpt::gpt_model<float>& model, cudaStream_t s, const char* what, cons
 }
 
 int main(int argc, char** argv) {
-    const auto args = tutorial::parse(argc, argv, "usage: 04_moe_capture [--dot FILE_DROP_AND_PAD [--dot FILE_DROPLESS]]");
+    const auto args = tutorial::parse(argc, argv, "usage: 04_moe_capture [--dot FILE_DROP_AND_PAD [--dot FILE_DROPLESS [--dot FILE_STATIC_CAPACITY]]]");
     if (cuda::usable_device_count() == 0) {
         std::puts("no usable CUDA device: skipped");
         return cuda::skip_exit_code;
@@ -88,7 +93,15 @@ int main(int argc, char** argv) {
         std::puts("== dropless: attn + moe_router, as the fix says ==");
         last = train<dropless_router_only, gpt::schemas::dropless_model>(dropless, s, "dropless", args.dot.size() > 1 ? args.dot[1] : "", &first);
         ok = ok && last < 0.5f * first;
-        std::printf("%s\n", ok ? "both models learnt" : "FAILED");
+
+        std::puts("== dropless with a static capacity (1.5 x the mean): attn + moe, a step past it rerun ==");
+        cfg.dropless_capacity_factor = 1.5;
+        gpt::gpt_model<float> static_capacity(cfg, s);
+        static_capacity.set_optimizer({3e-3f}, s);
+        last = train<dropless_static_capacity, gpt::schemas::dropless_static_model>(static_capacity, s, "dropless, static capacity",
+                                                                                    args.dot.size() > 2 ? args.dot[2] : "", &first);
+        ok = ok && last < 0.5f * first;
+        std::printf("%s\n", ok ? "the three models learnt" : "FAILED");
         return ok ? 0 : 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "04_moe_capture: %s\n", e.what());

@@ -97,6 +97,7 @@ inline std::vector<described_field> describe(const runtime_config& c) {
     number("cpu_offloading_num_layers", c.cpu_offloading_num_layers);
     flag("check_for_nan_in_loss_and_grad", c.check_for_nan_in_loss_and_grad);
     if (c.nan_check_on_device) flag("nan_check_on_device", true); // capscope's own: no command line sets it
+    if (c.static_expert_capacity) flag("static_expert_capacity", true); // capscope's own too
     number("inference_batch_times_seqlen_threshold", c.inference_batch_times_seqlen_threshold);
     number("inference_dynamic_batching_num_cuda_graphs", c.inference_dynamic_batching_num_cuda_graphs);
     text("transformer_impl", std::string(megatron_name(c.transformer)));

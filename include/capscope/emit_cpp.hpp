@@ -145,6 +145,7 @@ inline std::vector<std::string> cpp_options(const runtime_config& c) {
         o.push_back("layer_cpu_offloading<" + std::to_string(c.cpu_offloading_num_layers) + ">");
     if (!c.check_for_nan_in_loss_and_grad) o.push_back("no_nan_check");
     else if (c.nan_check_on_device) o.push_back("nan_check_on_device");
+    if (c.static_expert_capacity) o.push_back("static_expert_capacity");
     if (c.inference_batch_times_seqlen_threshold != d.inference_batch_times_seqlen_threshold)
         o.push_back("pipeline_parallel_inference<" + std::to_string(c.inference_batch_times_seqlen_threshold) + ">");
     if (c.inference_dynamic_batching_num_cuda_graphs != d.inference_dynamic_batching_num_cuda_graphs)

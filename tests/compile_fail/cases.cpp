@@ -93,6 +93,8 @@ CHECK_COMPILES(config<tr, modules<capture::mlp>, model<experts<8>, moe_every<2>>
 CHECK_COMPILES(config<tr, modules<capture::mlp>, moe8>);
 #endif
 CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<fraction{1, 1}>, pad_to_capacity>>);
+// Dropless MoE in capscope's engine: a static capacity per expert, a step past it rerun eagerly.
+CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>>, static_expert_capacity>);
 #ifdef CASE_S6
 CHECK_COMPILES(config<tr, modules<capture::moe>, model<experts<8>, capacity_factor<fraction{1, 1}>>>);
 #endif

@@ -76,6 +76,23 @@ TEST_CASE("drop-and-pad capacity is ceil(capacity_factor * tokens * top_k / expe
     CHECK(c.expert_capacity() == 9);
 }
 
+TEST_CASE("a static dropless capacity: ceil(factor * tokens * top_k / experts), dropless only, never negative") {
+    gpt::model_config c;
+    c.batch = 4;
+    c.seq_len = 16;
+    c.experts = 4;
+    c.top_k = 2;
+    c.moe_mode = gpt::moe_mode::dropless;
+    c.dropless_capacity_factor = 1.5;
+    CHECK(rejection(c).empty());
+    CHECK(c.dropless_capacity() == 48);
+    c.dropless_capacity_factor = -1;
+    CHECK(rejection(c).find("dropless_capacity_factor = -1") != std::string::npos);
+    c.dropless_capacity_factor = 1.5;
+    c.moe_mode = gpt::moe_mode::drop_and_pad;
+    CHECK(rejection(c).find("moe_mode is drop_and_pad") != std::string::npos);
+}
+
 TEST_CASE("a vision head wider than attention takes is rejected with the fix") {
     gpt::vision_config v;
     v.hidden = 512;

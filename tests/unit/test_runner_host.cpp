@@ -106,3 +106,50 @@ TEST_CASE("nan_check_on_device needs the optimizer guarded by the check's flag (
     runner<config<impl::whole_iteration, nan_check_on_device>> r(p); // no runner without the option checks this
     CHECK(r.plan().graph_count == 1);
 }
+
+TEST_CASE("a step the device may refuse (training_program::rerun) is checked when a runner is made (P18)") {
+    using moe_local = config<impl::lazy_per_layer, modules<capture::moe>, model<experts<4>, moe_pattern<0, 1>>, static_expert_capacity>;
+    fake::model m;
+    training_program p = m.program("DE", false, 1);
+    auto rule_of = [](auto make) -> std::string {
+        try {
+            make();
+        } catch (const plan_error& e) {
+            return std::string(e.rule()) + ": " + e.what();
+        }
+        return "no error";
+    };
+    // The config says the capacity is static, but the program declares no rerun.
+    const std::string none = rule_of([&] { runner<moe_local> r(p); });
+    CHECK(none.rfind("P18", 0) == 0);
+    CHECK(none.find("would drop tokens silently") != std::string::npos);
+
+    int overflow = 0, may_update = 1;
+    const tensor_ref flag{"expert_overflow", &overflow, sizeof overflow};
+    p.rerun.flag = flag;
+    p.rerun.reason = "an expert got more tokens than its static capacity";
+    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("has no 'before' function") != std::string::npos);
+    fake::recorder before{&m.log, "rerun.before"};
+    p.rerun.before = stream_fn::of<&fake::recorder::forward>(&before);
+    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("no optimizer stage of step_end is guarded by run_if") != std::string::npos);
+    stage gate = m.make("update_gate", -1, stage_kind::other, {}, &may_update);
+    gate.backward = {};
+    gate.outputs = {{"may_update", &may_update, sizeof may_update}};
+    p.step_end.insert(p.step_end.begin(), gate);
+    p.step_end.back().guard = run_if(tensor_ref{"may_update", &may_update, sizeof may_update});
+    // No call writes the flag: the runner would read what an earlier step left.
+    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("is written by no call of the step") != std::string::npos);
+    for (auto& list : p.microbatches)
+        for (stage& s : list)
+            if (s.kind == stage_kind::moe_preprocess) s.outputs.push_back(flag);
+    p.step_begin.front().outputs.push_back(flag);
+    runner<moe_local> r(p);
+    const std::string text = r.plan_text();
+    CHECK(text.find("after the step: 'expert_overflow' read on the host; when set (an expert got more tokens than its static capacity), "
+                    "the step is refused (its optimizer guarded) and run again, every call eagerly") != std::string::npos);
+    // The rerun survives composition.
+    const hook_pipeline<> no_hooks;
+    const std::vector<layer_tensors> tensors(2);
+    const training_program hooked = with_hooks(p, no_hooks, tensors);
+    CHECK(hooked.rerun.flag == flag);
+}

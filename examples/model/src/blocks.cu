@@ -3,6 +3,8 @@
 
 #include <gpt/blocks.hpp>
 
+#include <algorithm>
+
 #include "block_support.hpp"
 #include "gemm.hpp"
 #include "kernels.hpp"
@@ -165,7 +167,9 @@ template <class T>
 moe_block<T>::moe_block(const block_shape& sh, parameter_store<T>& params, const capscope::cuda::blas_handle& blas, std::string name,
                         int layer)
     : block<T>(sh, params, blas, std::move(name), layer),
-      rows_(sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity(sh.tokens()) : sh.tokens() * sh.top_k),
+      rows_(sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity(sh.tokens())
+                                                  : std::max(sh.tokens() * sh.top_k, sh.experts * sh.static_capacity())),
+      static_capacity_(sh.static_capacity()),
       norm_(params.declare(this->name_ + ".pre_mlp_norm", sh.hidden, init_kind::ones)),
       router_(params.declare(this->name_ + ".router", n_elems(sh.hidden, sh.experts), init_kind::normal, sh.init_stddev)),
       fc1_(params.declare(this->name_ + ".experts.fc1", n_elems(sh.experts, sh.hidden, sh.ffn_hidden), init_kind::normal, sh.init_stddev)),
@@ -180,13 +184,19 @@ moe_block<T>::moe_block(const block_shape& sh, parameter_store<T>& params, const
       d_permuted_(this->grad_scratch(n_elems(rows_, sh.hidden))), d_logits_(this->grad_scratch(n_elems(sh.tokens(), sh.experts))),
       d_normed_(this->grad_scratch(n_elems(sh.tokens(), sh.hidden))) {}
 
-template <class T> int moe_block<T>::permuted_rows(token_grid g) const {
+template <class T> int moe_block<T>::padded_capacity(token_grid g) const {
     const auto& sh = this->shape_;
-    return sh.moe_mode == moe_mode::drop_and_pad ? sh.experts * sh.capacity(g.tokens()) : g.tokens() * sh.top_k;
+    if (sh.moe_mode == moe_mode::drop_and_pad) return sh.capacity(g.tokens());
+    return sized_by_counts_ ? 0 : static_capacity_;
+}
+
+template <class T> int moe_block<T>::permuted_rows(token_grid g) const {
+    const int c = padded_capacity(g);
+    return c ? this->shape_.experts * c : g.tokens() * this->shape_.top_k;
 }
 
 template <class T> std::vector<stage> moe_block<T>::forward_stages(token_grid g) {
-    const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
+    const bool dropless = this->shape_.moe_mode == moe_mode::dropless && !static_capacity_;
     const std::size_t t = std::size_t(g.tokens()), h = std::size_t(this->shape_.hidden), k = std::size_t(this->shape_.top_k);
     stage router = this->grid_stage("moe_router", stage_kind::moe_router, {capture_module::moe, capture_module::moe_router},
                                     this->template on_grid<moe_block, &moe_block::router_grid>(g), g);
@@ -196,6 +206,7 @@ template <class T> std::vector<stage> moe_block<T>::forward_stages(token_grid g)
     pre.synchronizes_with_host = dropless;
     pre.inputs = {this->ref("pre_mlp_norm_output", normed_.data(), t * h * sizeof(T)), router.outputs[1]};
     pre.outputs = {this->ref("permuted_tokens", permuted_.data(), std::size_t(permuted_rows(g)) * h * sizeof(T))};
+    if (static_capacity_) pre.outputs.push_back({"expert_overflow", this->shape_.expert_overflow, sizeof(int)});
     stage experts = this->grid_stage("moe_experts", stage_kind::moe_experts, {capture_module::moe},
                                      this->template on_grid<moe_block, &moe_block::experts_grid>(g), g);
     experts.shapes_depend_on_data = dropless;
@@ -214,7 +225,9 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     this->resolve(pre_);
     this->resolve(d_gate_);
     for (scratch<T>* d : {&d_expert_out_, &d_act_, &d_pre_, &d_permuted_, &d_logits_, &d_normed_}) this->resolve(*d);
-    const bool dropless = this->shape_.moe_mode == moe_mode::dropless;
+    // Dropless reads the counts back, unless a static capacity keeps it capturable (a step past
+    // it sets the overflow flag and is rerun).
+    const bool dropless = this->shape_.moe_mode == moe_mode::dropless && !static_capacity_;
     stage router = this->make_stage("moe_router", stage_kind::moe_router, {capture_module::moe, capture_module::moe_router},
                                     stream_fn::of<&moe_block::router_forward>(this), stream_fn::of<&moe_block::router_backward>(this));
     router.outputs = {this->ref("probs", gate_.data(), gate_.bytes()), this->ref("routing_map", expert_.data(), expert_.bytes())};
@@ -225,6 +238,7 @@ template <class T> void moe_block<T>::bind(const T* x, const T* dy) {
     pre.synchronizes_with_host = dropless; // reads the per-expert counts back to size the GEMMs
     pre.inputs = {this->ref("pre_mlp_norm_output", normed_.data(), normed_.bytes()), router.outputs[1]};
     pre.outputs = {this->ref("permuted_tokens", permuted_.data(), permuted_.bytes())};
+    if (static_capacity_) pre.outputs.push_back({"expert_overflow", this->shape_.expert_overflow, sizeof(int)});
     pre.makes = {capture_offload::expert_fc1};
 
     stage experts = this->make_stage("moe_experts", stage_kind::moe_experts, {capture_module::moe},
@@ -248,13 +262,25 @@ template <class T> void moe_block<T>::router_grid(cudaStream_t s, token_grid g) 
 
 template <class T> void moe_block<T>::preprocess_grid(cudaStream_t s, token_grid g) {
     const auto& sh = this->shape_;
-    const bool dropless = sh.moe_mode == moe_mode::dropless;
-    kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), g.tokens(), sh.top_k, sh.experts,
-                          dropless ? 0 : sh.capacity(g.tokens()), s);
-    if (dropless) {
+    const int t = g.tokens(), k = sh.top_k, e = sh.experts;
+    if (sh.moe_mode == moe_mode::drop_and_pad) {
+        kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), t, k, e, sh.capacity(t), s);
+    } else if (static_capacity_ && !host_sized_) {
+        // Captured: the padded layout; an expert past its capacity flags the step for a rerun.
+        sized_by_counts_ = false;
+        kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), t, k, e, static_capacity_, s,
+                              sh.expert_overflow);
+    } else {
         // The device-to-host sync that makes dropless MoE uncapturable: GEMM sizes come from data.
+        kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), t, k, e, 0, s);
         CAPSCOPE_CHECK(cudaMemcpyAsync(host_counts_.data(), counts_.data(), counts_.bytes(), cudaMemcpyDeviceToHost, s));
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        sized_by_counts_ = true;
+        if (static_capacity_ && *std::max_element(host_counts_.data(), host_counts_.data() + e) <= static_capacity_) {
+            // A rerun, and this layer's experts fit: the very layout (and kernels) the graph takes.
+            sized_by_counts_ = false;
+            kernels::assign_slots(expert_.data(), counts_.data(), slot_.data(), row_owner_.data(), t, k, e, static_capacity_, s);
+        }
     }
     kernels::permute_rows(normed_.data(), row_owner_.data(), permuted_.data(), permuted_rows(g), sh.hidden, sh.top_k, s);
 }
@@ -263,8 +289,7 @@ template <class T> void moe_block<T>::experts_grid(cudaStream_t s, token_grid g)
     const auto& sh = this->shape_;
     const int h = sh.hidden, f = sh.ffn_hidden, rows = permuted_rows(g);
     auto& P = this->params_;
-    if (sh.moe_mode == moe_mode::drop_and_pad) {
-        const int c = sh.capacity(g.tokens());
+    if (const int c = padded_capacity(g)) {
         gemm(this->blas_, s, {false, false, c, f, h}, permuted_.data(), P.value(fc1_), pre_.data(), 0.f, sh.experts, long(c) * h,
              long(h) * f, long(c) * f);
         kernels::gelu_forward(pre_.data(), act_.data(), long(rows) * f, s);
@@ -294,17 +319,17 @@ template <class T> void moe_block<T>::experts_grid(cudaStream_t s, token_grid g)
 
 template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
     const auto& sh = this->shape_;
-    const int h = sh.hidden, f = sh.ffn_hidden;
+    const int h = sh.hidden, f = sh.ffn_hidden, rows = permuted_rows(sh.grid());
     auto& P = this->params_;
     kernels::combine_backward(this->dy_, expert_out_.data(), slot_.data(), row_owner_.data(), gate_.data(), d_expert_out_.data(),
-                              d_gate_.data(), sh.tokens(), rows_, h, sh.top_k, s);
-    if (sh.moe_mode == moe_mode::drop_and_pad) {
-        const int c = sh.capacity(sh.tokens()), e = sh.experts;
+                              d_gate_.data(), sh.tokens(), rows, h, sh.top_k, s);
+    if (const int c = padded_capacity(sh.grid())) {
+        const int e = sh.experts;
         gemm(this->blas_, s, {true, false, f, h, c}, act_.data(), d_expert_out_.data(), P.grad(fc2_), 1.f, e, long(c) * f,
              long(c) * h, long(f) * h);
         gemm(this->blas_, s, {false, true, c, f, h}, d_expert_out_.data(), P.value(fc2_), d_act_.data(), 0.f, e, long(c) * h,
              long(f) * h, long(c) * f);
-        kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows_) * f, s);
+        kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows) * f, s);
         gemm(this->blas_, s, {true, false, h, f, c}, permuted_.data(), d_pre_.data(), P.grad(fc1_), 1.f, e, long(c) * h,
              long(c) * f, long(h) * f);
         gemm(this->blas_, s, {false, true, c, h, f}, d_pre_.data(), P.value(fc1_), d_permuted_.data(), 0.f, e, long(c) * f,
@@ -321,7 +346,7 @@ template <class T> void moe_block<T>::experts_backward(cudaStream_t s) {
              d_act_.data() + row * f);
         row += m;
     }
-    kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows_) * f, s);
+    kernels::gelu_backward(pre_.data(), d_act_.data(), d_pre_.data(), long(rows) * f, s);
     row = 0;
     for (int e = 0; e < sh.experts; ++e) {
         const int m = host_counts_[e];

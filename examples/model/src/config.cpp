@@ -17,6 +17,9 @@ void positive(const char* field, int v) {
 int model_config::expert_capacity() const {
     return static_cast<int>(std::ceil(capacity_factor * tokens() * top_k / experts));
 }
+int model_config::dropless_capacity() const {
+    return static_cast<int>(std::ceil(dropless_capacity_factor * tokens() * top_k / experts));
+}
 
 void model_config::validate() const {
     positive("vocab", vocab);
@@ -46,6 +49,12 @@ void model_config::validate() const {
         if (moe_mode == gpt::moe_mode::drop_and_pad && !(capacity_factor > 0))
             reject("capacity_factor", std::to_string(capacity_factor), "must be > 0 for drop-and-pad");
     }
+    if (!(dropless_capacity_factor >= 0) || !std::isfinite(dropless_capacity_factor))
+        reject("dropless_capacity_factor", std::to_string(dropless_capacity_factor), "must be 0 (off) or a positive factor of the mean");
+    if (dropless_capacity_factor > 0 && moe_mode != gpt::moe_mode::dropless)
+        reject("dropless_capacity_factor", std::to_string(dropless_capacity_factor),
+               "is a static capacity for dropless MoE, but moe_mode is drop_and_pad (whose capacity is capacity_factor); set moe_mode "
+               "dropless or leave it 0");
     if (mamba_inner < 0) reject("mamba_inner", std::to_string(mamba_inner), "must be >= 0 (0: same as hidden)");
 }
 

@@ -78,9 +78,11 @@ void router_topk_backward(const int* expert, const float* gate, const float* dga
                           cudaStream_t s);
 // Assignment (t, j) -> row of the permuted buffer, in token order per expert. capacity > 0:
 // drop-and-pad (row e*capacity + position, -1 once full); capacity == 0: dropless (rows packed
-// by expert, offsets from the counts). row_owner[r] = t*k + j, or -1 for a padding row.
+// by expert, offsets from the counts). row_owner[r] = t*k + j, or -1 for a padding row. With
+// `overflow` (capacity > 0 only), an expert given more than `capacity` assignments sets *overflow
+// to 1 (a static dropless capacity: the step is rerun) and leaves it as it is otherwise.
 void assign_slots(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity,
-                  cudaStream_t s);
+                  cudaStream_t s, int* overflow = nullptr);
 template <class T> void permute_rows(const T* x, const int* row_owner, T* out, int rows, int hidden, int k, cudaStream_t s);
 template <class T>
 void permute_rows_backward(const T* dout, const int* slot, T* dx, int tokens, int hidden, int k, cudaStream_t s);
@@ -152,5 +154,8 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
 void set_int(int* x, int value, cudaStream_t s);
 void clear_unless_finite(const float* x, long n, int* flag, cudaStream_t s);
 void count_if_cleared(const int* flag, int* count, cudaStream_t s);
+// A step's update under a static dropless expert capacity: may_update = no expert overflowed and
+// (without a finite check: all_finite null) loss and gradients finite.
+void update_gate(const int* overflow, const int* all_finite, int* may_update, cudaStream_t s);
 
 } // namespace gpt::kernels

@@ -4,6 +4,7 @@
 #include "layers.hpp"
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace gpt {
@@ -22,6 +23,7 @@ block_shape shape_of(const model_config& c, bool training) {
     s.capacity_factor = c.capacity_factor;
     s.inner = c.inner();
     s.moe_mode = c.moe_mode;
+    s.dropless_capacity_factor = c.dropless_capacity_factor;
     s.init_stddev = c.init_stddev;
     s.training = training;
     s.hidden_dropout = training ? c.hidden_dropout : 0.f;
@@ -30,12 +32,16 @@ block_shape shape_of(const model_config& c, bool training) {
 
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
-                              capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng) {
+                              capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng,
+                              int* expert_overflow) {
     model_layout<T> m;
     m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
     m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
     block_shape sh = shape_of(c, training);
     sh.rng = rng;
+    sh.expert_overflow = expert_overflow;
+    if (sh.static_capacity() && !expert_overflow)
+        throw std::invalid_argument("declare_model: a static dropless capacity needs the model's overflow flag"); // the training model passes it
     sh.activations = &activations;
     sh.scratch = scratch;
     for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
@@ -60,9 +66,9 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
     return m;
 }
 template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&,
-                                           capscope::activation_store&, backward_scratch*, rng_state*);
+                                           capscope::activation_store&, backward_scratch*, rng_state*, int*);
 template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&,
-                                                    capscope::activation_store&, backward_scratch*, rng_state*);
+                                                    capscope::activation_store&, backward_scratch*, rng_state*, int*);
 
 } // namespace detail
 

@@ -33,6 +33,7 @@ struct model_layout {
 //! only), both of which the model allocates before it binds them.
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
-                              capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng = nullptr);
+                              capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng = nullptr,
+                              int* expert_overflow = nullptr);
 
 } // namespace gpt::detail

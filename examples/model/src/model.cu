@@ -16,9 +16,12 @@ using detail::gemm;
 
 template <class T>
 gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<store_sharding> sharding, const activation_offload& offload)
-    : cfg_(detail::validated(cfg)), rng_(1) {
+    : cfg_(detail::validated(cfg)), expert_overflow_(1), may_update_(1), skipped_at_start_(1), rng_at_start_(1), rng_(1) {
     kernels::set_rng(rng_.data(), cfg.seed, 0, s);
-    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, activations_, &scratch_, rng_.data());
+    kernels::set_int(expert_overflow_.data(), 0, s);
+    kernels::set_int(may_update_.data(), 1, s);
+    detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, activations_, &scratch_, rng_.data(),
+                                                           expert_overflow_.data());
     tok_emb_ = layout.tok_emb;
     pos_emb_ = layout.pos_emb;
     final_norm_ = layout.final_norm;
@@ -143,6 +146,31 @@ template <class T> void gpt_model<T>::check_finite_stage(cudaStream_t s) {
     kernels::count_if_cleared(all_finite_.data(), skipped_steps_.data(), s);
 }
 
+template <class T> void gpt_model<T>::begin_step_stage(cudaStream_t s) {
+    zero_grad(s);
+    if (!static_capacity()) return;
+    // What a refused step advances, kept so that its rerun starts where it did.
+    kernels::set_int(expert_overflow_.data(), 0, s);
+    CAPSCOPE_CHECK(cudaMemcpyAsync(rng_at_start_.data(), rng_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
+    CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_at_start_.data(), skipped_steps_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
+}
+
+template <class T> void gpt_model<T>::update_gate_stage(cudaStream_t s) {
+    kernels::update_gate(expert_overflow_.data(), cfg_.check_finite_on_device ? all_finite_.data() : nullptr, may_update_.data(), s);
+}
+
+template <class T> void gpt_model<T>::rerun_before(cudaStream_t s) {
+    CAPSCOPE_CHECK(cudaMemcpyAsync(rng_.data(), rng_at_start_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
+    CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_steps_.data(), skipped_at_start_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
+    for (const auto& b : blocks_)
+        if (auto* moe = dynamic_cast<moe_block<T>*>(b.get())) moe->set_host_sized(true);
+}
+
+template <class T> void gpt_model<T>::rerun_after(cudaStream_t) {
+    for (const auto& b : blocks_)
+        if (auto* moe = dynamic_cast<moe_block<T>*>(b.get())) moe->set_host_sized(false);
+}
+
 template <class T> int gpt_model<T>::skipped_steps(cudaStream_t s) const {
     int n = 0;
     CAPSCOPE_CHECK(cudaMemcpyAsync(&n, skipped_steps_.data(), sizeof n, cudaMemcpyDeviceToHost, s));
@@ -157,8 +185,14 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     zero.name = "zero_grad";
     zero.kind = stage_kind::other;
     zero.buffers_declared = true;
-    zero.forward = stream_fn::of<&gpt_model::zero_grad_stage>(self);
+    zero.forward = stream_fn::of<&gpt_model::begin_step_stage>(self);
     zero.outputs = params_.gradient_arenas();
+    if (static_capacity()) {
+        zero.inputs = {{"dropout_generator", rng_.data(), rng_.bytes()}, {"skipped_steps", skipped_steps_.data(), skipped_steps_.bytes()}};
+        zero.outputs.push_back(expert_overflow());
+        zero.outputs.push_back({"dropout_generator (at step start)", rng_at_start_.data(), rng_at_start_.bytes()});
+        zero.outputs.push_back({"skipped_steps (at step start)", skipped_at_start_.data(), skipped_at_start_.bytes()});
+    }
     p.step_begin.push_back(std::move(zero));
     p.microbatches = stages_;
     stage opt;
@@ -180,6 +214,24 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
         check.outputs = {all_finite(), {"skipped_steps", skipped_steps_.data(), skipped_steps_.bytes()}};
         p.step_end.push_back(std::move(check));
         opt.guard = capscope::run_if(all_finite());
+    }
+    if (static_capacity()) {
+        // A step in which an expert got more tokens than its static capacity moves no weight: the
+        // runner reruns it eagerly, every expert sized by its count.
+        stage gate;
+        gate.name = "update_gate";
+        gate.kind = stage_kind::other;
+        gate.buffers_declared = true;
+        gate.forward = stream_fn::of<&gpt_model::update_gate_stage>(self);
+        gate.inputs = {expert_overflow()};
+        if (cfg_.check_finite_on_device) gate.inputs.push_back(all_finite());
+        gate.outputs = {may_update()};
+        p.step_end.push_back(std::move(gate));
+        opt.guard = capscope::run_if(may_update());
+        p.rerun.flag = expert_overflow();
+        p.rerun.before = stream_fn::of<&gpt_model::rerun_before>(self);
+        p.rerun.after = stream_fn::of<&gpt_model::rerun_after>(self);
+        p.rerun.reason = "an expert got more tokens than its static capacity";
     }
     p.step_end.push_back(std::move(opt));
     return p;

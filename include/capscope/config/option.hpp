@@ -13,6 +13,7 @@ namespace option_kind {
 struct impl; struct modules; struct deprecated_scope; struct enable_cuda_graph; struct external_cuda_graph;
 struct inference; struct warmup; struct model; struct recompute; struct recompute_plan; struct training_fact_cpu_offload;
 struct nan_check; struct pp_inference; struct dynamic_batching; struct transformer; struct fp8; struct fp8_recipe; struct fsdp; struct offload; struct vision;
+struct expert_capacity;
 } // namespace option_kind
 
 //! A type usable as a `config<…>` option.

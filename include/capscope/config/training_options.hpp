@@ -33,6 +33,17 @@ struct nan_check_on_device {
     }
 };
 
+//! Dropless MoE captured (capscope's engine; Megatron has no such flag, and its rule S6 keeps
+//! `moe` out of graphs for dropless MoE): the trainer's MoE layers size their expert batches for a
+//! static per-expert capacity, a kernel flags a step in which an expert got more tokens than
+//! that, the optimizer is guarded so that step moves no weight, and the runner reruns it eagerly,
+//! dropless (training_program::rerun, docs/guards.md). With it, `modules<moe>` is valid on a
+//! dropless model. The runner checks that the program declares the rerun (plan rule P18).
+struct static_expert_capacity {
+    using option_kind = option_kind::expert_capacity;
+    static constexpr void apply(runtime_config& c) { c.static_expert_capacity = true; }
+};
+
 //! `--inference-batch-times-seqlen-threshold N` (pipeline-parallel microbatched inference when N > -1).
 template <int N>
 struct pipeline_parallel_inference {

@@ -238,19 +238,18 @@ training_program with_hooks(const training_program& program, const hook_pipeline
         throw std::invalid_argument("capscope::with_hooks: " + std::to_string(tensors.size()) + " layer_tensors for a program of " +
                                     std::to_string(layers) + " layers -- fix: give one layer_tensors per layer, in layer order");
     detail::check_named_layers(hooks, layers, std::make_index_sequence<sizeof...(Hooks)>{});
-    training_program out;
-    out.step_begin = program.step_begin;
+    training_program out = program; // what the hooks leave alone comes along: the rerun, what is kept alive
     out.step_end = detail::add_step_hooks(program.step_end, hooks, tensors, std::make_index_sequence<sizeof...(Hooks)>{});
+    out.microbatches.clear();
     for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors, scope));
-    out.warmup = program.warmup;
     if constexpr ((detail::is_warmup_hook<std::remove_cv_t<Hooks>> || ...)) {
         if (out.warmup.run)
             throw std::invalid_argument("capscope::with_hooks: the program already has the warmup hooks of another pipeline -- fix: put "
                                         "every warmup hook in one pipeline");
         out.warmup = warmup_work_of(hooks);
     }
-    out.layers = program.layers; // an earlier with_hooks' tensors stay: its hooks touch them
+    // out.layers: an earlier with_hooks' tensors stay, as its hooks touch them
     out.layers.resize(std::max(out.layers.size(), tensors.size()));
     auto add_missing = [](std::vector<tensor_ref>& to, std::span<const tensor_ref> from) {
         for (const tensor_ref& t : from)

@@ -173,10 +173,8 @@ inline training_program with_offload(const training_program& program, const offl
     if (copies.size() != plan.groups.size())
         throw std::invalid_argument("capscope::with_offload: " + std::to_string(copies.size()) + " copy pairs for " +
                                     std::to_string(plan.groups.size()) + " groups -- fix: pass the activation store's copies()");
-    training_program out;
-    out.step_begin = program.step_begin;
-    out.step_end = program.step_end;
-    out.layers = program.layers;
+    training_program out = program; // all but the layers' stages comes along (warmup hooks, the rerun, what is kept alive)
+    out.microbatches.clear();
     for (const auto& list : program.microbatches) out.microbatches.push_back(detail::add_copies(list, plan, copies, scope));
     return out;
 }

@@ -10,6 +10,9 @@
 //! - P16: a run of consecutive stages under one guard becomes one conditional node: it lies in
 //!   one segment and on one lane.
 //! - P17: a config with `nan_check_on_device` has its optimizer guarded (the runner checks).
+//! - P18: a step the device may refuse (training_program::rerun) has a flag some call of the step
+//!   writes, a `before` to put back what the refused step advanced, and its optimizer guarded; a
+//!   config with `static_expert_capacity` has such a program (the runner checks).
 
 #include <capscope/plan/access.hpp>
 #include <capscope/plan/plan_calls.hpp>
@@ -97,6 +100,48 @@ inline void check_guards(const training_plan& plan, const training_program& prog
             return access_of(stage_of(program, c), c.direction, c.part, program);
         },
         [](const stage_call&, const stage_call&) { return true; });
+}
+
+//! P18, the plan's part: the rerun flag is an int some call of the step writes.
+inline void check_rerun(const training_plan& plan, const training_program& program) {
+    const step_rerun& r = program.rerun;
+    if (!r) return;
+    const std::string flag = name_of(r.flag);
+    if (r.flag.bytes < sizeof(int))
+        throw plan_error("P18", "", "the rerun flag '" + flag + "' is " + std::to_string(r.flag.bytes) + " bytes",
+                         "give training_program::rerun the int in device memory a kernel sets, as a tensor_ref of 4 bytes");
+    for (std::size_t i = 0; i < plan.calls.size(); ++i) {
+        const stage_call& c = plan.calls[i];
+        if (writes_flag(access_of(stage_of(program, c), c.direction, c.part, program), r.flag)) return;
+    }
+    throw plan_error("P18", "",
+                     "the rerun flag '" + flag + "' is written by no call of the step, so the runner would read whatever an earlier step left",
+                     "declare the flag among the outputs of the stage whose kernel sets it (and of the stage that clears it at the step's start)");
+}
+
+//! P18, the program's part: a refused step must change nothing the rerun depends on, so its
+//! optimizer is guarded, and something puts back what it advanced.
+inline void require_safe_rerun(const training_program& p, bool config_asks) {
+    if (!p.rerun) {
+        if (config_asks)
+            throw plan_error("P18", "",
+                             "the config says the MoE layers have a static expert capacity (static_expert_capacity), but the program "
+                             "declares no rerun (training_program::rerun), so a step past the capacity would drop tokens silently",
+                             "build the program from a model with a static dropless capacity (the example model: "
+                             "model_config::dropless_capacity_factor > 0), or drop static_expert_capacity");
+        return;
+    }
+    if (!p.rerun.before)
+        throw plan_error("P18", "",
+                         "training_program::rerun has no 'before' function, so a rerun would start from what the refused step left "
+                         "(a generator's advanced offset, a stage still on its capacity path)",
+                         "set rerun.before to put back what a step advances and switch the stages to their host-sized path");
+    for (const stage& s : p.step_end)
+        if (s.kind == stage_kind_id{stage_kind::optimizer} && s.guard.kind == guard_kind::if_holds) return;
+    throw plan_error("P18", "",
+                     "the program declares a rerun when '" + name_of(p.rerun.flag) + "' is set, but no optimizer stage of step_end is "
+                     "guarded by run_if, so the refused step would update the weights before its rerun does",
+                     "guard the optimizer with run_if(flag), the flag clear whenever '" + name_of(p.rerun.flag) + "' is set");
 }
 
 //! P17: a config that checks loss and gradients on the device (`nan_check_on_device`) has a

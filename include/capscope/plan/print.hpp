@@ -154,6 +154,10 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
         out += "  " + tag + detail::segment_stages(plan, program, s, " ") + detail::segment_notes(plan, program, s) + "\n";
     }
     if (plan.end_waits.count) out += "step end: the step's stream waits for " + detail::wait_list(plan, program, plan.end_waits) + "\n";
+    if (program.rerun)
+        out += "after the step: '" + name_of(program.rerun.flag) + "' read on the host; when set" +
+               (program.rerun.reason.empty() ? std::string() : " (" + program.rerun.reason + ")") +
+               ", the step is refused (its optimizer guarded) and run again, every call eagerly\n";
     return out;
 }
 

@@ -199,6 +199,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
     }
     detail::check_capture_time_calls(plan, program);
     detail::check_guards(plan, program);
+    detail::check_rerun(plan, program);
     derive_stream_order(plan, program);
 #if defined(CAPSCOPE_TEST_DROP_WAITS_FROM)
     detail::drop_waits_from(plan, program, CAPSCOPE_TEST_DROP_WAITS_FROM); // a test build, broken on purpose

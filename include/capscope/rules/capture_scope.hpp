@@ -76,10 +76,10 @@ CAPSCOPE_RULE(S5, error, capture_scope,
 CAPSCOPE_RULE(S6, error, capture_scope,
     "moe is captured only for drop-and-pad MoE",
     "moe cuda graph is only supported with drop-padding MoE (needs --moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity)",
-    "capture moe_router [+ moe_preprocess] instead of moe, or make the MoE drop-and-pad",
+    "capture moe_router [+ moe_preprocess] instead of moe, or make the MoE drop-and-pad (in capscope's engine, static_expert_capacity keeps it dropless, a step past the capacity rerun eagerly)",
     nullptr,
     [](const runtime_config& c) {
-        return detail::per_layer_captures(c, capture_module::moe) && c.is_moe() && !c.drop_and_pad();
+        return detail::per_layer_captures(c, capture_module::moe) && c.is_moe() && !c.drop_and_pad() && !c.static_expert_capacity;
     });
 
 CAPSCOPE_RULE(S7, error, capture_scope,

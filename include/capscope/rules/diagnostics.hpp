@@ -170,7 +170,7 @@ struct rejected<38, Config> { // S5
 template <class Config>
 struct rejected<39, Config> { // S6
     static_assert(detail::always_false<Config>,
-                  "capscope rule S6: moe cuda graph is only supported with drop-padding MoE (needs --moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity) -- fix: capture moe_router [+ moe_preprocess] instead of moe, or make the MoE drop-and-pad");
+                  "capscope rule S6: moe cuda graph is only supported with drop-padding MoE (needs --moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity) -- fix: capture moe_router [+ moe_preprocess] instead of moe, or make the MoE drop-and-pad (in capscope's engine, static_expert_capacity keeps it dropless, a step past the capacity rerun eagerly)");
 };
 template <class Config>
 struct rejected<40, Config> { // S7

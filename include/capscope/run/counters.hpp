@@ -19,6 +19,7 @@ struct runner_counters {
     long oversize_runs = 0;      //!< inference: requests past the largest bucket run eagerly
     long conditional_nodes = 0;  //!< conditional nodes captured (a run of guarded stages each)
     long guard_reads = 0;        //!< eager: a guard's flag read on the host (once per IF, once per WHILE pass and at its end)
+    long reruns = 0;             //!< steps refused on the device (training_program::rerun) and run again eagerly
     // Start-up, in host microseconds (set-up only: never on the replay path).
     long capture_us = 0;             //!< capturing segments into graphs, all of them
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them

@@ -17,6 +17,7 @@
 //! (`layer_plan`) and, at construction, that the program's layers match those schemas.
 
 #include <capscope/config/config.hpp>
+#include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
 #include <capscope/hooks/hook_pipeline.hpp>
@@ -123,6 +124,9 @@ public:
             executor_.record(seg.record, on);
         }
         executor_.wait(plan_.waits_of(plan_.end_waits), s); // every lane's last work, before step() returns
+#if !defined(CAPSCOPE_TEST_SKIP_RERUN) // a test build, broken on purpose: a refused step stays refused
+        if (program_.rerun && refused(s)) rerun_eagerly(s);
+#endif
         detail::count_one(executor_.counters().steps);
         if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
     }
@@ -181,6 +185,7 @@ private:
         if constexpr (sizeof...(Layers) > 0) match_schemas(layer_schemas<Layers...>{}, p);
         if (!p.microbatches.empty()) check_model_facts(Config::normalized, p.microbatches.front());
         if constexpr (Config::normalized.nan_check_on_device) detail::require_guarded_optimizer(p); // P17
+        detail::require_safe_rerun(p, Config::normalized.static_expert_capacity);                   // P18
         return p;
     }
 
@@ -227,6 +232,29 @@ private:
         }
     }
 
+    //! The rerun flag, read on the host once the step's work is done.
+    bool refused(cudaStream_t s) {
+        if (rerun_flag_.size() == 0) rerun_flag_ = cuda::pinned_buffer<int>(1); // at the first step: none on the replay path
+        CAPSCOPE_CHECK(cudaMemcpyAsync(rerun_flag_.data(), program_.rerun.flag.data, sizeof(int), cudaMemcpyDeviceToHost, s));
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        return *rerun_flag_.data() != 0;
+    }
+
+    //! The refused step again, every call eagerly, between the program's `before` and `after`.
+    void rerun_eagerly(cudaStream_t s) {
+        detail::count_one(executor_.counters().reruns);
+        lane_streams& lanes = executor_.lanes();
+        program_.rerun.before(s);
+        for (const plan_segment& seg : plan_.segments) {
+            const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
+            executor_.wait(plan_.waits_of(seg.waits), on);
+            executor_.run_eagerly(calls_of(seg), on, seg.lane);
+            executor_.record(seg.record, on);
+        }
+        executor_.wait(plan_.waits_of(plan_.end_waits), s);
+        program_.rerun.after(s);
+    }
+
     segment_site site(const plan_segment& seg) const {
         return {"graph g" + std::to_string(seg.graph) + " (" +
                     (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
@@ -249,6 +277,7 @@ private:
     std::vector<cuda::graph_exec> execs_;
     std::vector<unsigned char> run_eagerly_;
     std::vector<int> first_segment_;
+    cuda::pinned_buffer<int> rerun_flag_; //!< where refused() reads the rerun flag (programs with a rerun, from the first step)
     int warm_steps_ = 0; //!< steps since construction or reset(), up to the warmup
     bool warmup_started_ = false;
     bool captured_ahead_ = false;

@@ -14,6 +14,7 @@
 #include <capscope/stage/stage.hpp>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace capscope {
@@ -33,6 +34,22 @@ struct warmup_work {
     void (*run)(const void* pipeline, bool before, stream_handle stream) = nullptr;
 };
 
+//! A step the device may refuse, which the runner then runs again eagerly: how work whose size a
+//! graph cannot know stays captured (dropless MoE with a static per-expert capacity, config
+//! option `static_expert_capacity`). During the step a kernel sets `flag` (an int in device
+//! memory, declared among some stage's outputs) when the step went past what its graphs were
+//! captured for; the optimizer is guarded (run_if) by a flag that is clear then, so the refused
+//! step moved no weight. The runner reads `flag` on the host after every step (one 4-byte copy);
+//! when it is set, it runs `before` (which puts back what the refused step advanced, such as the
+//! dropout generator's offset, and switches the stages to their host-sized path), every call of
+//! the step eagerly, then `after`. Rule P18 checks the declaration when a runner is built.
+struct step_rerun {
+    tensor_ref flag;
+    stream_fn before, after;
+    std::string reason; //!< what the flag means, for the plan text ("an expert got more tokens than its static capacity")
+    explicit operator bool() const noexcept { return flag.data != nullptr; }
+};
+
 struct training_program {
     std::vector<stage> step_begin;
     std::vector<std::vector<stage>> microbatches;
@@ -41,6 +58,8 @@ struct training_program {
     //! another stream touches a layer's parameters or gradients.
     std::vector<layer_buffers> layers;
     warmup_work warmup;
+    //! Empty (no flag) unless a step may be refused and rerun (`step_rerun`).
+    step_rerun rerun;
     //! What the stages point to that the program owns (a composition's hooks and buffers,
     //! capscope/hooks/composition.hpp): shared by every copy of the program.
     std::vector<std::shared_ptr<const void>> keepalive;

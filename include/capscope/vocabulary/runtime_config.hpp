@@ -110,6 +110,11 @@ struct runtime_config {
     //! is a guarded stage that runs only when loss and gradients are finite, so it composes with
     //! a whole-iteration graph (rule A1 does not apply). `nan_check_on_device` sets it.
     bool nan_check_on_device = false;
+    //! capscope's engine only (no Megatron flag): the MoE layers are dropless, sized for a static
+    //! per-expert capacity, and a step that goes past it is refused on the device and rerun
+    //! eagerly (training_program::rerun), so `moe` can be captured (rule S6 does not apply).
+    //! `static_expert_capacity` sets it.
+    bool static_expert_capacity = false;
     int inference_batch_times_seqlen_threshold = -1;
     int inference_dynamic_batching_num_cuda_graphs = 16;
     transformer_impl transformer = transformer_impl::transformer_engine;

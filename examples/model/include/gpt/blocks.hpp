@@ -51,6 +51,10 @@ struct block_shape {
     int experts = 0, top_k = 0, inner = 0;
     double capacity_factor = 1.0;
     gpt::moe_mode moe_mode = gpt::moe_mode::drop_and_pad;
+    //! Dropless with a static capacity per expert (training; model_config::dropless_capacity_factor).
+    double dropless_capacity_factor = 0;
+    //! Set to 1 by a training MoE block whose expert got more than its static capacity (the model's flag).
+    int* expert_overflow = nullptr;
     float init_stddev = 0.02f;
     bool training = true; //!< false: forward only, no gradient buffers
     float hidden_dropout = 0.f; //!< dense MLP output dropout (training only)
@@ -64,6 +68,12 @@ struct block_shape {
     token_grid grid() const { return {batch, seq}; }
     //! Drop-and-pad slots per expert for `tokens` tokens: ceil(capacity_factor * tokens * top_k / experts).
     int capacity(int tokens) const;
+    //! The static dropless capacity per expert, 0 without one (and in forward-only blocks, which read the counts back).
+    int static_capacity() const {
+        return training && moe_mode == gpt::moe_mode::dropless && dropless_capacity_factor > 0 && experts
+                   ? static_cast<int>(std::ceil(dropless_capacity_factor * tokens() * top_k / experts))
+                   : 0;
+    }
     //! Elements of a gradient buffer: none in a forward-only block.
     std::size_t grad_elems(std::size_t n) const { return training ? n : 0; }
 };
@@ -336,14 +346,27 @@ public:
     }
     void experts_backward(cudaStream_t s);
 
-    //! Rows of the permuted buffer on `grid`: experts * capacity (drop-and-pad) or tokens * top_k (dropless).
+    //! Rows of the permuted buffer on `grid` now: experts * capacity (drop-and-pad, or a static
+    //! dropless capacity that held) or tokens * top_k (dropless, sized by the counts).
     int permuted_rows(token_grid grid) const;
-    int permuted_rows() const { return rows_; }
+    int permuted_rows() const { return rows_; } //!< rows allocated
     //! Per-expert assignment counts of the last forward (device memory): kept ones under drop-and-pad.
     const int* expert_counts() const { return counts_.data(); }
+    //! With a static dropless capacity: true while the model reruns a refused step, when the
+    //! preprocess reads the counts back and sizes the experts by them where the capacity would
+    //! not hold (set by the model's rerun functions).
+    void set_host_sized(bool on) {
+        host_sized_ = on;
+        sized_by_counts_ = false;
+    }
 
 private:
+    //! Rows per expert of the padded layout the experts run on now; 0: packed, sized by the counts.
+    int padded_capacity(token_grid grid) const;
     int rows_;
+    int static_capacity_;          //!< block_shape::static_capacity()
+    bool host_sized_ = false;      //!< a rerun: counts read back
+    bool sized_by_counts_ = false; //!< the last forward ran the packed, count-sized layout
     typename parameter_store<T>::id norm_, router_, fc1_, fc2_;
     capscope::cuda::device_buffer<float> rstd_, gate_;
     scratch<float> d_gate_;

@@ -33,6 +33,13 @@ struct model_config {
     int top_k = 2;
     double capacity_factor = 1.25;
     gpt::moe_mode moe_mode = gpt::moe_mode::drop_and_pad;
+    //! Dropless MoE captured (capscope's static_expert_capacity): > 0 gives each expert a static
+    //! capacity of ceil(factor * tokens * top_k / experts) rows in training, which graphs are
+    //! captured for. A step in which an expert gets more tokens sets a device flag: its optimizer
+    //! is skipped on the device and the runner reruns the step eagerly, dropless, with the counts
+    //! read back (`training_program().rerun`). 0: every step reads the counts back (not
+    //! capturable). Inference reads them back either way.
+    double dropless_capacity_factor = 0;
     int mamba_inner = 0; //!< 0: same as hidden
     std::uint64_t seed = 1234;
     float init_stddev = 0.02f; //!< weights ~ N(0, init_stddev); norm gains start at 1
@@ -51,6 +58,8 @@ struct model_config {
     int inner() const { return mamba_inner ? mamba_inner : hidden; }
     //! Slots per expert under drop-and-pad: ceil(capacity_factor * tokens * top_k / experts).
     int expert_capacity() const;
+    //! The static dropless capacity per expert (dropless_capacity_factor > 0): ceil(dropless_capacity_factor * tokens * top_k / experts).
+    int dropless_capacity() const;
     //! Throws std::invalid_argument on the first field that cannot work.
     void validate() const;
 };

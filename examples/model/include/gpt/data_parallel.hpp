@@ -24,6 +24,7 @@
 #include <capscope/run/runner.hpp>
 
 #include <optional>
+#include <stdexcept>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -129,6 +130,10 @@ private:
     }
     static capscope::training_program program_of(const gpt_model<T>& m, const hooks_type& hooks, const std::vector<capscope::layer_tensors>& t,
                                                  capscope::step_gradient_all_reduce& outside) {
+        if (m.config().dropless_capacity_factor > 0)
+            throw std::invalid_argument("gpt::data_parallel_trainer: a static dropless capacity (model_config::dropless_capacity_factor) "
+                                        "reruns a step on the rank whose expert overflowed, and only there, so the ranks' collectives "
+                                        "would no longer match -- fix: drop-and-pad MoE, or dropless without a static capacity (moe_router captured)");
         capscope::training_program p = capscope::with_hooks(m.training_program(), hooks, t);
         // Before the optimizer, which waits for the hooks' lane: the reduction is on it too.
         p.step_end.insert(p.step_end.begin(), outside.to_stage());

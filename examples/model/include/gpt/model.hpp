@@ -95,6 +95,11 @@ public:
     int skipped_steps(cudaStream_t s) const;
     //! The finite check's flag (an int: 1 when the last check found loss and gradients finite).
     capscope::tensor_ref all_finite() const { return {"all_finite", all_finite_.data(), all_finite_.bytes()}; }
+    //! With a static dropless capacity (model_config::dropless_capacity_factor): the flag an MoE
+    //! layer sets when an expert got more tokens than its capacity (the step's rerun flag), and
+    //! the one the optimizer is guarded by (no overflow, and finite with check_finite_on_device).
+    capscope::tensor_ref expert_overflow() const { return {"expert_overflow", expert_overflow_.data(), expert_overflow_.bytes()}; }
+    capscope::tensor_ref may_update() const { return {"may_update", may_update_.data(), may_update_.bytes()}; }
     //! The dense MLPs' last dropout masks (1 = kept), [tokens, hidden] each; empty without dropout.
     std::vector<const unsigned char*> dropout_masks() const;
     //! The dropout generator's state now (seed, and the offset every dropout call advances). Synchronizes `s`.
@@ -118,8 +123,12 @@ private:
     void embedding_backward(cudaStream_t s, int mb);
     void head_forward(cudaStream_t s, int mb);
     void head_backward(cudaStream_t s, int mb);
-    void zero_grad_stage(cudaStream_t s) { zero_grad(s); }
+    void begin_step_stage(cudaStream_t s);
     void check_finite_stage(cudaStream_t s);
+    void update_gate_stage(cudaStream_t s);
+    void rerun_before(cudaStream_t s); //!< puts back what a refused step advanced; MoE layers sized by their counts
+    void rerun_after(cudaStream_t s);  //!< MoE layers back on their static capacity
+    bool static_capacity() const { return cfg_.moe_mode == moe_mode::dropless && cfg_.dropless_capacity_factor > 0; }
 
     model_config cfg_;
     capscope::cuda::blas_handle blas_;
@@ -131,6 +140,10 @@ private:
     std::vector<std::unique_ptr<block<T>>> blocks_;
     capscope::cuda::device_buffer<int> tokens_, labels_, device_step_;
     capscope::cuda::device_buffer<int> all_finite_, skipped_steps_; //!< the finite check's flag and count
+    //! A static dropless capacity: the overflow (rerun) flag, the optimizer's guard, and the skip
+    //! count at the step's start (a rerun puts it back, as it does the generator's state).
+    capscope::cuda::device_buffer<int> expert_overflow_, may_update_, skipped_at_start_;
+    capscope::cuda::device_buffer<rng_state> rng_at_start_;
     capscope::cuda::device_buffer<rng_state> rng_; //!< dropout's generator (seed, offset), in device memory
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_, d_logits_, d_final_normed_, d_last_;
     capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_, hyperparameters_;

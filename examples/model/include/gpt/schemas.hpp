@@ -38,9 +38,18 @@ using moe_dropless =
                            stage_decl<stage_kind::moe_experts, regions<capture::moe>, capscope::shapes_depend_on_data,
                                       capscope::saves<om::expert_fc1, om::moe_act>>>;
 
+//! Dropless with a static capacity per expert (model_config::dropless_capacity_factor): the same
+//! stages as drop-and-pad, all capturable; a step past the capacity is rerun eagerly.
+using moe_dropless_static =
+    capscope::layer_schema<"moe (dropless, static capacity)", attention,
+                           stage_decl<stage_kind::moe_router, regions<capture::moe, capture::moe_router>, capscope::saves<om::mlp_norm>>,
+                           stage_decl<stage_kind::moe_preprocess, regions<capture::moe, capture::moe_preprocess>, capscope::makes<om::expert_fc1>>,
+                           stage_decl<stage_kind::moe_experts, regions<capture::moe>, capscope::saves<om::expert_fc1, om::moe_act>>>;
+
 using mamba = capscope::layer_schema<"mamba", stage_decl<stage_kind::mamba, regions<capture::mamba>>>;
 
 using drop_and_pad_model = capscope::layer_schemas<dense, moe_drop_and_pad, mamba>;
 using dropless_model = capscope::layer_schemas<dense, moe_dropless, mamba>;
+using dropless_static_model = capscope::layer_schemas<dense, moe_dropless_static, mamba>;
 
 } // namespace gpt::schemas

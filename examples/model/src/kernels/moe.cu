@@ -48,7 +48,7 @@ __global__ void router_topk_backward_k(const int* expert, const float* gate, con
 // its offsets.
 constexpr int slot_threads = 1024, slot_warps = slot_threads / 32;
 __global__ void __launch_bounds__(slot_threads)
-    assign_slots_k(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity) {
+    assign_slots_k(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity, int* overflow) {
     __shared__ int seen[max_experts];       // assignments per expert so far (pass 2)
     __shared__ int kept[max_experts];       // rows each expert keeps
     __shared__ int offset[max_experts + 1]; // first row of each expert
@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(slot_threads)
         for (int e = 0; e < experts; ++e) {
             kept[e] = capacity > 0 ? min(seen[e], capacity) : seen[e];
             offset[e + 1] = offset[e] + (capacity > 0 ? capacity : seen[e]);
+            if (overflow && seen[e] > capacity) *overflow = 1; // a static dropless capacity: this step must be rerun
         }
     }
     __syncthreads();
@@ -173,8 +174,8 @@ void router_topk_backward(const int* expert, const float* gate, const float* dga
     CHECKED("router_topk_backward");
 }
 void assign_slots(const int* expert, int* counts, int* slot, int* row_owner, int tokens, int k, int experts, int capacity,
-                  cudaStream_t s) {
-    assign_slots_k<<<1, slot_threads, 0, s>>>(expert, counts, slot, row_owner, tokens, k, experts, capacity);
+                  cudaStream_t s, int* overflow) {
+    assign_slots_k<<<1, slot_threads, 0, s>>>(expert, counts, slot, row_owner, tokens, k, experts, capacity, overflow);
     CHECKED("assign_slots");
 }
 template <class T> void permute_rows(const T* x, const int* row_owner, T* out, int rows, int hidden, int k, cudaStream_t s) {

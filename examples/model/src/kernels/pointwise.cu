@@ -117,9 +117,16 @@ __global__ void clear_unless_finite_k(const float* x, long n, int* flag) {
     if (bad) *flag = 0;
 }
 __global__ void count_if_cleared_k(const int* flag, int* count) { *count += *flag == 0; }
+__global__ void update_gate_k(const int* overflow, const int* all_finite, int* may_update) {
+    *may_update = *overflow == 0 && (all_finite == nullptr || *all_finite != 0);
+}
 
 } // namespace
 
+void update_gate(const int* overflow, const int* all_finite, int* may_update, cudaStream_t s) {
+    update_gate_k<<<1, 1, 0, s>>>(overflow, all_finite, may_update);
+    CHECKED("update_gate");
+}
 void set_int(int* x, int value, cudaStream_t s) {
     set_int_k<<<1, 1, 0, s>>>(x, value);
     CHECKED("set_int");
