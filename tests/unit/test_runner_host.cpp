@@ -126,27 +126,46 @@ TEST_CASE("a step the device may refuse (training_program::rerun) is checked whe
 
     int overflow = 0, may_update = 1;
     const tensor_ref flag{"expert_overflow", &overflow, sizeof overflow};
+    const tensor_ref gate_flag{"may_update", &may_update, sizeof may_update};
     p.rerun.flag = flag;
     p.rerun.reason = "an expert got more tokens than its static capacity";
     CHECK(rule_of([&] { runner<moe_local> r(p); }).find("has no 'before' function") != std::string::npos);
     fake::recorder before{&m.log, "rerun.before"};
     p.rerun.before = stream_fn::of<&fake::recorder::forward>(&before);
+    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("no step_begin stage writes the rerun flag 'expert_overflow'") != std::string::npos);
+    p.step_begin.front().outputs.push_back(flag);
     CHECK(rule_of([&] { runner<moe_local> r(p); }).find("no optimizer stage of step_end is guarded by run_if") != std::string::npos);
+    p.step_end.back().guard = run_if(flag); // inverted: it would update exactly in the refused steps
+    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("guarded by the rerun flag 'expert_overflow' itself") != std::string::npos);
+    p.step_end.back().guard = run_if(gate_flag);
+    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("which no step_end stage before it writes from the rerun flag") != std::string::npos);
     stage gate = m.make("update_gate", -1, stage_kind::other, {}, &may_update);
     gate.backward = {};
-    gate.outputs = {{"may_update", &may_update, sizeof may_update}};
+    gate.inputs = {flag};
+    gate.outputs = {gate_flag};
     p.step_end.insert(p.step_end.begin(), gate);
-    p.step_end.back().guard = run_if(tensor_ref{"may_update", &may_update, sizeof may_update});
-    // No call writes the flag: the runner would read what an earlier step left.
-    CHECK(rule_of([&] { runner<moe_local> r(p); }).find("is written by no call of the step") != std::string::npos);
+    // A collective would run twice on the refused rank only.
+    training_program with_collective = p;
+    stage reduce = m.make("grad all-reduce (outside the layers)", -1, stage_kind::other, {}, &m.buffers[62]);
+    reduce.kind = stage_kind_id("collective");
+    reduce.backward = {};
+    with_collective.step_end.insert(with_collective.step_end.begin(), reduce);
+    CHECK(rule_of([&] { runner<moe_local> r(with_collective); }).find("the ranks' collectives would no longer match") != std::string::npos);
+
     for (auto& list : p.microbatches)
         for (stage& s : list)
             if (s.kind == stage_kind::moe_preprocess) s.outputs.push_back(flag);
-    p.step_begin.front().outputs.push_back(flag);
     runner<moe_local> r(p);
     const std::string text = r.plan_text();
     CHECK(text.find("after the step: 'expert_overflow' read on the host; when set (an expert got more tokens than its static capacity), "
                     "the step is refused (its optimizer guarded) and run again, every call eagerly") != std::string::npos);
+    // The plan's own part: some call writes the flag (here no call at all, the runner's checks aside).
+    training_program unwritten = p;
+    unwritten.step_begin.front().outputs.pop_back();
+    for (auto& list : unwritten.microbatches)
+        for (stage& s : list)
+            if (s.kind == stage_kind::moe_preprocess) s.outputs.pop_back();
+    CHECK(rule_of([&] { make_training_plan(capture_scope_of<moe_local>, 1, unwritten); }).find("is written by no call of the step") != std::string::npos);
     // The rerun survives composition.
     const hook_pipeline<> no_hooks;
     const std::vector<layer_tensors> tensors(2);

@@ -122,7 +122,13 @@ void gpt_model<T>::set_batch(int mb, std::span<const int> tokens_in, std::span<c
     CAPSCOPE_CHECK(cudaMemcpyAsync(labels(mb), labels_in.data(), t * sizeof(int), cudaMemcpyHostToDevice, s));
 }
 
-template <class T> void gpt_model<T>::forward(cudaStream_t s, int mb) { capscope::run_forward(stages(mb), s); }
+template <class T> void gpt_model<T>::forward(cudaStream_t s, int mb) {
+    if (static_capacity())
+        throw std::logic_error("gpt_model::forward: with a static dropless capacity (model_config::dropless_capacity_factor) the tokens past "
+                               "it are dropped until the step is rerun, which only a capscope runner does -- fix: train with "
+                               "capscope::runner<Config>(model.training_program()), or set dropless_capacity_factor to 0");
+    capscope::run_forward(stages(mb), s);
+}
 template <class T> void gpt_model<T>::backward(cudaStream_t s, int mb) { capscope::run_backward(stages(mb), s); }
 
 template <class T> void gpt_model<T>::set_optimizer(const adamw_config& o, cudaStream_t s) {

@@ -11,13 +11,16 @@
 //!   one segment and on one lane.
 //! - P17: a config with `nan_check_on_device` has its optimizer guarded (the runner checks).
 //! - P18: a step the device may refuse (training_program::rerun) has a flag some call of the step
-//!   writes, a `before` to put back what the refused step advanced, and its optimizer guarded; a
-//!   config with `static_expert_capacity` has such a program (the runner checks).
+//!   writes and a step_begin stage clears, a `before` to put back what the refused step advanced,
+//!   its optimizer guarded by a flag a gate writes from the rerun flag, and no collective (a
+//!   rerun is one rank's own); a config with `static_expert_capacity` has such a program (the
+//!   runner checks).
 
 #include <capscope/plan/access.hpp>
 #include <capscope/plan/plan_calls.hpp>
 #include <capscope/plan/plan_error.hpp>
 
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -119,10 +122,14 @@ inline void check_rerun(const training_plan& plan, const training_program& progr
                      "declare the flag among the outputs of the stage whose kernel sets it (and of the stage that clears it at the step's start)");
 }
 
-//! P18, the program's part: a refused step must change nothing the rerun depends on, so its
-//! optimizer is guarded, and something puts back what it advanced.
+//! P18, the program's part: a refused step must change nothing the rerun depends on. So its
+//! optimizer is guarded by a flag that a gate before it writes from the rerun flag (never by the
+//! rerun flag itself, which holds when the step must not update), a stage at the step's start
+//! clears the flag, something puts back what the step advanced, and no collective runs twice on
+//! one rank only (each rank reads its own flag).
 inline void require_safe_rerun(const training_program& p, bool config_asks) {
-    if (!p.rerun) {
+    const step_rerun& r = p.rerun;
+    if (!r) {
         if (config_asks)
             throw plan_error("P18", "",
                              "the config says the MoE layers have a static expert capacity (static_expert_capacity), but the program "
@@ -131,17 +138,52 @@ inline void require_safe_rerun(const training_program& p, bool config_asks) {
                              "model_config::dropless_capacity_factor > 0), or drop static_expert_capacity");
         return;
     }
-    if (!p.rerun.before)
+    const std::string flag = name_of(r.flag);
+    if (!r.before)
         throw plan_error("P18", "",
                          "training_program::rerun has no 'before' function, so a rerun would start from what the refused step left "
                          "(a generator's advanced offset, a stage still on its capacity path)",
                          "set rerun.before to put back what a step advances and switch the stages to their host-sized path");
+    auto writes = [](const stage& s, const tensor_ref& t) { return std::find(s.outputs.begin(), s.outputs.end(), t) != s.outputs.end(); };
+    auto reads = [](const stage& s, const tensor_ref& t) { return std::find(s.inputs.begin(), s.inputs.end(), t) != s.inputs.end(); };
+    bool cleared = false;
+    for (const stage& s : p.step_begin) cleared = cleared || writes(s, r.flag);
+    if (!cleared)
+        throw plan_error("P18", "",
+                         "no step_begin stage writes the rerun flag '" + flag + "', so once set it would stay set and every later step would be refused",
+                         "clear the flag in a step_begin stage and declare it among that stage's outputs");
+    for (const auto& list : p.microbatches)
+        for (const stage& s : list)
+            if (s.kind == stage_kind_id("collective") || (s.kind == stage_kind_id("hook") && s.lane != 0))
+                throw plan_error("P18", s.name,
+                                 "stage '" + s.name + "' is a collective or a hook on a side lane, and a refused step runs every call again on the rank "
+                                 "whose flag was set, and only there, so the ranks' collectives would no longer match",
+                                 "keep collectives out of a program whose steps may be refused (each rank decides its rerun alone)");
     for (const stage& s : p.step_end)
-        if (s.kind == stage_kind_id{stage_kind::optimizer} && s.guard.kind == guard_kind::if_holds) return;
+        if (s.kind == stage_kind_id("collective") || (s.kind == stage_kind_id("hook") && s.lane != 0))
+            throw plan_error("P18", s.name,
+                             "stage '" + s.name + "' is a collective or a hook on a side lane, and a refused step runs every call again on the rank "
+                             "whose flag was set, and only there, so the ranks' collectives would no longer match",
+                             "keep collectives out of a program whose steps may be refused (each rank decides its rerun alone)");
+    for (std::size_t i = 0; i < p.step_end.size(); ++i) {
+        const stage& opt = p.step_end[i];
+        if (opt.kind != stage_kind_id{stage_kind::optimizer}) continue;
+        if (opt.guard.kind != guard_kind::if_holds) break;
+        if (opt.guard.predicate == r.flag)
+            throw plan_error("P18", opt.name,
+                             "the optimizer is guarded by the rerun flag '" + flag + "' itself, so it would update exactly in the refused steps",
+                             "guard it by a flag a gate stage writes: set when '" + flag + "' is clear (the example model's update_gate)");
+        for (std::size_t k = 0; k < i; ++k)
+            if (reads(p.step_end[k], r.flag) && writes(p.step_end[k], opt.guard.predicate)) return;
+        throw plan_error("P18", opt.name,
+                         "the optimizer is guarded by '" + name_of(opt.guard.predicate) + "', which no step_end stage before it writes from the rerun flag '" +
+                             flag + "', so a refused step could still update the weights",
+                         "put a gate stage before the optimizer that reads '" + flag + "' (in its inputs) and writes the optimizer's flag (in its outputs)");
+    }
     throw plan_error("P18", "",
-                     "the program declares a rerun when '" + name_of(p.rerun.flag) + "' is set, but no optimizer stage of step_end is "
-                     "guarded by run_if, so the refused step would update the weights before its rerun does",
-                     "guard the optimizer with run_if(flag), the flag clear whenever '" + name_of(p.rerun.flag) + "' is set");
+                     "the program declares a rerun when '" + flag + "' is set, but no optimizer stage of step_end is guarded by run_if, so "
+                     "the refused step would update the weights before its rerun does",
+                     "guard the optimizer with run_if(flag), a flag a gate stage clears whenever '" + flag + "' is set");
 }
 
 //! P17: a config that checks loss and gradients on the device (`nan_check_on_device`) has a

@@ -240,10 +240,23 @@ private:
         return *rerun_flag_.data() != 0;
     }
 
-    //! The refused step again, every call eagerly, between the program's `before` and `after`.
+    //! The refused step again, every call eagerly, between the program's `before` and `after`
+    //! (`after` runs even when a call throws, so the stages are back on their captured path).
     void rerun_eagerly(cudaStream_t s) {
         detail::count_one(executor_.counters().reruns);
         lane_streams& lanes = executor_.lanes();
+        struct after_guard {
+            const step_rerun& r;
+            cudaStream_t s;
+            bool armed = true;
+            ~after_guard() {
+                if (!armed || !r.after) return;
+                try {
+                    r.after(s);
+                } catch (...) { // a call threw already: that error is the one to report
+                }
+            }
+        } after{program_.rerun, s};
         program_.rerun.before(s);
         for (const plan_segment& seg : plan_.segments) {
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
@@ -252,7 +265,12 @@ private:
             executor_.record(seg.record, on);
         }
         executor_.wait(plan_.waits_of(plan_.end_waits), s);
-        program_.rerun.after(s);
+        after.armed = false;
+        if (program_.rerun.after) program_.rerun.after(s);
+        if (refused(s))
+            throw std::runtime_error("capscope: the eager rerun of a refused step set the rerun flag '" + name_of(program_.rerun.flag) +
+                                     "' again, so its weights were not updated -- fix: rerun.before must switch the stages to a path that cannot "
+                                     "overflow (the example model: MoE layers sized by their counts)");
     }
 
     segment_site site(const plan_segment& seg) const {

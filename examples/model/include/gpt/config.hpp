@@ -37,8 +37,9 @@ struct model_config {
     //! capacity of ceil(factor * tokens * top_k / experts) rows in training, which graphs are
     //! captured for. A step in which an expert gets more tokens sets a device flag: its optimizer
     //! is skipped on the device and the runner reruns the step eagerly, dropless, with the counts
-    //! read back (`training_program().rerun`). 0: every step reads the counts back (not
-    //! capturable). Inference reads them back either way.
+    //! read back (`training_program().rerun`), so only a runner drives such a model
+    //! (gpt_model::forward refuses). 0: every step reads the counts back (not capturable).
+    //! Inference reads them back either way.
     double dropless_capacity_factor = 0;
     int mamba_inner = 0; //!< 0: same as hidden
     std::uint64_t seed = 1234;

@@ -57,7 +57,9 @@ public:
     int* labels(int microbatch) const { return labels_.data() + std::size_t(checked(microbatch)) * cfg_.tokens(); }
 
     void zero_grad(cudaStream_t s) { params_.zero_grads(s); }
-    void forward(cudaStream_t s, int microbatch = 0);  //!< its stages' forwards, in order (the head computes its loss)
+    //! Its stages' forwards, in order (the head computes its loss). Not with a static dropless
+    //! capacity, whose refused steps only a runner reruns: that throws std::logic_error.
+    void forward(cudaStream_t s, int microbatch = 0);
     void backward(cudaStream_t s, int microbatch = 0); //!< its stages' backwards, in reverse; gradients accumulate
     //! Sets AdamW's hyperparameters in device memory (one launch), read by every later optimizer
     //! step, replayed from a graph or not.
@@ -128,7 +130,9 @@ private:
     void update_gate_stage(cudaStream_t s);
     void rerun_before(cudaStream_t s); //!< puts back what a refused step advanced; MoE layers sized by their counts
     void rerun_after(cudaStream_t s);  //!< MoE layers back on their static capacity
-    bool static_capacity() const { return cfg_.moe_mode == moe_mode::dropless && cfg_.dropless_capacity_factor > 0; }
+    bool static_capacity() const {
+        return cfg_.moe_mode == moe_mode::dropless && cfg_.dropless_capacity_factor > 0 && cfg_.layer_pattern.find('E') != std::string::npos;
+    }
 
     model_config cfg_;
     capscope::cuda::blas_handle blas_;
