@@ -16,6 +16,12 @@
 #endif
 #include <mpi.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string_view>
+#include <utility>
+
 namespace capscope::cuda::detail {
 inline void check_mpi(int status, const char* call, const char* file, int line) {
     if (status != MPI_SUCCESS) {
@@ -35,9 +41,15 @@ namespace capscope::cuda {
 
 //! MPI for the life of the object (initialized unless someone else did; finalized if it initialized),
 //! with MPI's errors returned as codes so that they are checked, not fatal.
+//!
+//! An error on one rank must not leave the others waiting: in a collective for a peer that will
+//! never come, or in `MPI_Finalize`. So when an exception leaves the session's scope, its
+//! destructor ends every rank with `MPI_Abort` instead of finalizing, after saying which rank
+//! ended so. `abort_all` does the same with the error's text, and `run_ranks` calls it for any
+//! exception of the trainer's function.
 class mpi_session {
 public:
-    mpi_session() {
+    mpi_session() : exceptions_at_start_(std::uncaught_exceptions()) {
         int initialized = 0;
         CAPSCOPE_MPI_CHECK(MPI_Initialized(&initialized));
         if (!initialized) {
@@ -53,7 +65,20 @@ public:
         CAPSCOPE_MPI_CHECK(MPI_Comm_free(&node));
     }
     ~mpi_session() {
+        if (std::uncaught_exceptions() > exceptions_at_start_) {
+            std::fprintf(stderr, "capscope: rank %d of %d is ending by an exception; MPI_Abort ends every rank (the others may be waiting for it)\n",
+                         rank_, size_);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         if (owns_) MPI_Finalize();
+    }
+    //! Says on stderr that this rank failed and why, and ends every rank (`MPI_Abort`, exit code 1).
+    [[noreturn]] void abort_all(std::string_view what) const noexcept {
+        std::fprintf(stderr, "capscope: rank %d of %d failed: %.*s -- ending every rank (MPI_Abort)\n", rank_, size_, int(what.size()),
+                     what.data());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        std::abort(); // MPI_Abort does not return; if it did, this rank still ends
     }
     mpi_session(const mpi_session&) = delete;
     mpi_session& operator=(const mpi_session&) = delete;
@@ -64,9 +89,28 @@ public:
     int local_rank() const noexcept { return local_rank_; }
 
 private:
+    int exceptions_at_start_;
     bool owns_ = false;
     int rank_ = 0, size_ = 1, local_rank_ = 0;
 };
+
+//! Runs `fn(session)` on this rank under a new MPI session and returns 0. An exception from it
+//! ends every rank within MPI's abort (seconds), after this rank has said what failed (a capscope
+//! error names the call, file, line and scope), instead of leaving the others blocked in a
+//! collective. The communicator and everything else `fn` made are destroyed first (a
+//! communicator destroyed by an exception aborts, nccl_communicator).
+template <class F>
+int run_ranks(F&& fn) {
+    mpi_session mpi;
+    try {
+        std::forward<F>(fn)(mpi);
+    } catch (const std::exception& e) {
+        mpi.abort_all(e.what());
+    } catch (...) {
+        mpi.abort_all("an exception that is not a std::exception");
+    }
+    return 0;
+}
 
 //! Takes GPU `local_rank` of this node and joins every rank of `mpi` in one NCCL communicator
 //! (call it before making any stream or buffer: they belong to the device current then):

@@ -7,12 +7,14 @@
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
+#include <capscope/detail/fnv1a.hpp>
 #include <capscope/detail/unique_handle.hpp>
 
 #include <nccl.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -23,6 +25,9 @@ namespace capscope::cuda::detail {
 inline void check_status(ncclResult_t status, const char* call, const char* file, int line) {
     if (status != ncclSuccess) raise(library::nccl, static_cast<int>(status), ncclGetErrorString(status), call, file, line);
 }
+//! Destroys a communicator; while an exception unwinds, aborts it instead: `ncclCommDestroy`
+//! may wait for collectives whose peers, on a failing job, never come; `ncclCommAbort` does not.
+inline ncclResult_t destroy_or_abort(ncclComm_t comm) { return std::uncaught_exceptions() > 0 ? ncclCommAbort(comm) : ncclCommDestroy(comm); }
 } // namespace capscope::cuda::detail
 
 namespace capscope::cuda {
@@ -57,7 +62,7 @@ public:
 
 private:
     explicit nccl_communicator(ncclComm_t adopted) { *comm_.out() = adopted; }
-    capscope::detail::unique_handle<ncclComm_t, &ncclCommDestroy> comm_;
+    capscope::detail::unique_handle<ncclComm_t, &detail::destroy_or_abort> comm_;
 };
 
 //! Ranks that would capture different collectives (their plans differ).
@@ -65,12 +70,8 @@ class plan_mismatch : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-//! A 64-bit FNV-1a hash, for plan fingerprints.
-constexpr std::uint64_t fingerprint(std::string_view text) {
-    std::uint64_t h = 1469598103934665603ull;
-    for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return h;
-}
+//! A 64-bit FNV-1a hash (of a plan's text, of results to compare across ranks).
+constexpr std::uint64_t fingerprint(std::string_view text) { return capscope::detail::fnv1a(text); }
 
 //! Compares `plan_hash` across the ranks of `comm` with one all-reduce (every rank makes the same
 //! call whatever its plan, so this cannot hang), and throws `plan_mismatch` on every rank when

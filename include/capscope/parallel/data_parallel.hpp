@@ -3,7 +3,8 @@
 //! Data parallelism on hooks: every rank holds all parameters and runs its share of the batch;
 //! a backward hook per layer reduces the layer's gradients across the ranks after the layer's
 //! backward of the last microbatch (earlier microbatches accumulate locally), one NCCL call per
-//! bucket (gradients adjacent in memory, up to a size), on a side stream (lane 1) so that it
+//! tensor, grouped in buckets made from the sizes alone (capscope/parallel/reduction_buckets.hpp:
+//! the same calls on every rank, whatever its memory layout), on a side stream (lane 1) so that it
 //! overlaps the backward of the layers before it. The hook is capturable: under per-layer impls
 //! it is a graph of its own per layer, launched on that side stream right after the layer's
 //! backward graph; under whole_iteration, a branch of the step's graph; and
@@ -12,7 +13,8 @@
 
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/hooks/hook.hpp>
-#include <capscope/plan/print.hpp>
+#include <capscope/parallel/reduction_buckets.hpp>
+#include <capscope/plan/fingerprint.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -35,21 +37,36 @@ constexpr std::size_t nccl_type_bytes(ncclDataType_t t) {
     }
 }
 
-//! All-reduces `gradients` in place, one call per bucket (tensors adjacent in memory, up to
-//! `bucket_bytes`; a tensor larger than that is its own bucket).
+//! All-reduces `gradients` in place: one call per tensor, a bucket of several tensors (by size,
+//! up to `bucket_bytes`) in one NCCL group. Where the tensors lie changes nothing.
 inline void all_reduce_buckets(ncclComm_t comm, std::span<const tensor_ref> gradients, ncclDataType_t type, ncclRedOp_t op,
                                std::size_t bucket_bytes, cudaStream_t s) {
     const std::size_t element = nccl_type_bytes(type);
-    for (std::size_t i = 0; i < gradients.size();) {
-        auto* start = static_cast<std::byte*>(gradients[i].data);
-        std::size_t bytes = gradients[i].bytes;
-        std::size_t j = i + 1;
-        while (j < gradients.size() && static_cast<std::byte*>(gradients[j].data) == start + bytes &&
-               bytes + gradients[j].bytes <= bucket_bytes)
-            bytes += gradients[j++].bytes;
-        CAPSCOPE_CHECK(ncclAllReduce(start, start, bytes / element, type, op, comm, s));
-        i = j;
+    require_whole_elements(gradients, element, "capscope gradient all-reduce");
+    for_each_reduction_bucket(gradients, bucket_bytes, [&](std::size_t first, std::size_t last) {
+        const bool group = last - first > 1;
+        if (group) CAPSCOPE_CHECK(ncclGroupStart());
+        for (std::size_t i = first; i < last; ++i)
+            CAPSCOPE_CHECK(ncclAllReduce(gradients[i].data, gradients[i].data, gradients[i].bytes / element, type, op, comm, s));
+        if (group) CAPSCOPE_CHECK(ncclGroupEnd());
+    });
+}
+
+//! The hook's name, shown in the plan and so in its fingerprint: the type and the operation, so
+//! ranks that would reduce differently do not fingerprint alike.
+constexpr std::string_view reduction_hook_name(ncclDataType_t type, ncclRedOp_t op) {
+    if (op == ncclAvg) {
+        if (type == ncclFloat32) return "grad all-reduce (float32, avg)";
+        if (type == ncclBfloat16) return "grad all-reduce (bfloat16, avg)";
+        if (type == ncclFloat16) return "grad all-reduce (float16, avg)";
     }
+    if (op == ncclSum) {
+        if (type == ncclFloat32) return "grad all-reduce (float32, sum)";
+        if (type == ncclBfloat16) return "grad all-reduce (bfloat16, sum)";
+        if (type == ncclFloat16) return "grad all-reduce (float16, sum)";
+        if (type == ncclInt32) return "grad all-reduce (int32, sum)";
+    }
+    return "grad all-reduce (other type or operation)";
 }
 
 struct gradient_reduction {
@@ -74,7 +91,7 @@ auto gradient_all_reduce(const cuda::nccl_communicator& comm, ncclDataType_t typ
                          std::size_t bucket_bytes = std::size_t(40) << 20) {
     detail::check_type(type, "gradient_all_reduce");
     return hook<hook_phase::backward, capturable, on_lane<Lane>, last_microbatch_only>(
-        "grad all-reduce", detail::gradient_reduction{comm.get(), bucket_bytes, type, op});
+        detail::reduction_hook_name(type, op), detail::gradient_reduction{comm.get(), bucket_bytes, type, op});
 }
 
 //! The reduction of gradients outside the layers (an embedding, a head), once per step: a stage
@@ -88,6 +105,7 @@ public:
                              ncclRedOp_t op = ncclAvg, std::size_t bucket_bytes = std::size_t(40) << 20)
         : comm_(comm.get()), gradients_(std::move(gradients)), type_(type), op_(op), bucket_bytes_(bucket_bytes) {
         detail::check_type(type, "step_gradient_all_reduce");
+        require_whole_elements(gradients_, detail::nccl_type_bytes(type), "step_gradient_all_reduce");
     }
     step_gradient_all_reduce(const step_gradient_all_reduce&) = delete; // its stage points to it
     step_gradient_all_reduce& operator=(const step_gradient_all_reduce&) = delete;
@@ -96,7 +114,8 @@ public:
     //! A step-level stage (outside the layers: captured only by the whole iteration) named `name`.
     stage to_stage(std::string name = "grad all-reduce (outside the layers)", int lane = 1) {
         stage st;
-        st.name = std::move(name);
+        // The type and the operation, as the hooks' names give them: "(float32, avg)".
+        st.name = std::move(name) + " " + std::string(detail::reduction_hook_name(type_, op_).substr(std::string_view("grad all-reduce ").size()));
         st.kind = stage_kind_id("collective");
         st.lane = lane;
         st.forward = stream_fn::of<&step_gradient_all_reduce::run>(this);
@@ -113,11 +132,5 @@ private:
     ncclRedOp_t op_;
     std::size_t bucket_bytes_;
 };
-
-//! A fingerprint of a training plan and its program (segments, graphs, stage names and kinds):
-//! equal on ranks that will capture the same collectives in the same order.
-inline std::uint64_t plan_fingerprint(const training_plan& plan, const training_program& program) {
-    return cuda::fingerprint(to_text(plan, program));
-}
 
 } // namespace capscope
