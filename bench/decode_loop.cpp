@@ -80,17 +80,12 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "decode_loop: --rounds must be at least 1\n");
         return 2;
     }
-    if (cuda::usable_device_count() == 0) {
-        std::printf("no CUDA device: skipped\n");
-        return cuda::skip_exit_code;
-    }
+    const std::string gpu = bench::device_or_skip();
     cuda::stream s;
-    cudaDeviceProp prop{};
-    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
     gpt::inference_model<T> m(bench_model(), s.get());
     const gpt::model_config& c = m.config();
     std::printf("%s; bf16 h%d, %zu layers %s, vocab %d, prompts of %d tokens; %d rounds, round-robin; host wall time per generation\n",
-                prop.name, c.hidden, c.layer_pattern.size(), c.layer_pattern.c_str(), c.vocab, prompt_len, rounds);
+                gpu.c_str(), c.hidden, c.layer_pattern.size(), c.layer_pattern.c_str(), c.vocab, prompt_len, rounds);
     const std::vector<int> bucket{1, 4, 16};
     std::mt19937_64 rng(3);
     std::uniform_int_distribution<int> tok(0, c.vocab - 1);

@@ -102,7 +102,7 @@ template <class Config> variant build(std::string name, double static_factor, cu
 
 int main(int argc, char** argv) {
     int rounds = 10;
-    std::vector<double> factors = {1.5, 3.0};
+    std::vector<double> factors = {1.5, 4.0};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
@@ -120,16 +120,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "dropless_capture: --layers >= 2, --rounds >= 1 and two positive --factors\n");
         return 2;
     }
-    if (cuda::usable_device_count() == 0) {
-        std::printf("no CUDA device: skipped\n");
-        return cuda::skip_exit_code;
-    }
+    const std::string gpu = bench::device_or_skip();
     cuda::stream s;
-    cudaDeviceProp prop{};
-    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("%s; bf16 h1024 s2048 b1, %d layers (MoE and dense in turn, 8 experts top-2, dropless), %d batches in turn; "
                 "%d rounds of 5 steps each, round-robin\n",
-                prop.name, layer_count, pool, rounds);
+                gpu.c_str(), layer_count, pool, rounds);
     using te = impl::ahead_of_time_per_layer;
     using facts = model<experts<8>, moe_every<2>>;
     std::vector<variant> all;

@@ -68,14 +68,9 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    if (cuda::usable_device_count() == 0) {
-        std::printf("no CUDA device: skipped\n");
-        return cuda::skip_exit_code;
-    }
+    const std::string gpu = bench::device_or_skip();
     cuda::stream s;
-    cudaDeviceProp prop{};
-    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("%s; bf16 h1024 s2048 b%d, %d dense layers, impl full_iteration; %d rounds of 5 steps each, round-robin\n", prop.name,
+    std::printf("%s; bf16 h1024 s2048 b%d, %d dense layers, impl full_iteration; %d rounds of 5 steps each, round-robin\n", gpu.c_str(),
                 batch, layer_count, rounds);
     std::vector<variant> two;
     two.push_back(build<config<impl::whole_iteration, warmup_steps<1>, no_nan_check>>(false, s));

@@ -117,14 +117,9 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    if (cuda::usable_device_count() == 0) {
-        std::printf("no CUDA device: skipped\n");
-        return cuda::skip_exit_code;
-    }
+    const std::string gpu = bench::device_or_skip();
     cuda::stream s;
-    cudaDeviceProp prop{};
-    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("%s; bf16 h%d s2048 b%d x %d microbatches, %d dense layers; one impl at a time, each on a fresh model\n", prop.name,
+    std::printf("%s; bf16 h%d s2048 b%d x %d microbatches, %d dense layers; one impl at a time, each on a fresh model\n", gpu.c_str(),
                 hidden, batch, microbatches, layer_count);
     using w1 = warmup_steps<1>;
     // Once, not printed: the process's first steps load the kernels and set up cuBLAS, which no

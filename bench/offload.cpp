@@ -149,15 +149,10 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    if (cuda::usable_device_count() == 0) {
-        std::printf("no CUDA device: skipped\n");
-        return cuda::skip_exit_code;
-    }
+    const std::string gpu = bench::device_or_skip();
     cuda::stream s;
-    cudaDeviceProp prop{};
-    CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("%s; bf16 h1024 s2048 b2, %d dense layers, transformer_engine whole layers, copies out delayed after each layer's graph\n",
-                prop.name, layer_count);
+                gpu.c_str(), layer_count);
     const double bandwidth = d2h_bandwidth(s);
     std::printf("device-to-host bandwidth (256 MiB, pinned): %.1f GB/s\n", bandwidth);
     trainer base = build<config<te, modules<>, warmup_steps<1>>>(false, s);
