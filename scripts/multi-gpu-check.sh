@@ -16,7 +16,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_data_parallel_no_regather tests/rank_failure_probe tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -35,6 +35,12 @@ if is_part tests; then
   timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_sum_for_average -tc='*average*' >"$OUT/two-ranks-sum-for-average.log" 2>&1
   r=$?; echo "== two-ranks-sum-for-average (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-sum-for-average.log" | head -6
   [ $r -ne 0 ] || rc=1
+  # Broken on purpose: no re-gather before the backward must fail on two ranks too.
+  timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_no_regather -tc='*re-gathered*' >"$OUT/two-ranks-no-regather.log" 2>&1
+  r=$?; echo "== two-ranks-no-regather (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-no-regather.log" | head -6
+  [ $r -ne 0 ] || rc=1
+  # A failing rank ends both, within the bound (no GPU needed, but here on the real launcher too).
+  run rank-failure python3 tests/mpi/rank_failure.py ./build-mpi/tests/rank_failure_probe
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
 fi
