@@ -85,16 +85,14 @@ int main(int argc, char** argv) {
         std::puts("no usable CUDA device: skipped");
         return cuda::skip_exit_code;
     }
-    try {
-        cuda::mpi_session mpi;
+    // An error on one rank is printed with the rank, and ends every rank (MPI_Abort) instead of
+    // leaving the others waiting in a collective.
+    return cuda::run_ranks([&](cuda::mpi_session& mpi) {
         const cuda::nccl_communicator comm = cuda::communicator_from_mpi(mpi); // before any stream or buffer
         cuda::stream s;
         const std::string dot = args.dot.empty() ? "" : args.dot[0];
         const bool dp = train<gpt::replicated>("data parallel", comm, mpi.rank(), mpi.size(), dot, s);
         const bool sh = train<sharded_policy>("sharded", comm, mpi.rank(), mpi.size(), "", s);
         return dp && sh ? 0 : 1;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "08_data_parallel: %s\n", e.what());
-        return 1;
-    }
+    });
 }

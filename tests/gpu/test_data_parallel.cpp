@@ -376,6 +376,7 @@ struct regather_model {
     } end{this};
 
     regather_model(int r, int size, cudaStream_t s) : rank(r), ranks(size), layout(make_shard_layout({n, n, n}, size, 64)) {
+        REQUIRE(layout.parameters[0].padded == std::size_t(n)); // the gather fills `full` exactly
         for (int i = 0; i < microbatches * regather_layers; ++i) act.emplace_back(n);
         for (int l = 0; l < regather_layers; ++l) {
             const std::size_t shard = layout.parameters[std::size_t(l)].shard;

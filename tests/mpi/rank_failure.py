@@ -13,6 +13,10 @@ mpirun = shutil.which("mpirun")
 if not mpirun:
     print("no mpirun: skipped")
     sys.exit(77)
+version = subprocess.run([mpirun, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+if "Open MPI" not in version:  # the flags below are Open MPI's
+    print(f"mpirun is not Open MPI ({version.splitlines()[0] if version else '?'}): skipped")
+    sys.exit(77)
 env = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1")
 cases = [
     ("none", 0, None),
@@ -28,9 +32,16 @@ for fault, want_error, want_text in cases:
     try:
         out, _ = job.communicate(timeout=60)
         rc = job.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        out, _ = job.communicate()
+    except subprocess.TimeoutExpired:  # a hang: end mpirun and every rank it started
+        os.killpg(job.pid, signal.SIGTERM)
+        try:
+            out, _ = job.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            try:
+                out, _ = job.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                out = ""
         rc = None
     took = time.monotonic() - start
     ok = rc is not None and took < BOUND_S and ((rc == 0) if not want_error else (rc != 0 and want_text in out))

@@ -7,6 +7,7 @@
 #include "fake_program.hpp"
 
 #include <capscope/capscope.hpp>
+#include <capscope/hooks.hpp>
 #include <capscope/parallel/reduction_buckets.hpp>
 #include <capscope/plan/fingerprint.hpp>
 
@@ -97,4 +98,20 @@ TEST_CASE("the plan's fingerprint covers sizes, not addresses") {
     // A rank whose reduction would move other sizes: the plan's text is the same, the fingerprint not.
     const auto fc = fingerprint_of(c, layout({4096, 1024, 512}, c_memory, true));
     CHECK(fa != fc);
+}
+
+TEST_CASE("the plan's fingerprint covers what a layer's backward hook reduces") {
+    // A reduction as a backward hook declares its gradients as the hook stage's backward buffers.
+    auto fingerprint_of = [](std::size_t layer1_bytes) {
+        fake::model m;
+        static std::vector<char> memory(1 << 16);
+        std::vector<tensor_ref> grads = {{"grad0", memory.data(), 4096}, {"grad1", memory.data() + 8192, layer1_bytes}};
+        const std::vector<layer_tensors> tensors = {{{}, {&grads[0], 1}}, {{}, {&grads[1], 1}}};
+        const hook_pipeline hooks{hook<hook_phase::backward, capturable>("grad all-reduce (float32, avg)", [](backward_context&) {})};
+        const training_program p = with_hooks(m.program("DE", false, 1), hooks, tensors);
+        const training_plan plan = make_training_plan(capture_scope_of<config<impl::whole_iteration, no_nan_check>>, 1, p);
+        return plan_fingerprint(plan, p);
+    };
+    CHECK(fingerprint_of(1024) == fingerprint_of(1024));
+    CHECK(fingerprint_of(1024) != fingerprint_of(2048));
 }

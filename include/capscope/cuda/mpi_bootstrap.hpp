@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace capscope::cuda::detail {
@@ -65,12 +66,14 @@ public:
         CAPSCOPE_MPI_CHECK(MPI_Comm_free(&node));
     }
     ~mpi_session() {
-        if (std::uncaught_exceptions() > exceptions_at_start_) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized && std::uncaught_exceptions() > exceptions_at_start_) {
             std::fprintf(stderr, "capscope: rank %d of %d is ending by an exception; MPI_Abort ends every rank (the others may be waiting for it)\n",
                          rank_, size_);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        if (owns_) MPI_Finalize();
+        if (owns_ && !finalized) MPI_Finalize();
     }
     //! Says on stderr that this rank failed and why, and ends every rank (`MPI_Abort`, exit code 1).
     [[noreturn]] void abort_all(std::string_view what) const noexcept {
@@ -94,22 +97,26 @@ private:
     int rank_ = 0, size_ = 1, local_rank_ = 0;
 };
 
-//! Runs `fn(session)` on this rank under a new MPI session and returns 0. An exception from it
-//! ends every rank within MPI's abort (seconds), after this rank has said what failed (a capscope
-//! error names the call, file, line and scope), instead of leaving the others blocked in a
-//! collective. The communicator and everything else `fn` made are destroyed first (a
-//! communicator destroyed by an exception aborts, nccl_communicator).
+//! Runs `fn(session)` on this rank under a new MPI session and returns what it returns (0 when it
+//! returns nothing). An exception from it ends every rank within MPI's abort (seconds), after this
+//! rank has said what failed (a capscope error names the call, file, line and scope), instead of
+//! leaving the others blocked in a collective. What `fn` made is destroyed first, as the exception
+//! leaves it; a communicator destroyed so is aborted, not destroyed (nccl_communicator), so
+//! nothing there waits for the other ranks.
 template <class F>
 int run_ranks(F&& fn) {
     mpi_session mpi;
     try {
-        std::forward<F>(fn)(mpi);
+        if constexpr (std::is_convertible_v<std::invoke_result_t<F&, mpi_session&>, int>) return std::forward<F>(fn)(mpi);
+        else {
+            std::forward<F>(fn)(mpi);
+            return 0;
+        }
     } catch (const std::exception& e) {
         mpi.abort_all(e.what());
     } catch (...) {
         mpi.abort_all("an exception that is not a std::exception");
     }
-    return 0;
 }
 
 //! Takes GPU `local_rank` of this node and joins every rank of `mpi` in one NCCL communicator

@@ -25,9 +25,12 @@ namespace capscope::cuda::detail {
 inline void check_status(ncclResult_t status, const char* call, const char* file, int line) {
     if (status != ncclSuccess) raise(library::nccl, static_cast<int>(status), ncclGetErrorString(status), call, file, line);
 }
-//! Destroys a communicator; while an exception unwinds, aborts it instead: `ncclCommDestroy`
-//! may wait for collectives whose peers, on a failing job, never come; `ncclCommAbort` does not.
-inline ncclResult_t destroy_or_abort(ncclComm_t comm) { return std::uncaught_exceptions() > 0 ? ncclCommAbort(comm) : ncclCommDestroy(comm); }
+//! Destroys a communicator; while an exception unwinds or is being handled, aborts it instead:
+//! `ncclCommDestroy` may wait for collectives whose peers, on a failing job, never come;
+//! `ncclCommAbort` does not.
+inline ncclResult_t destroy_or_abort(ncclComm_t comm) {
+    return std::uncaught_exceptions() > 0 || std::current_exception() ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+}
 } // namespace capscope::cuda::detail
 
 namespace capscope::cuda {

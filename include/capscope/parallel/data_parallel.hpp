@@ -44,11 +44,21 @@ inline void all_reduce_buckets(ncclComm_t comm, std::span<const tensor_ref> grad
     const std::size_t element = nccl_type_bytes(type);
     require_whole_elements(gradients, element, "capscope gradient all-reduce");
     for_each_reduction_bucket(gradients, bucket_bytes, [&](std::size_t first, std::size_t last) {
-        const bool group = last - first > 1;
-        if (group) CAPSCOPE_CHECK(ncclGroupStart());
+        if (last - first == 1) {
+            CAPSCOPE_CHECK(ncclAllReduce(gradients[first].data, gradients[first].data, gradients[first].bytes / element, type, op, comm, s));
+            return;
+        }
+        CAPSCOPE_CHECK(ncclGroupStart());
+        struct group_end { // ends the group even when a call in it throws
+            bool armed = true;
+            ~group_end() {
+                if (armed) ncclGroupEnd();
+            }
+        } end;
         for (std::size_t i = first; i < last; ++i)
             CAPSCOPE_CHECK(ncclAllReduce(gradients[i].data, gradients[i].data, gradients[i].bytes / element, type, op, comm, s));
-        if (group) CAPSCOPE_CHECK(ncclGroupEnd());
+        end.armed = false;
+        CAPSCOPE_CHECK(ncclGroupEnd());
     });
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 //! @file
 //! A fingerprint of a training plan and its program, equal on ranks that will make the same
-//! calls in the same order: the plan's text (segments, graphs, stage names, guards), and for every
-//! call in plan order its stage's lane and the size of each buffer it declares. Sizes, never
+//! calls in the same order: the plan's text (segments, graphs, stage names, guards), for every
+//! call in plan order its stage's lane and the size of each buffer it declares (forward and
+//! backward), and the layers' parameter and gradient buffers. Sizes, never
 //! addresses: ranks whose allocators laid the same buffers out differently fingerprint alike, and
 //! ranks whose collectives would move different sizes do not. Host-only.
 
@@ -26,6 +27,12 @@ inline std::uint64_t plan_fingerprint(const training_plan& plan, const training_
         h = fnv1a(s.name + (c.direction == phase::forward ? " fwd lane " : " bwd lane ") + std::to_string(s.lane) + ": ", h);
         sizes(s.inputs);
         sizes(s.outputs);
+        sizes(s.backward_inputs); // a backward hook's buffers: what a reduction moves
+        sizes(s.backward_outputs);
+    }
+    for (const layer_buffers& l : program.layers) {
+        sizes(l.parameters);
+        sizes(l.gradients);
     }
     return h;
 }
