@@ -199,56 +199,65 @@ TEST_CASE("ranks that planned different steps get a clear error on every rank, n
 
 namespace {
 
-//! The same step as dp_model, with each layer's parameters sharded: a forward copies the gathered
-//! parameters it sees into `seen` (so the test can tell that the gather ran, and when), the
-//! backward accumulates full gradients, and the optimizer adds the reduced shard to the shard.
-struct sharded_model {
-    static constexpr int layer_count = layers;
+//! The same step as dp_model, with each layer's parameters sharded over `Layers` layers: a forward
+//! copies the gathered parameters it sees into `seen` (so the test can tell that the gather ran,
+//! and when), the backward accumulates full gradients (and, with `backward_reads_parameters`,
+//! adds the gathered parameters of its layer), and the optimizer adds the reduced shard to the
+//! shard. Layer l gathers into full[l % 2], the static double buffer.
+template <int Layers>
+struct sharded_model_of {
+    static constexpr int layer_count = Layers;
     int rank, ranks;
+    bool backward_reads_parameters;
     shard_layout layout;
-    ints counter{1};
+    ints counter{1}, tmp{n};
     std::vector<ints> act, seen, param_shard, grad_full, grad_shard;
-    ints full[2] = {ints(n), ints(n)}; // the static double buffer: layer l gathers into full[l % 2]
+    ints full[2] = {ints(n), ints(n)};
     std::vector<sharded_layer_buffers> buffers;
+    // What the hooks touch: the gathered parameters the layer reads, and its gradients.
+    tensor_ref full_refs[Layers], grad_refs[Layers];
+    layer_tensors tensors[Layers];
 
     struct begin_fns {
-        sharded_model* m;
+        sharded_model_of* m;
         void forward(cudaStream_t s) {
             k::add_one(m->counter.data(), s);
             for (auto& g : m->grad_full) g.fill_bytes(0, s);
         }
     } begin{this};
     struct layer_fns {
-        sharded_model* m;
+        sharded_model_of* m;
         int mb, l;
         void forward(cudaStream_t s) {
-            const int i = mb * layers + l;
+            const int i = mb * Layers + l;
             k::fill_from(m->act[std::size_t(i)].data(), m->counter.data(), 10 * l + 100 * m->rank + 1000 * mb, n, s);
             k::scale(m->seen[std::size_t(i)].data(), m->full[l % 2].data(), 1, n, s);
         }
         void backward(cudaStream_t s) {
-            k::scale(m->tmp.data(), m->act[std::size_t(mb * layers + l)].data(), 2, n, s);
-            k::add(m->grad_full[std::size_t(l)].data(), m->grad_full[std::size_t(l)].data(), m->tmp.data(), n, s);
+            ints& g = m->grad_full[std::size_t(l)];
+            k::scale(m->tmp.data(), m->act[std::size_t(mb * Layers + l)].data(), 2, n, s);
+            k::add(g.data(), g.data(), m->tmp.data(), n, s);
+            if (m->backward_reads_parameters) k::add(g.data(), g.data(), m->full[l % 2].data(), n, s);
         }
     };
-    ints tmp{n};
     std::vector<layer_fns> fns;
     struct end_fns {
-        sharded_model* m;
+        sharded_model_of* m;
         void forward(cudaStream_t s) {
-            for (int l = 0; l < layers; ++l)
+            for (int l = 0; l < Layers; ++l)
                 k::add(m->param_shard[std::size_t(l)].data(), m->param_shard[std::size_t(l)].data(), m->grad_shard[std::size_t(l)].data(),
                        int(m->layout.parameters[std::size_t(l)].shard), s);
         }
     } end{this};
 
-    sharded_model(int r, int size, cudaStream_t s) : rank(r), ranks(size), layout(make_shard_layout({n, n}, size, 64)) {
-        REQUIRE(layout.parameters[0].padded == std::size_t(n)); // n divides into aligned shards: no padding here
-        for (int i = 0; i < microbatches * layers; ++i) {
+    sharded_model_of(int r, int size, cudaStream_t s, bool reads_parameters = false)
+        : rank(r), ranks(size), backward_reads_parameters(reads_parameters), layout(make_shard_layout(std::vector<std::size_t>(Layers, n), size, 64)) {
+        REQUIRE(layout.parameters[0].padded == std::size_t(n)); // n divides into aligned shards: the gather fills `full` exactly
+        for (int i = 0; i < microbatches * Layers; ++i) {
             act.emplace_back(n);
             seen.emplace_back(n);
         }
-        for (int l = 0; l < layers; ++l) {
+        for (int l = 0; l < Layers; ++l) {
             const std::size_t shard = layout.parameters[std::size_t(l)].shard;
             param_shard.emplace_back(shard);
             grad_shard.emplace_back(shard);
@@ -256,14 +265,20 @@ struct sharded_model {
             param_shard.back().fill_bytes(0, s);
         }
         counter.fill_bytes(0, s);
-        for (int l = 0; l < layers; ++l)
+        for (int l = 0; l < Layers; ++l) {
             buffers.push_back({param_shard[std::size_t(l)].data(), full[l % 2].data(), grad_full[std::size_t(l)].data(),
                                grad_shard[std::size_t(l)].data(), layout.parameters[std::size_t(l)].shard, ncclInt32, ncclInt32});
-        fns.reserve(microbatches * layers);
+            full_refs[l] = {"full", full[l % 2].data(), full[l % 2].bytes()};
+            grad_refs[l] = {"grad_full", grad_full[std::size_t(l)].data(), grad_full[std::size_t(l)].bytes()};
+            tensors[l] = {{&full_refs[l], 1}, {&grad_refs[l], 1}};
+        }
+        fns.reserve(microbatches * Layers);
     }
+    sharded_model_of(const sharded_model_of&) = delete; // the stages and the tensors point into it
 
     training_program program() { return synthetic_program(*this); }
 };
+using sharded_model = sharded_model_of<layers>;
 
 template <class Config>
 void check_sharded(const char* impl, ncclRedOp_t op = ncclSum) {
@@ -278,15 +293,7 @@ void check_sharded(const char* impl, ncclRedOp_t op = ncclSum) {
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, op)};
 #endif
     static_assert(hooks_fit<Config, decltype(hooks)>);
-    // What the hooks touch: the gathered parameters the layer reads, and its gradients.
-    tensor_ref full[layers], grads[layers];
-    layer_tensors tensors[layers];
-    for (int l = 0; l < layers; ++l) {
-        full[l] = {"full", m.full[l % 2].data(), m.full[l % 2].bytes()};
-        grads[l] = {"grad_full", m.grad_full[std::size_t(l)].data(), m.grad_full[std::size_t(l)].bytes()};
-        tensors[l] = {{&full[l], 1}, {&grads[l], 1}};
-    }
-    runner<Config> r(with_hooks(m.program(), hooks, tensors));
+    runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
     for (int step = 1; step <= Config::warmup_steps + 4; ++step) {
         r.step(s);
@@ -333,66 +340,9 @@ namespace {
 
 constexpr int regather_layers = 3;
 
-//! Layer l gathers into full[l % 2], so layer 2's forward overwrites layer 0's parameters, and
-//! layer 0's backward reads the right ones only if the re-gather before it ran, in its place.
-//! step_begin: counter += 1, grads = 0. Forward: act = counter + 10 l + 100 rank + 1000 mb.
-//! Backward: grad[l] += 2 act + (the gathered parameters of layer l). step_end: shard += reduced.
-struct regather_model {
-    static constexpr int layer_count = regather_layers;
-    int rank, ranks;
-    shard_layout layout;
-    ints counter{1}, tmp{n};
-    std::vector<ints> act, param_shard, grad_full, grad_shard;
-    ints full[2] = {ints(n), ints(n)};
-    std::vector<sharded_layer_buffers> buffers;
-    struct begin_fns {
-        regather_model* m;
-        void forward(cudaStream_t s) {
-            k::add_one(m->counter.data(), s);
-            for (auto& g : m->grad_full) g.fill_bytes(0, s);
-        }
-    } begin{this};
-    struct layer_fns {
-        regather_model* m;
-        int mb, l;
-        void forward(cudaStream_t s) {
-            k::fill_from(m->act[std::size_t(mb * regather_layers + l)].data(), m->counter.data(), 10 * l + 100 * m->rank + 1000 * mb, n, s);
-        }
-        void backward(cudaStream_t s) {
-            ints& g = m->grad_full[std::size_t(l)];
-            k::scale(m->tmp.data(), m->act[std::size_t(mb * regather_layers + l)].data(), 2, n, s);
-            k::add(g.data(), g.data(), m->tmp.data(), n, s);
-            k::add(g.data(), g.data(), m->full[l % 2].data(), n, s); // the backward reads the gathered parameters
-        }
-    };
-    std::vector<layer_fns> fns;
-    struct end_fns {
-        regather_model* m;
-        void forward(cudaStream_t s) {
-            for (int l = 0; l < regather_layers; ++l)
-                k::add(m->param_shard[std::size_t(l)].data(), m->param_shard[std::size_t(l)].data(), m->grad_shard[std::size_t(l)].data(),
-                       int(m->layout.parameters[std::size_t(l)].shard), s);
-        }
-    } end{this};
-
-    regather_model(int r, int size, cudaStream_t s) : rank(r), ranks(size), layout(make_shard_layout({n, n, n}, size, 64)) {
-        REQUIRE(layout.parameters[0].padded == std::size_t(n)); // the gather fills `full` exactly
-        for (int i = 0; i < microbatches * regather_layers; ++i) act.emplace_back(n);
-        for (int l = 0; l < regather_layers; ++l) {
-            const std::size_t shard = layout.parameters[std::size_t(l)].shard;
-            param_shard.emplace_back(shard);
-            grad_shard.emplace_back(shard);
-            grad_full.emplace_back(n);
-            param_shard.back().fill_bytes(0, s);
-        }
-        counter.fill_bytes(0, s);
-        for (int l = 0; l < regather_layers; ++l)
-            buffers.push_back({param_shard[std::size_t(l)].data(), full[l % 2].data(), grad_full[std::size_t(l)].data(),
-                               grad_shard[std::size_t(l)].data(), layout.parameters[std::size_t(l)].shard, ncclInt32, ncclInt32});
-        fns.reserve(microbatches * regather_layers);
-    }
-    training_program program() { return synthetic_program(*this); }
-};
+//! Three layers on the double buffer: layer 2's gather overwrites layer 0's parameters, so layer
+//! 0's backward, which reads them, is right only if the re-gather before it ran, in its place.
+using regather_model = sharded_model_of<regather_layers>;
 
 //! Each layer's parameter after each step, worked out on the host (sum over ranks): every
 //! element alike.
@@ -414,21 +364,14 @@ void check_regather(const char* impl) {
     using policy = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
-    regather_model m(mpi().rank(), mpi().size(), s);
+    regather_model m(mpi().rank(), mpi().size(), s, /*reads_parameters=*/true);
 #if defined(CAPSCOPE_TEST_NO_REGATHER) // broken on purpose: layer 0's backward reads layer 2's parameters
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
 #else
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), parameter_regather(comm(), m.buffers),
                         gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
 #endif
-    tensor_ref full[regather_layers], grads[regather_layers];
-    layer_tensors tensors[regather_layers];
-    for (int l = 0; l < regather_layers; ++l) {
-        full[l] = {"full", m.full[l % 2].data(), m.full[l % 2].bytes()};
-        grads[l] = {"grad_full", m.grad_full[std::size_t(l)].data(), m.grad_full[std::size_t(l)].bytes()};
-        tensors[l] = {{&full[l], 1}, {&grads[l], 1}};
-    }
-    runner<Config> r(with_hooks(m.program(), hooks, tensors));
+    runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
     const int steps = Config::warmup_steps + 4;
     const auto want = regather_expected(steps, mpi().size());

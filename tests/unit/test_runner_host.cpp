@@ -167,8 +167,8 @@ TEST_CASE("a step the device may refuse (training_program::rerun) is checked whe
             if (s.kind == stage_kind::moe_preprocess) s.outputs.pop_back();
     CHECK(rule_of([&] { make_training_plan(capture_scope_of<moe_local>, 1, unwritten); }).find("is written by no call of the step") != std::string::npos);
     // The rerun survives composition.
-    const hook_pipeline<> no_hooks;
+    const hook_pipeline hooks{hook<hook_phase::backward, capturable>("log", [](backward_context&) {})};
     const std::vector<layer_tensors> tensors(2);
-    const training_program hooked = with_hooks(p, no_hooks, tensors);
+    const training_program hooked = with_hooks(p, hooks, tensors);
     CHECK(hooked.rerun.flag == flag);
 }

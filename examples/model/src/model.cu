@@ -168,13 +168,14 @@ template <class T> void gpt_model<T>::update_gate_stage(cudaStream_t s) {
 template <class T> void gpt_model<T>::rerun_before(cudaStream_t s) {
     CAPSCOPE_CHECK(cudaMemcpyAsync(rng_.data(), rng_at_start_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
     CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_steps_.data(), skipped_at_start_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
-    for (const auto& b : blocks_)
-        if (auto* moe = dynamic_cast<moe_block<T>*>(b.get())) moe->set_host_sized(true);
+    set_moe_host_sized(true);
 }
 
-template <class T> void gpt_model<T>::rerun_after(cudaStream_t) {
+template <class T> void gpt_model<T>::rerun_after(cudaStream_t) { set_moe_host_sized(false); }
+
+template <class T> void gpt_model<T>::set_moe_host_sized(bool on) {
     for (const auto& b : blocks_)
-        if (auto* moe = dynamic_cast<moe_block<T>*>(b.get())) moe->set_host_sized(false);
+        if (auto* moe = dynamic_cast<moe_block<T>*>(b.get())) moe->set_host_sized(on);
 }
 
 template <class T> int gpt_model<T>::skipped_steps(cudaStream_t s) const {

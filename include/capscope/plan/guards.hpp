@@ -152,19 +152,16 @@ inline void require_safe_rerun(const training_program& p, bool config_asks) {
         throw plan_error("P18", "",
                          "no step_begin stage writes the rerun flag '" + flag + "', so once set it would stay set and every later step would be refused",
                          "clear the flag in a step_begin stage and declare it among that stage's outputs");
-    for (const auto& list : p.microbatches)
+    auto refuse_collectives = [](const std::vector<stage>& list) {
         for (const stage& s : list)
             if (s.kind == stage_kind_id("collective") || (s.kind == stage_kind_id("hook") && s.lane != 0))
                 throw plan_error("P18", s.name,
                                  "stage '" + s.name + "' is a collective or a hook on a side lane, and a refused step runs every call again on the rank "
                                  "whose flag was set, and only there, so the ranks' collectives would no longer match",
                                  "keep collectives out of a program whose steps may be refused (each rank decides its rerun alone)");
-    for (const stage& s : p.step_end)
-        if (s.kind == stage_kind_id("collective") || (s.kind == stage_kind_id("hook") && s.lane != 0))
-            throw plan_error("P18", s.name,
-                             "stage '" + s.name + "' is a collective or a hook on a side lane, and a refused step runs every call again on the rank "
-                             "whose flag was set, and only there, so the ranks' collectives would no longer match",
-                             "keep collectives out of a program whose steps may be refused (each rank decides its rerun alone)");
+    };
+    for (const auto& list : p.microbatches) refuse_collectives(list);
+    refuse_collectives(p.step_end);
     for (std::size_t i = 0; i < p.step_end.size(); ++i) {
         const stage& opt = p.step_end[i];
         if (opt.kind != stage_kind_id{stage_kind::optimizer}) continue;

@@ -130,6 +130,7 @@ private:
     void update_gate_stage(cudaStream_t s);
     void rerun_before(cudaStream_t s); //!< puts back what a refused step advanced; MoE layers sized by their counts
     void rerun_after(cudaStream_t s);  //!< MoE layers back on their static capacity
+    void set_moe_host_sized(bool on);
     bool static_capacity() const {
         return cfg_.moe_mode == moe_mode::dropless && cfg_.dropless_capacity_factor > 0 && cfg_.layer_pattern.find('E') != std::string::npos;
     }
