@@ -9,9 +9,15 @@
 // same model twice: eagerly, where the runner reads the flag on the host, and as one graph per
 // step. Both must skip step 100 and end bit for bit alike.
 //
+// Then the same in fp16, which needs dynamic loss scaling (model_config::loss_scale): the loss's
+// gradient is multiplied by a scale kept on the device, AdamW divides it out, and a stage after the
+// optimizer halves the scale on a skipped step and doubles it after 50 finite ones, all inside the
+// graph.
+//
 //   12_nan_check [--dot FILE]
 //
-// Exits 1 unless both runs skip exactly one step, end bitwise equal and learn; 77 without a GPU.
+// Exits 1 unless every run skips exactly one step, eager and graphed end bitwise equal (weights and
+// scale) and learn; 77 without a GPU.
 
 #include "../common/tutorial.hpp"
 #include "overflow.hpp"
@@ -22,7 +28,10 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 
+#include <cuda_fp16.h>
+
 #include <cstring>
+#include <type_traits>
 
 using namespace capscope;
 
@@ -39,13 +48,15 @@ struct overflow_injector {
 struct trained {
     std::vector<float> masters;
     int skipped = 0;
-    float first_loss = 0, last_loss = 0;
+    float first_loss = 0, last_loss = 0, scale = 0;
 };
 
-template <class Config> trained train(const char* name, const std::string& dot_path, cudaStream_t s) {
+template <class T, class Config> trained train(const char* name, const std::string& dot_path, cudaStream_t s) {
+    constexpr bool fp16 = std::is_same_v<T, __half>;
     gpt::model_config cfg = tutorial::reverse_task_model("DEMD", 128, 32, 2);
     cfg.check_finite_on_device = true; // the check stage, and the optimizer guarded by its flag
-    gpt::gpt_model<__nv_bfloat16> model(cfg, s);
+    if (fp16) cfg.loss_scale = {.dynamic = true, .initial = 1024.f, .growth_interval = 50};
+    gpt::gpt_model<T> model(cfg, s);
     overflow_injector inject{model.parameters().grads()};
     inject.count.fill_bytes(0, s);
 
@@ -72,16 +83,34 @@ template <class Config> trained train(const char* name, const std::string& dot_p
             const float loss = model.loss(s);
             if (step == 1) out.first_loss = loss;
             out.last_loss = loss;
-            std::printf("step %4d  loss %.4f  skipped so far %d%s\n", step, loss, model.skipped_steps(s),
-                        step == overflow_step ? "   <- a gradient overflowed: the update was skipped" : "");
+            std::printf("step %4d  loss %.4f  skipped so far %d", step, loss, model.skipped_steps(s));
+            if (fp16) std::printf("  loss scale now %.0f", double(model.loss_scale(s).scale));
+            std::puts(step != overflow_step ? ""
+                      : fp16                ? "   <- a gradient overflowed: the update was skipped, the scale halved"
+                                            : "   <- a gradient overflowed: the update was skipped");
         }
     }
     tutorial::print_counters(name, r.counters());
     out.skipped = model.skipped_steps(s);
+    out.scale = model.loss_scale(s).scale;
     out.masters.resize(model.parameters().total());
     CAPSCOPE_CHECK(cudaMemcpyAsync(out.masters.data(), model.parameters().masters(), out.masters.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     return out;
+}
+
+//! Trains eagerly and as one graph per step; true when both skip step 100 alone, end bitwise
+//! equal (the weights, and in fp16 the loss scale) and learn.
+template <class T> bool compare(const char* precision, const std::string& dot_path, cudaStream_t s) {
+    const std::string eager_name = std::string(precision) + ", eager, the flag read on the host";
+    const std::string graph_name = std::string(precision) + ", full_iteration, the check and a conditional node in the graph";
+    const trained eager = train<T, config<impl::eager, nan_check_on_device>>(eager_name.c_str(), "", s);
+    const trained graphed = train<T, config<impl::whole_iteration, warmup_steps<1>, nan_check_on_device>>(graph_name.c_str(), dot_path, s);
+    const bool same = eager.masters.size() == graphed.masters.size() && eager.scale == graphed.scale &&
+                      std::memcmp(eager.masters.data(), graphed.masters.data(), eager.masters.size() * sizeof(float)) == 0;
+    std::printf("%s: skipped steps: eager %d, graphed %d; weights after %d steps bitwise equal: %s; loss %.4f -> %.4f\n\n", precision,
+                eager.skipped, graphed.skipped, steps, same ? "yes" : "NO", graphed.first_loss, graphed.last_loss);
+    return same && eager.skipped == 1 && graphed.skipped == 1 && graphed.last_loss < 0.5f * graphed.first_loss;
 }
 
 int main(int argc, char** argv) {
@@ -99,14 +128,9 @@ int main(int argc, char** argv) {
                     report.violations[0].text().c_str(), std::string(report.violations[0].rule->fix).c_str());
 
         cuda::stream s;
-        const trained eager = train<config<impl::eager, nan_check_on_device>>("eager, the flag read on the host", "", s);
-        const trained graphed = train<config<impl::whole_iteration, warmup_steps<1>, nan_check_on_device>>(
-            "full_iteration, the check and a conditional node in the graph", args.dot.empty() ? "" : args.dot[0], s);
-        const bool same = eager.masters.size() == graphed.masters.size() &&
-                          std::memcmp(eager.masters.data(), graphed.masters.data(), eager.masters.size() * sizeof(float)) == 0;
-        std::printf("skipped steps: eager %d, graphed %d; weights after %d steps bitwise equal: %s; loss %.4f -> %.4f\n", eager.skipped,
-                    graphed.skipped, steps, same ? "yes" : "NO", graphed.first_loss, graphed.last_loss);
-        const bool ok = same && eager.skipped == 1 && graphed.skipped == 1 && graphed.last_loss < 0.5f * graphed.first_loss;
+        const bool bf16_ok = compare<__nv_bfloat16>("bf16", "", s);
+        const bool fp16_ok = compare<__half>("fp16 with dynamic loss scaling", args.dot.empty() ? "" : args.dot[0], s);
+        const bool ok = bf16_ok && fp16_ok;
         std::puts(ok ? "every check passed" : "FAIL");
         return ok ? 0 : 1;
     } catch (const std::exception& e) {

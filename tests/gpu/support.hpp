@@ -9,6 +9,7 @@
 #include <capscope/cuda/error.hpp>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -20,10 +21,11 @@
 
 namespace support {
 
-template <class T> constexpr const char* precision_name = std::is_same_v<T, float> ? "fp32" : "bf16";
+template <class T> constexpr const char* precision_name = std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, __half> ? "fp16" : "bf16";
 
 inline double to_double(float x) { return x; }
 inline double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline double to_double(__half x) { return __half2float(x); }
 
 //! Copies after the work queued on `s` (the model's streams are non-blocking, so a plain
 //! cudaMemcpy on the default stream would not wait for them).

@@ -144,7 +144,7 @@ template <class T> void check(const shape& sh, attention_mask mask, std::vector<
 
 } // namespace
 
-TEST_CASE_TEMPLATE("fused attention equals float64 attention, forward and backward, and repeats bit for bit", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("fused attention equals float64 attention, forward and backward, and repeats bit for bit", T, float, __nv_bfloat16, __half) {
     for (int seq : {1, 17, 64, 130})
         for (int dh : {8, 40, 64, 128}) {
             CAPTURE(seq);
@@ -170,5 +170,6 @@ TEST_CASE("fused attention rejects a head wider than its tile, and key padding w
 TEST_CASE("fused attention, a few shapes for the sanitizers") {
     check<__nv_bfloat16>({2, 130, 2, 64}, attention_mask::causal, {});
     check<__nv_bfloat16>({2, 130, 2, 64}, attention_mask::key_padding, {130, 40});
+    check<__half>({2, 130, 2, 64}, attention_mask::causal, {});
     check<float>({1, 70, 2, 16}, attention_mask::causal, {});
 }

@@ -70,7 +70,7 @@ template <class T> void check_model(const char* what, const gpt::model_config& c
 
 } // namespace
 
-TEST_CASE_TEMPLATE("model gradients match float64 finite differences, every layer kind", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("model gradients match float64 finite differences, every layer kind", T, float, __nv_bfloat16, __half) {
     using gpt::moe_mode;
     SUBCASE("dense layer") { check_model<T>("dense", support::tiny_model("D", moe_mode::drop_and_pad, 1.0, 11), false); }
     SUBCASE("MoE drop-and-pad, tokens dropped") { check_model<T>("moe drop-and-pad", support::tiny_model("E", moe_mode::drop_and_pad, 0.5, 12), true); }
@@ -79,7 +79,7 @@ TEST_CASE_TEMPLATE("model gradients match float64 finite differences, every laye
     SUBCASE("mixed pattern DEM") { check_model<T>("mixed DEM", support::tiny_model("DEM", moe_mode::drop_and_pad, 1.0, 15), false); }
 }
 
-TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite differences", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("vision encoder gradients (padding mask) match float64 finite differences", T, float, __nv_bfloat16, __half) {
     gpt::vision_config c;
     c.patch_dim = 5;
     c.hidden = 16;

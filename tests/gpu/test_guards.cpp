@@ -16,8 +16,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace capscope;
@@ -170,14 +173,17 @@ struct inject_inf {
 struct checked_run {
     std::vector<std::vector<float>> masters; //!< after each step
     std::vector<float> losses;
+    std::vector<int> skipped_by;                    //!< skipped steps so far, after each step
+    std::vector<gpt::loss_scale_state> scale_after; //!< after each step (dynamic loss scaling)
     int skipped = -1;
 };
 
-template <class Config, class T> checked_run run_checked(int inf_at, int steps) {
+template <class Config, class T> checked_run run_checked(int inf_at, int steps, gpt::loss_scaling scaling = {}) {
     cuda::stream s;
     gpt::model_config cfg = support::small_model("DEMD", gpt::moe_mode::drop_and_pad, 1.0);
     cfg.microbatches = 2;
     cfg.check_finite_on_device = true;
+    cfg.loss_scale = scaling;
     gpt::gpt_model<T> m(cfg, s);
     ints counter(1);
     counter.fill_bytes(0, s);
@@ -187,6 +193,10 @@ template <class Config, class T> checked_run run_checked(int inf_at, int steps) 
     st.inputs = {ref(counter, "inject.counter")};
     st.outputs = {{"grads", m.parameters().grads(), sizeof(float)}, ref(counter, "inject.counter")};
     p.step_end.insert(p.step_end.begin(), std::move(st));
+#if defined(CAPSCOPE_TEST_DROP_LOSS_SCALE_UPDATE)
+    // Broken on purpose (a must-fail build): the stage that halves and grows the scale is gone.
+    std::erase_if(p.step_end, [](const stage& x) { return x.name == "update_loss_scale"; });
+#endif
     runner<Config> r(std::move(p));
     checked_run out;
     for (int step = 0; step < steps; ++step) {
@@ -200,6 +210,8 @@ template <class Config, class T> checked_run run_checked(int inf_at, int steps) 
         r.step(s);
         out.losses.push_back(m.loss(s));
         out.masters.push_back(support::download(m.parameters().masters(), m.parameters().total(), s));
+        out.skipped_by.push_back(m.skipped_steps(s));
+        out.scale_after.push_back(m.loss_scale(s));
     }
     out.skipped = m.skipped_steps(s);
     return out;
@@ -234,8 +246,118 @@ template <class T> void check_finite_all_impls() {
 } // namespace
 
 TEST_CASE_TEMPLATE("nan_check_on_device: an inf at step k skips that update inside the graph, bit for bit like eager, under every impl", T,
-                   float, __nv_bfloat16) {
+                   float, __nv_bfloat16, __half) {
     check_finite_all_impls<T>();
+}
+
+// ---- dynamic loss scaling (model_config::loss_scale), the finite check's other half ------------
+
+namespace {
+
+bool same_states(const std::vector<gpt::loss_scale_state>& a, const std::vector<gpt::loss_scale_state>& b) {
+    bool same = a.size() == b.size();
+    for (std::size_t i = 0; same && i < a.size(); ++i)
+        same = a[i].scale == b[i].scale && a[i].inverse == b[i].inverse && a[i].clean_steps == b[i].clean_steps;
+    return same;
+}
+
+//! The scale each step should leave, worked out on the host from which steps were skipped:
+//! halved by a skipped step, doubled by `growth_interval` finite steps in a row.
+std::vector<gpt::loss_scale_state> expected_scales(const gpt::loss_scaling& ls, const std::vector<int>& skipped_by) {
+    std::vector<gpt::loss_scale_state> out;
+    gpt::loss_scale_state st{ls.initial, 1.f / ls.initial, 0};
+    for (std::size_t j = 0; j < skipped_by.size(); ++j) {
+        const bool skipped = skipped_by[j] != (j ? skipped_by[j - 1] : 0);
+        if (skipped) st.scale = std::max(st.scale / 2, gpt::loss_scale_state::smallest), st.clean_steps = 0;
+        else if (++st.clean_steps >= ls.growth_interval) st.scale = std::min(st.scale * 2, gpt::loss_scale_state::largest), st.clean_steps = 0;
+        st.inverse = 1.f / st.scale;
+        out.push_back(st);
+    }
+    return out;
+}
+
+std::string scales_text(const std::vector<gpt::loss_scale_state>& v) {
+    std::string t;
+    for (const auto& st : v) t += (t.empty() ? "" : " ") + std::to_string(int(st.scale));
+    return t;
+}
+
+template <class Config, class T>
+void loss_scaling_case(const char* name, const checked_run& eager, const checked_run* unscaled, int inf_at, const gpt::loss_scaling& ls) {
+    const checked_run got = run_checked<Config, T>(inf_at, int(eager.masters.size()), ls);
+    bool same = support::same_bits(got.losses, eager.losses) && same_states(got.scale_after, eager.scale_after);
+    for (std::size_t i = 0; i < eager.masters.size(); ++i) same = same && support::same_bits(got.masters[i], eager.masters[i]);
+    const auto want = expected_scales(ls, got.skipped_by);
+    const bool followed = same_states(got.scale_after, want);
+    const int k = inf_at - 1;
+    const bool skipped_k = got.skipped_by[std::size_t(k)] == (k ? got.skipped_by[std::size_t(k - 1)] : 0) + 1;
+    // A power-of-two scale multiplies and divides exactly: where nothing under- or overflows,
+    // every weight equals the unscaled run's, bit for bit (a scale not divided out moves AdamW's
+    // update through its eps, and fails this).
+    bool as_unscaled = true;
+    if (unscaled)
+        for (std::size_t i = 0; i < eager.masters.size(); ++i) as_unscaled = as_unscaled && support::same_bits(got.masters[i], unscaled->masters[i]);
+    std::printf("  loss scaling %s, %-30s: scale after each step %s (expected %s); skipped %d, step %d among them: %s; bitwise equal to "
+                "eager: %s%s\n",
+                support::precision_name<T>, name, scales_text(got.scale_after).c_str(), scales_text(want).c_str(), got.skipped, k,
+                skipped_k ? "yes" : "NO", same ? "yes" : "NO", unscaled ? (as_unscaled ? "; weights equal to the unscaled run's: yes" : "; weights equal to the unscaled run's: NO") : "");
+    CHECK_MESSAGE(followed, name);
+    CHECK_MESSAGE(skipped_k, name);
+    CHECK_MESSAGE(same, name);
+    CHECK_MESSAGE(as_unscaled, name);
+}
+
+template <class T> void loss_scaling_all_impls() {
+    constexpr int steps = 7, inf_at = 4; // the 4th step (index 3) overflows
+    gpt::loss_scaling ls;
+    ls.dynamic = true;
+    ls.initial = 1024.f;
+    ls.growth_interval = 2; // grows twice before the overflow, once after
+    const checked_run eager = run_checked<config<impl::eager, nan_check_on_device>, T>(inf_at, steps, ls);
+    // fp16 loses the small gradients without the scale, so only fp32 and bf16 compare with the unscaled run.
+    const bool exact = !std::is_same_v<T, __half>;
+    const checked_run unscaled = run_checked<config<impl::eager, nan_check_on_device>, T>(inf_at, steps);
+    const checked_run* cmp = exact ? &unscaled : nullptr;
+    loss_scaling_case<config<impl::eager, nan_check_on_device>, T>("eager", eager, cmp, inf_at, ls);
+    loss_scaling_case<config<lo, modules<>, w1, nan_check_on_device>, T>("local, whole layers", eager, cmp, inf_at, ls);
+    loss_scaling_case<config<te, modules<capture::attention, capture::mlp>, w1, nan_check_on_device>, T>("transformer_engine, attn mlp", eager,
+                                                                                                          cmp, inf_at, ls);
+    loss_scaling_case<config<impl::whole_iteration, w1, nan_check_on_device>, T>("full_iteration", eager, cmp, inf_at, ls);
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("dynamic loss scaling: an inf at step k skips it and halves the scale, finite steps grow it, on the device under every impl",
+                   T, float, __nv_bfloat16, __half) {
+    loss_scaling_all_impls<T>();
+}
+
+TEST_CASE("dynamic loss scaling in fp16: a scale too large for fp16 backs off on the device until the gradients fit, then trains") {
+    // 2^24 times the loss gradient overflows fp16 in the backward: those steps are skipped and
+    // halve the scale, until it fits; the steps after it move the weights, and the loss stays finite.
+    constexpr int steps = 14;
+    gpt::loss_scaling ls;
+    ls.dynamic = true;
+    ls.initial = 16777216.f;
+    ls.growth_interval = 1000;
+    const checked_run eager = run_checked<config<impl::eager, nan_check_on_device>, __half>(/*no injection*/ 0, steps, ls);
+    const checked_run graph = run_checked<config<impl::whole_iteration, w1, nan_check_on_device>, __half>(0, steps, ls);
+    bool same = support::same_bits(graph.losses, eager.losses) && same_states(graph.scale_after, eager.scale_after);
+    for (std::size_t i = 0; i < eager.masters.size(); ++i) same = same && support::same_bits(graph.masters[i], eager.masters[i]);
+    const auto want = expected_scales(ls, graph.skipped_by);
+    bool finite = true;
+    for (float l : graph.losses) finite = finite && std::isfinite(l);
+    const bool moved = !support::same_bits(graph.masters.back(), graph.masters[std::size_t(graph.skipped)]);
+    std::printf("  loss scaling fp16 from 2^24, full_iteration: scale after each step %s; skipped %d; losses finite: %s; the weights "
+                "moved after: %s; bitwise equal to eager: %s\n",
+                scales_text(graph.scale_after).c_str(), graph.skipped, finite ? "yes" : "NO", moved ? "yes" : "NO", same ? "yes" : "NO");
+    CHECK(graph.skipped >= 1);
+    CHECK(graph.skipped < steps - 2);
+    CHECK(same_states(graph.scale_after, want));
+    CHECK(graph.scale_after.back().scale < ls.initial);
+    CHECK(finite);
+    CHECK(moved);
+    CHECK(same);
 }
 
 TEST_CASE("nan_check_on_device: a program whose optimizer is not guarded is refused (P17)") {

@@ -49,7 +49,7 @@ template <class T> step_result<T> run_steps(const gpt::model_config& cfg, int st
 
 } // namespace
 
-TEST_CASE_TEMPLATE("a training step is bitwise deterministic", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("a training step is bitwise deterministic", T, float, __nv_bfloat16, __half) {
     for (auto mode : {gpt::moe_mode::drop_and_pad, gpt::moe_mode::dropless}) {
         const auto cfg = small("DEMD", mode, 1.0);
         const auto a = run_steps<T>(cfg, 3);
@@ -66,7 +66,7 @@ TEST_CASE_TEMPLATE("a training step is bitwise deterministic", T, float, __nv_bf
     }
 }
 
-TEST_CASE_TEMPLATE("dropless and drop-and-pad agree when no token is dropped", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("dropless and drop-and-pad agree when no token is dropped", T, float, __nv_bfloat16, __half) {
     // capacity_factor = experts: every expert has room for every assignment.
     const auto pad_cfg = small("E", gpt::moe_mode::drop_and_pad, 4.0);
     const auto dropless_cfg = small("E", gpt::moe_mode::dropless, 1.0);
@@ -116,7 +116,7 @@ TEST_CASE("drop-and-pad drops assignments once an expert is full; dropless keeps
     }
 }
 
-TEST_CASE_TEMPLATE("vision encoder: padded batch equals each sample run unpadded, on the real patches", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("vision encoder: padded batch equals each sample run unpadded, on the real patches", T, float, __nv_bfloat16, __half) {
     gpt::vision_config padded;
     padded.patch_dim = 12;
     padded.hidden = 32;

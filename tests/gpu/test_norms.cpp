@@ -79,7 +79,7 @@ template <class T> void check_norm(int rows, int cols, bool residual, int offset
 } // namespace
 
 TEST_CASE_TEMPLATE("RMSNorm equals float64 on both forward kernels (warp per row, block per row) and the backward, and repeats bit for bit", T, float,
-                   __nv_bfloat16) {
+                   __nv_bfloat16, __half) {
     for (int rows : {1, 7, 33})
         for (int cols : {12, 16, 64, 520, 2048, 4096, 5000}) // 12 and 5000: block per row (off the pack; too wide for bf16 and fp32)
             for (bool residual : {false, true}) check_norm<T>(rows, cols, residual, 0);

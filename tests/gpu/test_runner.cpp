@@ -193,7 +193,7 @@ template <class T, class... Cases> void run_all(case_list<Cases...>) {
 
 } // namespace
 
-TEST_CASE_TEMPLATE("every impl and module set trains bit for bit like eager (2 microbatches, LR schedule)", T, float, __nv_bfloat16) {
+TEST_CASE_TEMPLATE("every impl and module set trains bit for bit like eager (2 microbatches, LR schedule)", T, float, __nv_bfloat16, __half) {
     run_all<T>(all_cases{});
 }
 

@@ -181,7 +181,7 @@ void check_slots(int tokens, int k, int experts, int capacity) {
 } // namespace
 
 TEST_CASE_TEMPLATE("the chunked scan equals the recurrence in float64, forward and backward, and repeats bit for bit", T, float,
-                   __nv_bfloat16) {
+                   __nv_bfloat16, __half) {
     for (int seq : {1, 5, 32, 33, 300, 2048})
         for (int inner : {1, 40, 64}) {
             CAPTURE(seq);

@@ -93,6 +93,24 @@ TEST_CASE("a static dropless capacity: ceil(factor * tokens * top_k / experts), 
     CHECK(rejection(c).find("moe_mode is drop_and_pad") != std::string::npos);
 }
 
+TEST_CASE("dynamic loss scaling needs the finite check and a power-of-two scale") {
+    gpt::model_config c;
+    c.loss_scale.dynamic = true;
+    CHECK(rejection(c).find("loss_scale.dynamic = true: needs check_finite_on_device = true") != std::string::npos);
+    c.check_finite_on_device = true;
+    CHECK(rejection(c).empty());
+    c.loss_scale.initial = 3000.f;
+    CHECK(rejection(c).find("loss_scale.initial = 3000.000000: must be a power of two in [1, 2^24]") != std::string::npos);
+    c.loss_scale.initial = 0.5f;
+    CHECK(rejection(c).find("loss_scale.initial = 0.500000") != std::string::npos);
+    c.loss_scale.initial = 33554432.f; // 2^25
+    CHECK(rejection(c).find("must be a power of two in [1, 2^24]") != std::string::npos);
+    c.loss_scale.initial = 16777216.f;
+    CHECK(rejection(c).empty());
+    c.loss_scale.growth_interval = 0;
+    CHECK(rejection(c) == "model config: loss_scale.growth_interval = 0: must be positive");
+}
+
 TEST_CASE("a vision head wider than attention takes is rejected with the fix") {
     gpt::vision_config v;
     v.hidden = 512;

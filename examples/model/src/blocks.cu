@@ -431,11 +431,15 @@ template <class T> void mamba_block<T>::backward(cudaStream_t s) {
 
 template class attention_block<float>;
 template class attention_block<__nv_bfloat16>;
+template class attention_block<__half>;
 template class mlp_block<float>;
 template class mlp_block<__nv_bfloat16>;
+template class mlp_block<__half>;
 template class moe_block<float>;
 template class moe_block<__nv_bfloat16>;
+template class moe_block<__half>;
 template class mamba_block<float>;
 template class mamba_block<__nv_bfloat16>;
+template class mamba_block<__half>;
 
 } // namespace gpt

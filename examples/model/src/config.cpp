@@ -56,6 +56,17 @@ void model_config::validate() const {
                "is a static capacity for dropless MoE, but moe_mode is drop_and_pad (whose capacity is capacity_factor); set moe_mode "
                "dropless or leave it 0");
     if (mamba_inner < 0) reject("mamba_inner", std::to_string(mamba_inner), "must be >= 0 (0: same as hidden)");
+    if (loss_scale.dynamic) {
+        if (!check_finite_on_device)
+            reject("loss_scale.dynamic", "true",
+                   "needs check_finite_on_device = true: a step whose scaled gradients overflow must be skipped before the scale is halved");
+        int exponent = 0;
+        const bool power_of_two = std::frexp(loss_scale.initial, &exponent) == 0.5f;
+        if (!(loss_scale.initial >= loss_scale_state::smallest && loss_scale.initial <= loss_scale_state::largest) || !power_of_two)
+            reject("loss_scale.initial", std::to_string(loss_scale.initial),
+                   "must be a power of two in [1, 2^24] (so that scaling and unscaling are exact), e.g. 65536");
+        positive("loss_scale.growth_interval", loss_scale.growth_interval);
+    }
 }
 
 void vision_config::validate() const {

@@ -62,7 +62,9 @@ template <class T> void mamba_block<T>::decode_forward(cudaStream_t s, int rows,
     template void Block<T>::decode_forward(cudaStream_t, int, const int*);
 INSTANTIATE(attention_block, float)
 INSTANTIATE(attention_block, __nv_bfloat16)
+INSTANTIATE(attention_block, __half)
 INSTANTIATE(mamba_block, float)
 INSTANTIATE(mamba_block, __nv_bfloat16)
+INSTANTIATE(mamba_block, __half)
 
 } // namespace gpt

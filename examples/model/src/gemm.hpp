@@ -6,11 +6,13 @@
 #include <capscope/cuda/blas.hpp>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 namespace gpt::detail {
 
 template <class T> constexpr cudaDataType_t data_type = CUDA_R_32F;
 template <> constexpr cudaDataType_t data_type<__nv_bfloat16> = CUDA_R_16BF;
+template <> constexpr cudaDataType_t data_type<__half> = CUDA_R_16F;
 
 struct gemm_shape {
     bool transpose_a = false, transpose_b = false;

@@ -320,5 +320,6 @@ template <class T> std::vector<int> inference_model<T>::copy_generated(int n, co
 
 template class inference_model<float>;
 template class inference_model<__nv_bfloat16>;
+template class inference_model<__half>;
 
 } // namespace gpt

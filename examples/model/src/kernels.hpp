@@ -4,6 +4,7 @@
 // bitwise reproducible.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <gpt/config.hpp>
 
 #include <cuda_runtime_api.h>
@@ -35,8 +36,8 @@ template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, cons
 // at columns h*dh of each third): out [B*S, H] = softmax(QK^T / sqrt(dh) + mask) V, without an
 // S x S buffer. lse [B*heads*S] keeps each query row's log-sum-exp (base 2) for the backward.
 // causal: row i sees keys <= i; key_padding: every row of sample b sees keys < lengths[b] (a row
-// that sees none gets zeros). head_dim is at most gpt::max_head_dim. bf16 runs on tensor cores
-// (sm_80+); fp32 in fp32 on the scalar path.
+// that sees none gets zeros). head_dim is at most gpt::max_head_dim. bf16 and fp16 run on tensor
+// cores (sm_80+); fp32 in fp32 on the scalar path.
 template <class T>
 void flash_attention_forward(const T* qkv, T* out, float* lse, attention_mask mask, const int* lengths, int batch, int seq, int heads,
                              int head_dim, cudaStream_t s);
@@ -65,11 +66,13 @@ void embedding_backward(const int* tokens, const T* dout, float* dtok, float* dp
 template <class T> void add_positions(T* x, const T* pos, int batch, int seq, int hidden, cudaStream_t s);
 template <class T> void position_grad(const T* dout, float* dpos, int max_pos, int batch, int seq, int hidden, cudaStream_t s);
 
-// Mean cross-entropy over labels != -1. Writes the scalar loss and dlogits = grad_scale * d(loss)/d(logits)
-// (grad_scale = 1 / microbatches: the step's loss is the microbatches' mean).
+// Mean cross-entropy over labels != -1. Writes the scalar loss and dlogits = grad_scale *
+// *loss_scale * d(loss)/d(logits) (grad_scale = 1 / microbatches: the step's loss is the
+// microbatches' mean; loss_scale, when given, is dynamic loss scaling's factor, read on the device).
+// The loss itself is never scaled.
 template <class T>
 void cross_entropy(const T* logits, const int* labels, float* row_loss, float* loss, float* valid_count, T* dlogits, int rows,
-                   int vocab, float grad_scale, cudaStream_t s);
+                   int vocab, float grad_scale, cudaStream_t s, const float* loss_scale = nullptr);
 
 // MoE. Top-k by logit (ties to the lower expert), gates = softmax over the k chosen logits.
 template <class T> void router_topk(const T* logits, int* expert, float* gate, int tokens, int experts, int k, cudaStream_t s);
@@ -145,7 +148,7 @@ struct adamw_hyperparameters {
 void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperparameters& values, cudaStream_t s);
 template <class T>
 void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
-           cudaStream_t s, bool advance_step = true);
+           cudaStream_t s, bool advance_step = true, const float* inverse_loss_scale = nullptr);
 
 // The finite check of loss and gradients, on the device (capscope's nan_check_on_device): the
 // flag starts at 1 (set_int), each checked array clears it on an inf or a NaN (any thread may: all
@@ -157,5 +160,13 @@ void count_if_cleared(const int* flag, int* count, cudaStream_t s);
 // A step's update under a static dropless expert capacity: may_update = no expert overflowed and
 // (without a finite check: all_finite null) loss and gradients finite.
 void update_gate(const int* overflow, const int* all_finite, int* may_update, cudaStream_t s);
+
+// Dynamic loss scaling (fp16): the loss's gradient is multiplied by `scale` (cross_entropy) and
+// AdamW multiplies the gradients by `inverse`. The scale is a power of two, so both are exact wherever
+// nothing overflows or underflows. After the step: a step that was not finite halves it, and
+// `growth_interval` finite steps in a row double it, within [smallest, largest].
+void update_loss_scale(const int* all_finite, loss_scale_state* state, int growth_interval, cudaStream_t s);
+//! scale = `scale`, clean_steps = 0 (set-up).
+void set_loss_scale(loss_scale_state* state, float scale, cudaStream_t s);
 
 } // namespace gpt::kernels

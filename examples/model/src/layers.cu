@@ -69,6 +69,8 @@ template model_layout<float> declare_model(const model_config&, bool, parameter_
                                            capscope::activation_store&, backward_scratch*, rng_state*, int*);
 template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&,
                                                     capscope::activation_store&, backward_scratch*, rng_state*, int*);
+template model_layout<__half> declare_model(const model_config&, bool, parameter_store<__half>&, const capscope::cuda::blas_handle&,
+                                                    capscope::activation_store&, backward_scratch*, rng_state*, int*);
 
 } // namespace detail
 

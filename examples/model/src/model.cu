@@ -16,8 +16,10 @@ using detail::gemm;
 
 template <class T>
 gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<store_sharding> sharding, const activation_offload& offload)
-    : cfg_(detail::validated(cfg)), expert_overflow_(1), may_update_(1), skipped_at_start_(1), rng_at_start_(1), rng_(1) {
+    : cfg_(detail::validated(cfg)), expert_overflow_(1), may_update_(1), skipped_at_start_(1), rng_at_start_(1), rng_(1), loss_scale_(1),
+      loss_scale_at_start_(1) {
     kernels::set_rng(rng_.data(), cfg.seed, 0, s);
+    kernels::set_loss_scale(loss_scale_.data(), cfg.loss_scale.dynamic ? cfg.loss_scale.initial : 1.f, s);
     kernels::set_int(expert_overflow_.data(), 0, s);
     kernels::set_int(may_update_.data(), 1, s);
     detail::model_layout<T> layout = detail::declare_model(cfg, /*training=*/true, params_, blas_, activations_, &scratch_, rng_.data(),
@@ -89,6 +91,7 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<s
         head.forward = stream_fn::of<&microbatch_io::head_forward>(&io_.back());
         head.backward = stream_fn::of<&microbatch_io::head_backward>(&io_.back());
         head.inputs = {{"head.input", const_cast<T*>(x), t * h * sizeof(T)}, {"labels" + suffix, labels(mb), t * sizeof(int)}};
+        if (cfg.loss_scale.dynamic) head.inputs.push_back(loss_scale_ref());
         head.outputs = {{"loss" + suffix, loss_.data() + mb, sizeof(float)}};
         list.push_back(std::move(head));
         stages_.push_back(std::move(list));
@@ -140,7 +143,7 @@ template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s) {
     bool first = true; // one arena, or (sharded) the replicated one and this rank's shard: one step count
     for (const optimizer_arena<T>& a : arenas_) {
         kernels::adamw(a.master, a.value, a.grad, a.first_moment, a.second_moment, long(a.count), device_step_.data(),
-                       reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s, first);
+                       reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s, first, device_inverse_loss_scale());
         first = false;
     }
 }
@@ -159,15 +162,30 @@ template <class T> void gpt_model<T>::begin_step_stage(cudaStream_t s) {
     kernels::set_int(expert_overflow_.data(), 0, s);
     CAPSCOPE_CHECK(cudaMemcpyAsync(rng_at_start_.data(), rng_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
     CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_at_start_.data(), skipped_steps_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
+    if (cfg_.loss_scale.dynamic)
+        CAPSCOPE_CHECK(cudaMemcpyAsync(loss_scale_at_start_.data(), loss_scale_.data(), loss_scale_.bytes(), cudaMemcpyDeviceToDevice, s));
 }
 
 template <class T> void gpt_model<T>::update_gate_stage(cudaStream_t s) {
     kernels::update_gate(expert_overflow_.data(), cfg_.check_finite_on_device ? all_finite_.data() : nullptr, may_update_.data(), s);
 }
 
+template <class T> void gpt_model<T>::update_loss_scale_stage(cudaStream_t s) {
+    kernels::update_loss_scale(all_finite_.data(), loss_scale_.data(), cfg_.loss_scale.growth_interval, s);
+}
+
+template <class T> loss_scale_state gpt_model<T>::loss_scale(cudaStream_t s) const {
+    loss_scale_state st;
+    CAPSCOPE_CHECK(cudaMemcpyAsync(&st, loss_scale_.data(), sizeof st, cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    return st;
+}
+
 template <class T> void gpt_model<T>::rerun_before(cudaStream_t s) {
     CAPSCOPE_CHECK(cudaMemcpyAsync(rng_.data(), rng_at_start_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
     CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_steps_.data(), skipped_at_start_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
+    if (cfg_.loss_scale.dynamic)
+        CAPSCOPE_CHECK(cudaMemcpyAsync(loss_scale_.data(), loss_scale_at_start_.data(), loss_scale_.bytes(), cudaMemcpyDeviceToDevice, s));
     set_moe_host_sized(true);
 }
 
@@ -199,6 +217,10 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
         zero.outputs.push_back(expert_overflow());
         zero.outputs.push_back({"dropout_generator (at step start)", rng_at_start_.data(), rng_at_start_.bytes()});
         zero.outputs.push_back({"skipped_steps (at step start)", skipped_at_start_.data(), skipped_at_start_.bytes()});
+        if (cfg_.loss_scale.dynamic) {
+            zero.inputs.push_back(loss_scale_ref());
+            zero.outputs.push_back({"loss_scale (at step start)", loss_scale_at_start_.data(), loss_scale_at_start_.bytes()});
+        }
     }
     p.step_begin.push_back(std::move(zero));
     p.microbatches = stages_;
@@ -208,6 +230,7 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     opt.buffers_declared = true;
     opt.forward = stream_fn::of<static_cast<void (gpt_model::*)(cudaStream_t)>(&gpt_model::optimizer_step)>(self);
     opt.inputs = params_.gradient_arenas();
+    if (cfg_.loss_scale.dynamic) opt.inputs.push_back(loss_scale_ref()); // the gradients are divided by it
     if (cfg_.check_finite_on_device) {
         // The check reads the loss and every gradient the optimizer reads, and writes the flag
         // the optimizer is guarded by (and the count of skipped steps).
@@ -241,6 +264,18 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
         p.rerun.reason = "an expert got more tokens than its static capacity";
     }
     p.step_end.push_back(std::move(opt));
+    if (cfg_.loss_scale.dynamic) {
+        // After the optimizer, which divided by the scale this step multiplied by; unguarded, as
+        // a skipped step is what halves it.
+        stage scale;
+        scale.name = "update_loss_scale";
+        scale.kind = stage_kind::other;
+        scale.buffers_declared = true;
+        scale.forward = stream_fn::of<&gpt_model::update_loss_scale_stage>(self);
+        scale.inputs = {all_finite(), loss_scale_ref()};
+        scale.outputs = {loss_scale_ref()};
+        p.step_end.push_back(std::move(scale));
+    }
     return p;
 }
 
@@ -296,7 +331,7 @@ template <class T> void gpt_model<T>::head_forward(cudaStream_t s, int mb) {
     gemm(blas_, s, {false, false, t, v, h}, final_normed_.data(), params_.value(head_w_), logits_.data());
     // The step's loss is the microbatches' mean: each microbatch's gradient is scaled by 1/microbatches.
     kernels::cross_entropy(logits_.data(), labels(mb), row_loss_.data(), loss_.data() + mb, valid_count_.data(), d_logits_.data(), t, v,
-                           1.f / float(cfg_.microbatches), s);
+                           1.f / float(cfg_.microbatches), s, device_loss_scale());
 }
 template <class T> void gpt_model<T>::head_backward(cudaStream_t s, int) {
     const int t = cfg_.tokens(), h = cfg_.hidden, v = cfg_.vocab;
@@ -310,5 +345,6 @@ template <class T> void gpt_model<T>::head_backward(cudaStream_t s, int) {
 
 template class gpt_model<float>;
 template class gpt_model<__nv_bfloat16>;
+template class gpt_model<__half>;
 
 } // namespace gpt

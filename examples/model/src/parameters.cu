@@ -214,5 +214,6 @@ template <class T> void parameter_store<T>::copy_values_from(const parameter_sto
 
 template class parameter_store<float>;
 template class parameter_store<__nv_bfloat16>;
+template class parameter_store<__half>;
 
 } // namespace gpt

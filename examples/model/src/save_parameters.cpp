@@ -4,6 +4,8 @@
 
 #include <gpt/save_parameters.hpp>
 
+#include <cuda_fp16.h>
+
 #include <capscope/cuda/error.hpp>
 
 #include <algorithm>
@@ -81,5 +83,6 @@ template <class T> void save_parameters(const gpt_model<T>& model, const std::st
 
 template void save_parameters(const gpt_model<float>&, const std::string&, cudaStream_t, saved_arena);
 template void save_parameters(const gpt_model<__nv_bfloat16>&, const std::string&, cudaStream_t, saved_arena);
+template void save_parameters(const gpt_model<__half>&, const std::string&, cudaStream_t, saved_arena);
 
 } // namespace gpt

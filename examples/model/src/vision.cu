@@ -227,5 +227,6 @@ template <class T> void vision_encoder<T>::norm_backward(cudaStream_t s) {
 
 template class vision_encoder<float>;
 template class vision_encoder<__nv_bfloat16>;
+template class vision_encoder<__half>;
 
 } // namespace gpt

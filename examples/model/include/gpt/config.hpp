@@ -8,7 +8,7 @@
 
 namespace gpt {
 
-enum class precision { fp32, bf16 };
+enum class precision { fp32, bf16, fp16 };
 
 //! The widest attention head (hidden / heads) the fused attention kernels take.
 constexpr int max_head_dim = 128;
@@ -17,6 +17,15 @@ constexpr int max_head_dim = 128;
 enum class moe_mode {
     drop_and_pad, //!< fixed capacity per expert, overflow dropped: fixed shapes, no host sync, capturable
     dropless,     //!< every token kept: per-expert counts are read back by the host to size the GEMMs
+};
+
+//! Dynamic loss scaling, which fp16 needs: activation gradients below fp16's smallest subnormal
+//! (about 6e-8) would vanish, so the loss's gradient is multiplied by a scale first. The scale
+//! lives in device memory, so a captured step follows it.
+struct loss_scaling {
+    bool dynamic = false;
+    float initial = 65536.f;    //!< a power of two in [1, 2^24], so scaling and unscaling are exact
+    int growth_interval = 2000; //!< finite steps in a row after which the scale doubles
 };
 
 //! Layer kinds in `layer_pattern`: 'D' dense transformer, 'E' MoE transformer, 'M' Mamba-style.
@@ -53,6 +62,11 @@ struct model_config {
     //! has a `check_finite` stage that writes the flag `all_finite`, and the optimizer is guarded by
     //! it (capscope::run_if), a conditional node when captured.
     bool check_finite_on_device = false;
+    //! With `loss_scale.dynamic` (needs check_finite_on_device): the head multiplies the loss's
+    //! gradient by the scale, AdamW divides the gradients by it, and a stage after the optimizer
+    //! halves it when the step was not finite (that step was skipped) or doubles it after
+    //! growth_interval finite steps. The reported loss is never scaled.
+    loss_scaling loss_scale;
 
     int tokens() const { return seq_len * batch; }
     int head_dim() const { return hidden / heads; }
@@ -70,6 +84,15 @@ struct model_config {
 struct rng_state {
     std::uint64_t seed = 0;
     std::uint64_t offset = 0;
+};
+
+//! Dynamic loss scaling's state, in device memory: the scale, its inverse (exact: a power of two),
+//! which AdamW multiplies the gradients by, and the finite steps since it last changed. It stays
+//! within [smallest, largest].
+struct loss_scale_state {
+    float scale = 1.f, inverse = 1.f;
+    int clean_steps = 0;
+    static constexpr float smallest = 1.f, largest = 16777216.f; // 2^24: far past fp16's range (65504)
 };
 
 //! A bidirectional encoder over a variable number of patches per sample, padded to `max_patches`.

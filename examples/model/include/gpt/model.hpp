@@ -102,6 +102,10 @@ public:
     //! the one the optimizer is guarded by (no overflow, and finite with check_finite_on_device).
     capscope::tensor_ref expert_overflow() const { return {"expert_overflow", expert_overflow_.data(), expert_overflow_.bytes()}; }
     capscope::tensor_ref may_update() const { return {"may_update", may_update_.data(), may_update_.bytes()}; }
+    //! Dynamic loss scaling's state (model_config::loss_scale): the scale the next step's loss
+    //! gradient is multiplied by, and the finite steps since it changed. Synchronizes `s`.
+    loss_scale_state loss_scale(cudaStream_t s) const;
+    capscope::tensor_ref loss_scale_ref() const { return {"loss_scale", loss_scale_.data(), loss_scale_.bytes()}; }
     //! The dense MLPs' last dropout masks (1 = kept), [tokens, hidden] each; empty without dropout.
     std::vector<const unsigned char*> dropout_masks() const;
     //! The dropout generator's state now (seed, and the offset every dropout call advances). Synchronizes `s`.
@@ -128,6 +132,11 @@ private:
     void begin_step_stage(cudaStream_t s);
     void check_finite_stage(cudaStream_t s);
     void update_gate_stage(cudaStream_t s);
+    void update_loss_scale_stage(cudaStream_t s);
+    //! The scale the head multiplies by and the inverse the optimizer does, or null without
+    //! dynamic loss scaling.
+    const float* device_loss_scale() const { return cfg_.loss_scale.dynamic ? &loss_scale_.data()->scale : nullptr; }
+    const float* device_inverse_loss_scale() const { return cfg_.loss_scale.dynamic ? &loss_scale_.data()->inverse : nullptr; }
     void rerun_before(cudaStream_t s); //!< puts back what a refused step advanced; MoE layers sized by their counts
     void rerun_after(cudaStream_t s);  //!< MoE layers back on their static capacity
     void set_moe_host_sized(bool on);
@@ -150,6 +159,8 @@ private:
     capscope::cuda::device_buffer<int> expert_overflow_, may_update_, skipped_at_start_;
     capscope::cuda::device_buffer<rng_state> rng_at_start_;
     capscope::cuda::device_buffer<rng_state> rng_; //!< dropout's generator (seed, offset), in device memory
+    //! Dynamic loss scaling's state, and its copy at the step's start (a rerun puts it back).
+    capscope::cuda::device_buffer<loss_scale_state> loss_scale_, loss_scale_at_start_;
     capscope::cuda::device_buffer<T> embedded_, final_normed_, logits_, d_logits_, d_final_normed_, d_last_;
     capscope::cuda::device_buffer<float> final_rstd_, row_loss_, loss_, valid_count_, hyperparameters_;
     capscope::cuda::pinned_buffer<float> host_loss_;

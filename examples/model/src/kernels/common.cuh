@@ -7,9 +7,11 @@
 #include <capscope/cuda/error.hpp>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 namespace gpt::kernels::detail {
 
@@ -18,9 +20,14 @@ constexpr int elt_threads = 256; // one thread per element
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 template <class T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+//! The 16-bit element types, which run on tensor cores.
+template <class T> constexpr bool sixteen_bit = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
 
 inline unsigned blocks_for(long n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
@@ -58,7 +65,7 @@ __device__ __forceinline__ float block_max(float v) { return block_reduce(v, max
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
-//! 16 bytes of T (8 bf16 or 4 floats), loaded and stored as one.
+//! 16 bytes of T (8 bf16 or fp16, or 4 floats), loaded and stored as one.
 template <class T> constexpr int lanes_of = 16 / int(sizeof(T));
 template <class T, int W> struct alignas(sizeof(T) * W) pack {
     T e[W];

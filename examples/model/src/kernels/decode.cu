@@ -229,5 +229,6 @@ void decode_advance(const decode_state& st, const int* valid, int rows, int prom
     template void greedy_pick<T>(const T*, int, int, int, int, const decode_state&, int, int, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
+INSTANTIATE(__half)
 
 } // namespace gpt::kernels

@@ -63,12 +63,13 @@ __global__ void count_valid_k(const int* labels, int rows, float* count) {
 }
 template <class T>
 __global__ void cross_entropy_rows_k(const T* logits, const int* labels, const float* count, float* row_loss, T* dlogits, int vocab,
-                                     float grad_scale) {
+                                     float grad_scale, const float* loss_scale) {
     const long row = blockIdx.x;
     const T* l = logits + row * vocab;
     T* d = dlogits + row * vocab;
     const int label = labels[row];
     const float inv = *count > 0.f ? 1.f / *count : 0.f;
+    const float scale = loss_scale ? *loss_scale : 1.f; // times 1 is exact: no scale, the same bits
     if (label < 0) {
         for (int j = threadIdx.x; j < vocab; j += blockDim.x) d[j] = from_f<T>(0.f);
         if (threadIdx.x == 0) row_loss[row] = 0.f;
@@ -81,7 +82,7 @@ __global__ void cross_entropy_rows_k(const T* logits, const int* labels, const f
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(to_f(l[j]) - mx);
     sum = block_sum(sum);
     for (int j = threadIdx.x; j < vocab; j += blockDim.x)
-        d[j] = from_f<T>((expf(to_f(l[j]) - mx) / sum - (j == label ? 1.f : 0.f)) * inv * grad_scale);
+        d[j] = from_f<T>((expf(to_f(l[j]) - mx) / sum - (j == label ? 1.f : 0.f)) * inv * grad_scale * scale);
     if (threadIdx.x == 0) row_loss[row] = (logf(sum) + mx - to_f(l[label])) * inv;
 }
 __global__ void sum_k(const float* x, int n, float* out) {
@@ -118,10 +119,10 @@ template <class T> void position_grad(const T* dout, float* dpos, int max_pos, i
 }
 template <class T>
 void cross_entropy(const T* logits, const int* labels, float* row_loss, float* loss, float* valid_count, T* dlogits, int rows,
-                   int vocab, float grad_scale, cudaStream_t s) {
+                   int vocab, float grad_scale, cudaStream_t s, const float* loss_scale) {
     count_valid_k<<<1, 256, 0, s>>>(labels, rows, valid_count);
     CHECKED("count_valid");
-    cross_entropy_rows_k<<<rows, row_threads, 0, s>>>(logits, labels, valid_count, row_loss, dlogits, vocab, grad_scale);
+    cross_entropy_rows_k<<<rows, row_threads, 0, s>>>(logits, labels, valid_count, row_loss, dlogits, vocab, grad_scale, loss_scale);
     CHECKED("cross_entropy_rows");
     sum_k<<<1, 256, 0, s>>>(row_loss, rows, loss);
     CHECKED("sum");
@@ -132,8 +133,9 @@ void cross_entropy(const T* logits, const int* labels, float* row_loss, float* l
     template void embedding_backward<T>(const int*, const T*, float*, float*, int, int, int, int, int, cudaStream_t); \
     template void add_positions<T>(T*, const T*, int, int, int, cudaStream_t); \
     template void position_grad<T>(const T*, float*, int, int, int, int, cudaStream_t); \
-    template void cross_entropy<T>(const T*, const int*, float*, float*, float*, T*, int, int, float, cudaStream_t);
+    template void cross_entropy<T>(const T*, const int*, float*, float*, float*, T*, int, int, float, cudaStream_t, const float*);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
+INSTANTIATE(__half)
 
 } // namespace gpt::kernels

@@ -30,10 +30,10 @@ template <class F> void with_head_dim(int head_dim, F&& f) {
     else f.template operator()<128>();
 }
 
-// Tensor cores: bf16, a GPU of compute capability 8.0 or later (asked once), and rows that
+// Tensor cores: bf16 or fp16, a GPU of compute capability 8.0 or later (asked once), and rows that
 // cp.async can move in 16-byte pieces (head_dim a multiple of 8).
 template <class T> bool uses_tensor_cores(int head_dim) {
-    if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (!sixteen_bit<T>) {
         return false;
     } else {
         static const bool sm80 = [] {

@@ -26,19 +26,19 @@ template <class T> __global__ void rowdot_k(const T* out, const T* dout, float* 
     if ((threadIdx.x & 31) == 0) rowdot[row] = sum;
 }
 
-template <int DH>
+template <class E, int DH>
 __global__ void __launch_bounds__(threads)
-    key_grads_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
+    key_grads_mma(const E* qkv, const E* dout, const float* lse, const float* rowdot, E* dqkv,
                   problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
     // K, V, then Q, dO and their rows' lse and D twice: the next query tile loads while this one is used.
-    const smem_tile<DH> ks{reinterpret_cast<__nv_bfloat16*>(smem)};
+    const smem_tile<DH> ks{reinterpret_cast<std::uint16_t*>(smem)};
     const smem_tile<DH> vs{ks.data + tile * ks.pitch};
     const double_buffer<DH> stages{ks.data + 2 * tile * ks.pitch};
     float* const row_stats = reinterpret_cast<float*>(ks.data + 6 * tile * ks.pitch); // [stage][lse | D][tile]
     const auto [bh, b, h, H, stride] = this_block_head(pb);
-    const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
-    const __nv_bfloat16* d_o = head_rows(dout, H, pb, b, h);
+    const E* q = head_rows(qkv, stride, pb, b, h);
+    const E* d_o = head_rows(dout, H, pb, b, h);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const int k0 = blockIdx.x * tile, limit = key_limit(pb, b);
     const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
             for (int kk = 0; kk < DH / 16; ++kk) ka[kk] = load_a(ks, 16 * warp, 16 * kk), va[kk] = load_a(vs, 16 * warp, 16 * kk);
             float p[tile / 8][4] = {}, ds[tile / 8][4] = {}; // transposed: rows are keys, columns queries
-            rows_times_tile_t<DH>(p, ka, qs);
-            rows_times_tile_t<DH>(ds, va, dos);
+            rows_times_tile_t<E, DH>(p, ka, qs);
+            rows_times_tile_t<E, DH>(ds, va, dos);
             const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && q0 < k0 + tile - 1);
 #pragma unroll
             for (int j = 0; j < tile / 8; ++j)
@@ -86,27 +86,27 @@ __global__ void __launch_bounds__(threads)
                     p[j][e] = seen ? fast_exp2(fmaf(p[j][e], pb.scale_log2, -lse_s[col])) : 0.f;
                     ds[j][e] = p[j][e] * (ds[j][e] - d_s[col]);
                 }
-            acc_times_tile<DH>(dv, p, dos);
-            acc_times_tile<DH>(dk, ds, qs);
+            acc_times_tile<E, DH>(dv, p, dos);
+            acc_times_tile<E, DH>(dk, ds, qs);
         }
     }
     const float scale = pb.scale_log2 / log2e;
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + H, stride, k0 + 16 * warp, pb.seq, pb.dh, dk, scale);
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h) + 2 * H, stride, k0 + 16 * warp, pb.seq, pb.dh, dv, 1.f);
+    store_rows<E, DH>(head_rows(dqkv, stride, pb, b, h) + H, stride, k0 + 16 * warp, pb.seq, pb.dh, dk, scale);
+    store_rows<E, DH>(head_rows(dqkv, stride, pb, b, h) + 2 * H, stride, k0 + 16 * warp, pb.seq, pb.dh, dv, 1.f);
 }
 
-template <int DH>
+template <class E, int DH>
 __global__ void __launch_bounds__(threads)
-    query_grads_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
+    query_grads_mma(const E* qkv, const E* dout, const float* lse, const float* rowdot, E* dqkv,
                     problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
     // Q, dO, then K and V twice: the next key tile loads while this one is used.
-    const smem_tile<DH> qs{reinterpret_cast<__nv_bfloat16*>(smem)};
+    const smem_tile<DH> qs{reinterpret_cast<std::uint16_t*>(smem)};
     const smem_tile<DH> dos{qs.data + tile * qs.pitch};
     const double_buffer<DH> stages{qs.data + 2 * tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x;
     const auto [bh, b, h, H, stride] = this_block_head(pb);
-    const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
+    const E* q = head_rows(qkv, stride, pb, b, h);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
     const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(threads)
         commit_tiles();
         wait_tiles<1>();
         float p[tile / 8][4] = {}, ds[tile / 8][4] = {};
-        rows_times_tile_t<DH>(p, qa, ks);
-        rows_times_tile_t<DH>(ds, doa, vs);
+        rows_times_tile_t<E, DH>(p, qa, ks);
+        rows_times_tile_t<E, DH>(ds, doa, vs);
         const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && k0 + tile > q0 + 1);
 #pragma unroll
         for (int j = 0; j < tile / 8; ++j)
@@ -152,9 +152,9 @@ __global__ void __launch_bounds__(threads)
                 p[j][e] = seen ? fast_exp2(fmaf(p[j][e], pb.scale_log2, -row_lse[half])) : 0.f;
                 ds[j][e] = p[j][e] * (ds[j][e] - row_d[half]);
             }
-        acc_times_tile<DH>(dq, ds, ks);
+        acc_times_tile<E, DH>(dq, ds, ks);
     }
-    store_rows<DH>(head_rows(dqkv, stride, pb, b, h), stride, q0 + 16 * warp, pb.seq, pb.dh, dq, pb.scale_log2 / log2e);
+    store_rows<E, DH>(head_rows(dqkv, stride, pb, b, h), stride, q0 + 16 * warp, pb.seq, pb.dh, dq, pb.scale_log2 / log2e);
 }
 
 // Scalar fp32: one thread per key row (dK, dV), then one per query row (dQ).
@@ -239,16 +239,16 @@ __global__ void __launch_bounds__(tile)
         if (d < pb.dh) row[d] = from_f<T>(dq[d] * pb.scale_log2 / log2e);
 }
 
-template <int DH>
-void launch_backward_mma(const __nv_bfloat16* qkv, const __nv_bfloat16* dout, const float* lse, const float* rowdot, __nv_bfloat16* dqkv,
+template <class E, int DH>
+void launch_backward_mma(const E* qkv, const E* dout, const float* lse, const float* rowdot, E* dqkv,
                          const problem& pb, cudaStream_t s) {
     const dim3 grid(blocks_for(pb.seq, tile), pb.batch * pb.heads);
     constexpr int key_bytes = 6 * smem_tile_bytes<DH> + 4 * tile * int(sizeof(float)), query_bytes = 6 * smem_tile_bytes<DH>;
-    allow_dynamic_smem<key_grads_mma<DH>>(key_bytes);
-    allow_dynamic_smem<query_grads_mma<DH>>(query_bytes);
-    key_grads_mma<DH><<<grid, threads, key_bytes, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
+    allow_dynamic_smem<key_grads_mma<E, DH>>(key_bytes);
+    allow_dynamic_smem<query_grads_mma<E, DH>>(query_bytes);
+    key_grads_mma<E, DH><<<grid, threads, key_bytes, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
     CHECKED("flash_attention_backward (dK, dV)");
-    query_grads_mma<DH><<<grid, threads, query_bytes, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
+    query_grads_mma<E, DH><<<grid, threads, query_bytes, s>>>(qkv, dout, lse, rowdot, dqkv, pb);
 }
 template <class T, int DH>
 void launch_backward_scalar(const T* qkv, const T* dout, const float* lse, const float* rowdot, T* dqkv, const problem& pb,
@@ -269,8 +269,8 @@ void flash_attention_backward(const T* qkv, const T* out, const float* lse, cons
     rowdot_k<<<blocks_for(rows * 32, elt_threads), elt_threads, 0, s>>>(out, dout, rowdot, pb);
     CHECKED("flash_attention_backward (rowsum dO * O)");
     if (uses_tensor_cores<T>(head_dim)) {
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            with_head_dim(head_dim, [&]<int DH>() { launch_backward_mma<DH>(qkv, dout, lse, rowdot, dqkv, pb, s); });
+        if constexpr (sixteen_bit<T>) {
+            with_head_dim(head_dim, [&]<int DH>() { launch_backward_mma<T, DH>(qkv, dout, lse, rowdot, dqkv, pb, s); });
         }
     } else {
         with_head_dim(head_dim, [&]<int DH>() { launch_backward_scalar<T, DH>(qkv, dout, lse, rowdot, dqkv, pb, s); });
@@ -282,6 +282,9 @@ template void flash_attention_backward<float>(const float*, const float*, const 
                                               const int*, int, int, int, int, cudaStream_t);
 template void flash_attention_backward<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*, const float*, const __nv_bfloat16*,
                                                       float*, __nv_bfloat16*, attention_mask, const int*, int, int, int, int,
+                                                      cudaStream_t);
+template void flash_attention_backward<__half>(const __half*, const __half*, const float*, const __half*,
+                                                      float*, __half*, attention_mask, const int*, int, int, int, int,
                                                       cudaStream_t);
 
 } // namespace gpt::kernels

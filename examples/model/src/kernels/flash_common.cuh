@@ -1,6 +1,7 @@
 #pragma once
 // What the fused attention kernels share: the problem, where a head's row lives in the packed
-// token-row tensors, the mask, tile loads, and the bf16 tensor-core fragments (mma.sync m16n8k16).
+// token-row tensors, the mask, tile loads, and the 16-bit (bf16 or fp16) tensor-core fragments
+// (mma.sync m16n8k16).
 //
 // Layouts. Q, K and V are read where the QKV GEMM wrote them ([B*S, 3H], head h at columns
 // h*dh of each third), O and dO are token rows [B*S, H], and dQ, dK, dV are written into one
@@ -8,6 +9,9 @@
 // kept from the forward for the backward, is fp32 [B*heads*S] in base 2 of the scaled logits.
 
 #include "common.cuh"
+
+#include <cstdint>
+#include <type_traits>
 
 // Device code for sm_80 and later; older targets compile the tensor-core kernels as traps.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -64,29 +68,31 @@ __device__ __forceinline__ block_head this_block_head(const problem& p) {
 }
 __device__ __forceinline__ int first_query(const problem& p, int k0) { return p.mask == attention_mask::causal ? k0 : 0; }
 
-// ---- shared-memory tiles of bf16: [tile][DH + 8] (the pad keeps fragment loads off one bank) --
+// ---- shared-memory tiles of 16-bit elements: [tile][DH + 8] (the pad keeps fragment loads off one
+// bank). Untyped: cp.async and ldmatrix move bf16 and fp16 alike; only the mma and the rounding
+// of accumulators (pack) know which.
 template <int DH> struct smem_tile {
     static constexpr int pitch = DH + 8;
-    __nv_bfloat16* data;
-    __device__ __nv_bfloat16* row(int r) const { return data + r * pitch; }
+    std::uint16_t* data;
+    __device__ std::uint16_t* row(int r) const { return data + r * pitch; }
 };
 template <int DH> constexpr int smem_tile_bytes = tile * (DH + 8) * 2;
 // Two stages of two streamed tiles each, from `from` on: stage s is read while stage s ^ 1 loads.
 // (An address computed from the stage, not an array indexed by it, which would live in local memory.)
 template <int DH> struct double_buffer {
-    __nv_bfloat16* from;
+    std::uint16_t* from;
     __device__ smem_tile<DH> at(int stage, int which) const { return {from + (2 * stage + which) * tile * smem_tile<DH>::pitch}; }
 };
 
 // Rows [r0, r0 + tile) of a head into shared memory with cp.async, 16 bytes per copy; rows past
 // `rows` and columns past dh are zero (a zero-sized source fills the destination with zeros).
-template <int DH>
-__device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const __nv_bfloat16* head, long stride, int r0, int rows, int dh) {
+template <int DH, class E>
+__device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const E* head, long stride, int r0, int rows, int dh) {
     constexpr int chunks = DH / 8;
     for (int c = threadIdx.x; c < tile * chunks; c += threads) {
         const int r = c / chunks, col = (c % chunks) * 8;
         const bool real = r0 + r < rows && col < dh;
-        const __nv_bfloat16* src = real ? head + long(r0 + r) * stride + col : head;
+        const E* src = real ? head + long(r0 + r) * stride + col : head;
 #if CAPSCOPE_FLASH_SM80
         const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst.row(r) + col));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(real ? 16 : 0));
@@ -110,18 +116,23 @@ template <int InFlight = 0> __device__ __forceinline__ void wait_tiles() {
     __syncthreads();
 }
 
-// ---- mma.sync m16n8k16, bf16 in, fp32 accumulate --------------------------------------------
+// ---- mma.sync m16n8k16, 16-bit in (E: bf16 or fp16), fp32 accumulate ----------------------
 // Lane l of a warp is (g, t) = (l / 4, l % 4). A 16x16 A fragment holds rows g and g+8, columns
 // 2t, 2t+1 and 8+2t, 9+2t; a 16x8 accumulator rows g and g+8, columns 2t, 2t+1; a 16x8 B fragment
 // (k x n) k rows 2t, 2t+1 and 8+2t, 9+2t of column g.
 struct frag_a {
     unsigned r[4];
 };
-__device__ __forceinline__ void mma(float (&d)[4], const frag_a& a, unsigned b0, unsigned b1) {
+template <class E> __device__ __forceinline__ void mma(float (&d)[4], const frag_a& a, unsigned b0, unsigned b1) {
 #if CAPSCOPE_FLASH_SM80
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
+    if constexpr (std::is_same_v<E, __nv_bfloat16>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b0), "r"(b1));
 #else
     __trap();
 #endif
@@ -131,7 +142,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const frag_a& a, unsigned b0,
 // and B fragments of a tile whose rows are B's columns). Transposed, it gets column l / 4, rows
 // 2(l % 4) and 2(l % 4) + 1: B fragments of k x n where shared memory holds k-major rows (V, dO,
 // Q or K as the right operand over keys or queries).
-template <bool Transposed> __device__ __forceinline__ void ldmatrix(unsigned (&r)[4], const __nv_bfloat16* row) {
+template <bool Transposed> __device__ __forceinline__ void ldmatrix(unsigned (&r)[4], const std::uint16_t* row) {
 #if CAPSCOPE_FLASH_SM80
     const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
     if constexpr (Transposed)
@@ -153,9 +164,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-__device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
+// Two floats rounded to a pair of E (to nearest even), as one 32-bit register.
+template <class E> __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const unsigned*>(&v);
+    } else {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const unsigned*>(&v);
+    }
 }
 // The A fragment of rows [r0, r0+16), columns [c0, c0+16) of a shared tile: matrices 0-3 are
 // (rows 0-7, columns 0-7), (rows 8-15, 0-7), (rows 0-7, 8-15), (rows 8-15, 8-15).
@@ -166,13 +183,13 @@ template <int DH> __device__ __forceinline__ frag_a load_a(smem_tile<DH> s, int 
     return a;
 }
 // Accumulators of columns [16kk, 16kk+16) (two 16x8 tiles) as the A fragment of the next product.
-__device__ __forceinline__ frag_a as_a(const float (&lo)[4], const float (&hi)[4]) {
-    return {{pack(lo[0], lo[1]), pack(lo[2], lo[3]), pack(hi[0], hi[1]), pack(hi[2], hi[3])}};
+template <class E> __device__ __forceinline__ frag_a as_a(const float (&lo)[4], const float (&hi)[4]) {
+    return {{pack<E>(lo[0], lo[1]), pack<E>(lo[2], lo[3]), pack<E>(hi[0], hi[1]), pack<E>(hi[2], hi[3])}};
 }
 // acc[j] += A(16 x DH) . B where B's column n is row 8j + n of `s` (B = s^T): the product of the
 // warp's 16 rows with the tile's 64 rows over DH, e.g. S = Q K^T, given A for each of the DH/16
 // k-steps.
-template <int DH>
+template <class E, int DH>
 __device__ __forceinline__ void rows_times_tile_t(float (&acc)[tile / 8][4], const frag_a (&a)[DH / 16], smem_tile<DH> s) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -183,32 +200,32 @@ __device__ __forceinline__ void rows_times_tile_t(float (&acc)[tile / 8][4], con
             // (8j.., 16kk+8), (8j+8.., 16kk), (8j+8.., 16kk+8).
             unsigned b[4];
             ldmatrix<false>(b, s.row(8 * j + (lane & 7) + 8 * (lane >> 4)) + 16 * kk + 8 * ((lane >> 3) & 1));
-            mma(acc[j], a[kk], b[0], b[1]);
-            mma(acc[j + 1], a[kk], b[2], b[3]);
+            mma<E>(acc[j], a[kk], b[0], b[1]);
+            mma<E>(acc[j + 1], a[kk], b[2], b[3]);
         }
 }
 // acc[n] += P(16 x 64) . s where P comes as accumulators over the tile's 64 rows (k) and s is the
 // tile itself (k-major rows, DH columns): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.
-template <int DH>
+template <class E, int DH>
 __device__ __forceinline__ void acc_times_tile(float (&acc)[DH / 8][4], const float (&p)[tile / 8][4], smem_tile<DH> s) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < tile / 16; ++kk) {
-        const frag_a a = as_a(p[2 * kk], p[2 * kk + 1]);
+        const frag_a a = as_a<E>(p[2 * kk], p[2 * kk + 1]);
 #pragma unroll
         for (int dn = 0; dn < DH / 16; ++dn) {
             // Matrices (k rows 16kk.., n columns 16dn), (16kk+8.., 16dn), (16kk.., 16dn+8), (16kk+8.., 16dn+8).
             unsigned b[4];
             ldmatrix<true>(b, s.row(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) + 16 * dn + 8 * (lane >> 4));
-            mma(acc[2 * dn], a, b[0], b[1]);
-            mma(acc[2 * dn + 1], a, b[2], b[3]);
+            mma<E>(acc[2 * dn], a, b[0], b[1]);
+            mma<E>(acc[2 * dn + 1], a, b[2], b[3]);
         }
     }
 }
 // Writes 16 rows of accumulators [16 x DH] times `scale` to rows r0.. of a head (rows < `rows`,
-// columns < dh), as bf16 pairs.
-template <int DH>
-__device__ __forceinline__ void store_rows(__nv_bfloat16* head, long stride, int r0, int rows, int dh, const float (&acc)[DH / 8][4],
+// columns < dh), as pairs of E.
+template <class E, int DH>
+__device__ __forceinline__ void store_rows(E* head, long stride, int r0, int rows, int dh, const float (&acc)[DH / 8][4],
                                            float scale) {
     const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
@@ -219,8 +236,7 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16* head, long stride, int
         for (int half = 0; half < 2; ++half) {
             const int r = r0 + g + 8 * half;
             if (r >= rows) continue;
-            *reinterpret_cast<__nv_bfloat162*>(head + long(r) * stride + col) =
-                __floats2bfloat162_rn(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
+            *reinterpret_cast<unsigned*>(head + long(r) * stride + col) = pack<E>(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
         }
     }
 }

@@ -2,9 +2,9 @@
 // by tile, with the online softmax (a running row maximum and sum), so no S x S score matrix is
 // ever written. Each query row's log-sum-exp is kept for the backward.
 //
-// bf16 on sm_80 and later: 4 warps per 64 query rows, each warp 16 rows, S and P V on tensor
-// cores (mma.sync), fp32 accumulation, P rounded to bf16 for P V (as FlashAttention-2 does).
-// fp32 (and bf16 without tensor cores): one thread per query row in fp32, the same tiling.
+// bf16 or fp16 on sm_80 and later: 4 warps per 64 query rows, each warp 16 rows, S and P V on tensor
+// cores (mma.sync), fp32 accumulation, P rounded to the input type for P V (as FlashAttention-2 does).
+// fp32 (and 16-bit without tensor cores): one thread per query row in fp32, the same tiling.
 
 #include "flash_attention.cuh"
 
@@ -13,16 +13,16 @@ namespace {
 using namespace detail;
 using namespace detail::flash;
 
-template <int DH>
-__global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, problem pb) {
+template <class E, int DH>
+__global__ void __launch_bounds__(threads) forward_mma(const E* qkv, E* out, float* lse, problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
     // Q, then K and V twice: the next key tile loads while this one is used.
-    const smem_tile<DH> qs{reinterpret_cast<__nv_bfloat16*>(smem)};
+    const smem_tile<DH> qs{reinterpret_cast<std::uint16_t*>(smem)};
     const double_buffer<DH> stages{qs.data + tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x; // the longest causal rows start first
     const auto [bh, b, h, H, stride] = this_block_head(pb);
-    const __nv_bfloat16* q = head_rows(qkv, stride, pb, b, h);
-    const __nv_bfloat16 *k = q + H, *v = q + 2 * H;
+    const E* q = head_rows(qkv, stride, pb, b, h);
+    const E *k = q + H, *v = q + 2 * H;
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
     const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
         commit_tiles();
         wait_tiles<1>();
         float s[tile / 8][4] = {};
-        rows_times_tile_t<DH>(s, qa, ks);
+        rows_times_tile_t<E, DH>(s, qa, ks);
         const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && k0 + tile > q0 + 1);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
                     l[half] += s[j][e];
                 }
         }
-        acc_times_tile<DH>(o, s, vs);
+        acc_times_tile<E, DH>(o, s, vs);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(threads) forward_mma(const __nv_bfloat16* qkv,
         if (t == 0 && rows[half] < pb.seq)
             lse[long(bh) * pb.seq + rows[half]] = l[half] > 0.f ? m[half] + log2f(l[half]) : INFINITY;
     }
-    store_rows<DH>(head_rows(out, H, pb, b, h), H, q0 + 16 * warp, pb.seq, pb.dh, o, 1.f);
+    store_rows<E, DH>(head_rows(out, H, pb, b, h), H, q0 + 16 * warp, pb.seq, pb.dh, o, 1.f);
 }
 
 // One thread per query row, fp32 throughout: the reference path of the same algorithm.
@@ -135,10 +135,10 @@ __global__ void __launch_bounds__(tile) forward_scalar(const T* qkv, T* out, flo
     lse[long(bh) * pb.seq + i] = l > 0.f ? m + log2f(l) : INFINITY;
 }
 
-template <int DH> void launch_forward_mma(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, const problem& pb, cudaStream_t s) {
+template <class E, int DH> void launch_forward_mma(const E* qkv, E* out, float* lse, const problem& pb, cudaStream_t s) {
     constexpr int bytes = 5 * smem_tile_bytes<DH>;
-    allow_dynamic_smem<forward_mma<DH>>(bytes);
-    forward_mma<DH><<<dim3(blocks_for(pb.seq, tile), pb.batch * pb.heads), threads, bytes, s>>>(qkv, out, lse, pb);
+    allow_dynamic_smem<forward_mma<E, DH>>(bytes);
+    forward_mma<E, DH><<<dim3(blocks_for(pb.seq, tile), pb.batch * pb.heads), threads, bytes, s>>>(qkv, out, lse, pb);
 }
 template <class T, int DH> void launch_forward_scalar(const T* qkv, T* out, float* lse, const problem& pb, cudaStream_t s) {
     forward_scalar<T, DH><<<dim3(blocks_for(pb.seq, tile), pb.batch * pb.heads), tile, 0, s>>>(qkv, out, lse, pb);
@@ -151,8 +151,8 @@ void flash_attention_forward(const T* qkv, T* out, float* lse, attention_mask ma
                              int head_dim, cudaStream_t s) {
     const problem pb = make_problem(mask, lengths, batch, seq, heads, head_dim);
     if (uses_tensor_cores<T>(head_dim)) {
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            with_head_dim(head_dim, [&]<int DH>() { launch_forward_mma<DH>(qkv, out, lse, pb, s); });
+        if constexpr (sixteen_bit<T>) {
+            with_head_dim(head_dim, [&]<int DH>() { launch_forward_mma<T, DH>(qkv, out, lse, pb, s); });
         }
     } else {
         with_head_dim(head_dim, [&]<int DH>() { launch_forward_scalar<T, DH>(qkv, out, lse, pb, s); });
@@ -162,6 +162,8 @@ void flash_attention_forward(const T* qkv, T* out, float* lse, attention_mask ma
 
 template void flash_attention_forward<float>(const float*, float*, float*, attention_mask, const int*, int, int, int, int, cudaStream_t);
 template void flash_attention_forward<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, float*, attention_mask, const int*, int, int,
+                                                     int, int, cudaStream_t);
+template void flash_attention_forward<__half>(const __half*, __half*, float*, attention_mask, const int*, int, int,
                                                      int, int, cudaStream_t);
 
 } // namespace gpt::kernels

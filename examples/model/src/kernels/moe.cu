@@ -218,5 +218,6 @@ void combine_backward(const T* dy, const T* expert_out, const int* slot, const i
     template void combine_backward<T>(const T*, const T*, const int*, const int*, const float*, T*, float*, int, int, int, int, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
+INSTANTIATE(__half)
 
 } // namespace gpt::kernels

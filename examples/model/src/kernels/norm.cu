@@ -149,5 +149,6 @@ template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, cons
     template void rms_norm_weight_grad<T>(const T*, const float*, const T*, float*, int, int, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
+INSTANTIATE(__half)
 
 } // namespace gpt::kernels

@@ -84,12 +84,13 @@ __global__ void advance_step_k(int* step) { ++*step; }
 __global__ void set_hyperparameters_k(adamw_hyperparameters* dst, adamw_hyperparameters values) { *dst = values; }
 template <class T>
 __global__ void adamw_k(float* master, T* param, const float* grad, float* m, float* v, long n, const int* step,
-                        const adamw_hyperparameters* hyper) {
+                        const adamw_hyperparameters* hyper, const float* inverse_loss_scale) {
     long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
     if (i >= n) return;
     const adamw_hyperparameters h = *hyper;
     const float bc1 = 1.f - powf(h.beta1, float(*step)), bc2 = 1.f - powf(h.beta2, float(*step));
-    const float g = grad[i];
+    // Times the scale's exact inverse: the same bits as a division by the scale, for less work.
+    const float g = inverse_loss_scale ? grad[i] * *inverse_loss_scale : grad[i];
     const float mi = h.beta1 * m[i] + (1.f - h.beta1) * g;
     const float vi = h.beta2 * v[i] + (1.f - h.beta2) * g * g;
     m[i] = mi;
@@ -117,12 +118,32 @@ __global__ void clear_unless_finite_k(const float* x, long n, int* flag) {
     if (bad) *flag = 0;
 }
 __global__ void count_if_cleared_k(const int* flag, int* count) { *count += *flag == 0; }
+__global__ void set_loss_scale_k(loss_scale_state* st, float scale) { *st = {scale, 1.f / scale, 0}; }
+__global__ void update_loss_scale_k(const int* all_finite, loss_scale_state* st, int growth_interval) {
+    if (*all_finite == 0) {
+        st->scale = fmaxf(st->scale * 0.5f, loss_scale_state::smallest);
+        st->inverse = 1.f / st->scale;
+        st->clean_steps = 0;
+    } else if (++st->clean_steps >= growth_interval) {
+        st->scale = fminf(st->scale * 2.f, loss_scale_state::largest);
+        st->inverse = 1.f / st->scale;
+        st->clean_steps = 0;
+    }
+}
 __global__ void update_gate_k(const int* overflow, const int* all_finite, int* may_update) {
     *may_update = *overflow == 0 && (all_finite == nullptr || *all_finite != 0);
 }
 
 } // namespace
 
+void update_loss_scale(const int* all_finite, loss_scale_state* state, int growth_interval, cudaStream_t s) {
+    update_loss_scale_k<<<1, 1, 0, s>>>(all_finite, state, growth_interval);
+    CHECKED("update_loss_scale");
+}
+void set_loss_scale(loss_scale_state* state, float scale, cudaStream_t s) {
+    set_loss_scale_k<<<1, 1, 0, s>>>(state, scale);
+    CHECKED("set_loss_scale");
+}
 void update_gate(const int* overflow, const int* all_finite, int* may_update, cudaStream_t s) {
     update_gate_k<<<1, 1, 0, s>>>(overflow, all_finite, may_update);
     CHECKED("update_gate");
@@ -189,12 +210,12 @@ void set_adamw_hyperparameters(adamw_hyperparameters* device, const adamw_hyperp
 }
 template <class T>
 void adamw(float* master, T* param, const float* grad, float* m, float* v, long n, int* step, const adamw_hyperparameters* hyper,
-           cudaStream_t s, bool advance_step) {
+           cudaStream_t s, bool advance_step, const float* inverse_loss_scale) {
     if (advance_step) {
         advance_step_k<<<1, 1, 0, s>>>(step);
         CHECKED("advance_step");
     }
-    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, hyper);
+    adamw_k<<<blocks_for(n, elt_threads), elt_threads, 0, s>>>(master, param, grad, m, v, n, step, hyper, inverse_loss_scale);
     CHECKED("adamw");
 }
 
@@ -206,8 +227,9 @@ void adamw(float* master, T* param, const float* grad, float* m, float* v, long 
     template void gelu_backward<T>(const T*, const T*, T*, long, cudaStream_t); \
     template void dropout_add_forward<T>(const T*, const T*, T*, unsigned char*, rng_state*, float, long, cudaStream_t); \
     template void dropout_backward<T>(const T*, const unsigned char*, T*, float, long, cudaStream_t); \
-    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t, bool);
+    template void adamw<T>(float*, T*, const float*, float*, float*, long, int*, const adamw_hyperparameters*, cudaStream_t, bool, const float*);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
+INSTANTIATE(__half)
 
 } // namespace gpt::kernels

@@ -120,5 +120,6 @@ void gated_scan_backward(const T* proj, const float* h, const T* dy, T* dproj, i
     template void gated_scan_backward<T>(const T*, const float*, const T*, T*, int, int, int, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)
+INSTANTIATE(__half)
 
 } // namespace gpt::kernels
