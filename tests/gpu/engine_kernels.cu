@@ -40,6 +40,9 @@ __global__ void inf_at_count_kernel(float* x, int* counter, int at) {
     *counter += 1;
     if (*counter == at) x[0] = __int_as_float(0x7f800000); // +inf
 }
+__global__ void hang_until_kernel(const volatile int* release) {
+    while (*release == 0) __nanosleep(10000);
+}
 int blocks(int n) { return (n + 255) / 256; }
 } // namespace
 
@@ -82,5 +85,9 @@ void inf_at_count(float* x, int* counter, int at, cudaStream_t s) {
 void count_down(int* remaining, int* flag, int* passes, cudaStream_t s) {
     count_down_kernel<<<1, 1, 0, s>>>(remaining, flag, passes);
     CAPSCOPE_CHECK_LAUNCH("count_down_kernel");
+}
+void hang_until(const volatile int* release, cudaStream_t s) {
+    hang_until_kernel<<<1, 1, 0, s>>>(release);
+    CAPSCOPE_CHECK_LAUNCH("hang_until_kernel");
 }
 } // namespace engine_kernels

@@ -26,4 +26,7 @@ void start_countdown(int* remaining, int* flag, const int* counter, int modulus,
 void count_down(int* remaining, int* flag, int* passes, cudaStream_t s);
 //! *counter += 1; then, when *counter == at, x[0] = +inf: an overflow injected at one step.
 void inf_at_count(float* x, int* counter, int at, cudaStream_t s);
+//! Spins until the host sets *release (pinned host memory) to nonzero: a stream that hangs, as
+//! one waiting in a collective for a rank that never comes, until the test lets it go.
+void hang_until(const volatile int* release, cudaStream_t s);
 } // namespace engine_kernels

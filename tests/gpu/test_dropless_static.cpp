@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 using namespace capscope;
@@ -47,12 +48,14 @@ struct trained {
     long reruns = 0, replays = 0;
     int skipped = 0;
     std::string plan;
+    std::vector<float> scales; //!< the loss scale after each step (dynamic loss scaling)
 };
 
-template <class Config, class T> trained train(double static_factor, bool check_finite = false) {
+template <class Config, class T> trained train(double static_factor, bool check_finite = false, gpt::loss_scaling scaling = {}) {
     cuda::stream s;
     gpt::model_config cfg = dropless_model(static_factor);
     cfg.check_finite_on_device = check_finite;
+    cfg.loss_scale = scaling;
     gpt::gpt_model<T> m(cfg, s);
     runner<Config> r(m.training_program());
     trained out;
@@ -65,6 +68,7 @@ template <class Config, class T> trained train(double static_factor, bool check_
         r.step(s);
         out.losses.push_back(m.loss(s));
         out.masters.push_back(support::download(m.parameters().masters(), m.parameters().total(), s));
+        out.scales.push_back(m.loss_scale(s).scale);
     }
     out.reruns = r.counters().reruns;
     out.replays = r.counters().replays;
@@ -149,6 +153,32 @@ TEST_CASE("a rerun composes with the finite check: the gate skips the refused up
     std::printf("%s", got.plan.c_str());
     CHECK(got.plan.find("optimizer: in conditional node IF 'may_update'") != std::string::npos);
     CHECK(got.plan.find("after the step: 'expert_overflow' read on the host") != std::string::npos);
+}
+
+TEST_CASE_TEMPLATE("a rerun composes with dynamic loss scaling: a refused step's scale update is undone, so the rerun counts it once", T,
+                   float, __half) {
+    // Growth every finite step: a refused step whose update were kept would double the scale
+    // twice (once refused, once rerun), 4x a step instead of 2x.
+    gpt::loss_scaling ls;
+    ls.dynamic = true;
+    ls.initial = 1.f;
+    ls.growth_interval = 1;
+    using whole = config<impl::whole_iteration, moe_facts, nan_check_on_device, static_expert_capacity, warmup_steps<1>>;
+    const trained eager = train<config<impl::eager, moe_facts, nan_check_on_device, static_expert_capacity>, T>(1.0, true, ls);
+    const trained got = train<whole, T>(1.0, true, ls);
+    bool doubled = true;
+    std::string text;
+    for (std::size_t j = 0; j < got.scales.size(); ++j) {
+        doubled = doubled && got.scales[j] == ls.initial * float(2 << j); // 2^(j+1), far from fp16's overflow
+        text += (j ? " " : "") + std::to_string(long(got.scales[j]));
+    }
+    const bool same = same_run(got, eager) && support::same_bits(got.scales, eager.scales);
+    std::printf("  loss scaling %s with reruns, full_iteration: %ld reruns, %d skipped, scale after each step %s, bitwise equal to eager: %s\n",
+                support::precision_name<T>, got.reruns, got.skipped, text.c_str(), same ? "yes" : "NO");
+    CHECK(got.reruns > 0);
+    CHECK(got.skipped == 0);
+    CHECK(doubled);
+    CHECK(same);
 }
 
 TEST_CASE("the layer schemas of a static dropless capacity: moe captured per layer, checked at compile time and at bind") {

@@ -2,10 +2,17 @@
 
 #include <capscope/cuda.hpp>
 #include <capscope/cuda/nccl.hpp>
+#include <capscope/cuda/nccl_watchdog.hpp>
+
+#include "engine_kernels.hpp"
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -102,4 +109,66 @@ TEST_CASE("one process, every GPU: communicators from ncclCommInitAll all-reduce
     }
     CAPSCOPE_CHECK(cudaSetDevice(0));
     std::printf("  ncclCommInitAll over %d GPU(s): the sum of 1..%d on every device\n", devices, devices);
+}
+
+TEST_CASE("the step watchdog: a hung step is found within its timeout and the communicator aborted; steps that finish are not") {
+    using namespace std::chrono_literals;
+    ncclUniqueId id{};
+    CAPSCOPE_CHECK(ncclGetUniqueId(&id));
+    cuda::nccl_communicator comm(1, id, 0);
+    cuda::stream s;
+    cuda::pinned_buffer<int> release(1);
+    release[0] = 0;
+    std::mutex m;
+    std::string what;
+    long fault_step = -1;
+    std::atomic<int> faults{0};
+    watchdog_settings settings;
+    settings.step_timeout = 300ms;
+    settings.warmup_timeout = 3000ms;
+    settings.poll = 10ms;
+    {
+        cuda::nccl_watchdog dog(comm, settings, [&](const watchdog_fault& f) {
+            std::lock_guard lock(m);
+            what = f.what;
+            fault_step = f.step;
+            ++faults;
+        });
+        // Five steps of a real all-reduce each, the first a warmup one, then an idle spell of
+        // twice the step timeout: nothing fires.
+        cuda::device_buffer<float> x(1 << 16);
+        CAPSCOPE_CHECK(cudaMemsetAsync(x.data(), 0, x.bytes(), s));
+        for (int step = 0; step < 5; ++step) {
+            dog.begin_step(step > 0);
+            CAPSCOPE_CHECK(ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm.get(), s));
+            dog.end_step(s);
+            s.synchronize();
+        }
+        std::this_thread::sleep_for(600ms);
+        CHECK(faults.load() == 0);
+        CHECK_FALSE(comm.aborted());
+
+        // The sixth step hangs on the device, as a collective waiting for a missing rank does.
+        dog.begin_step(true);
+        const auto t0 = std::chrono::steady_clock::now();
+        engine_kernels::hang_until(release.data(), s);
+        dog.end_step(s);
+        while (!dog.fired() && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::sleep_for(5ms);
+        const auto found = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+        *static_cast<volatile int*>(release.data()) = 1; // let the stream go, whatever the abort waits for
+        while (faults.load() == 0 && std::chrono::steady_clock::now() - t0 < 20s) std::this_thread::sleep_for(5ms);
+        s.synchronize();
+        std::lock_guard lock(m);
+        std::printf("  watchdog: a hung step found after %ld ms (timeout 300 ms, poll 10 ms); communicator aborted: %s; %s\n", long(found.count()),
+                    comm.aborted() ? "yes" : "NO", what.c_str());
+        CHECK(dog.fired());
+        CHECK(found >= 300ms);
+        CHECK(found < 2000ms);
+        CHECK(faults.load() == 1);
+        CHECK(fault_step == 6);
+        CHECK(what.find("step 6 did not finish within 300 ms") != std::string::npos);
+        CHECK(what.find("its work was enqueued and the device has not finished it") != std::string::npos);
+        CHECK(comm.aborted());
+    }
+    // The aborted communicator is given up, not destroyed a second time, when it goes.
 }

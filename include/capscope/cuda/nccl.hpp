@@ -12,9 +12,11 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -51,7 +53,24 @@ public:
         return out;
     }
 
+    nccl_communicator(nccl_communicator&&) noexcept = default;
+    nccl_communicator& operator=(nccl_communicator&& o) noexcept {
+        if (this != &o) {
+            forget_if_aborted();
+            comm_ = std::move(o.comm_);
+            aborted_ = std::move(o.aborted_);
+        }
+        return *this;
+    }
+    ~nccl_communicator() { forget_if_aborted(); }
+
     ncclComm_t get() const noexcept { return comm_.get(); }
+    //! Aborts the communicator, from any thread (the step watchdog's): NCCL's kernels that wait
+    //! for peers give up, and later calls on it fail. Once; the destructor then leaves it alone.
+    void abort() const noexcept {
+        if (comm_ && aborted_ && !aborted_->exchange(true)) ncclCommAbort(comm_.get());
+    }
+    bool aborted() const noexcept { return aborted_ && aborted_->load(); }
     int rank() const {
         int r = 0;
         CAPSCOPE_CHECK(ncclCommUserRank(comm_.get(), &r));
@@ -65,7 +84,13 @@ public:
 
 private:
     explicit nccl_communicator(ncclComm_t adopted) { *comm_.out() = adopted; }
+    //! An aborted communicator is NCCL's no more: given up, not destroyed a second time.
+    void forget_if_aborted() noexcept {
+        if (aborted()) (void)comm_.release();
+    }
     capscope::detail::unique_handle<ncclComm_t, &detail::destroy_or_abort> comm_;
+    //! On the heap, so that it stays where a watchdog found it when the communicator moves.
+    std::unique_ptr<std::atomic<bool>> aborted_ = std::make_unique<std::atomic<bool>>(false);
 };
 
 //! Ranks that would capture different collectives (their plans differ).

@@ -28,6 +28,8 @@ public:
     //! Where a create call writes the new handle; only on an empty owner.
     Handle* out() noexcept { return &handle_; }
     explicit operator bool() const noexcept { return handle_ != Handle{}; }
+    //! Gives the handle up without releasing it (it was released some other way).
+    Handle release() noexcept { return std::exchange(handle_, Handle{}); }
 
 private:
     void reset() noexcept {

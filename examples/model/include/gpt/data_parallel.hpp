@@ -17,11 +17,15 @@
 #include <gpt/model.hpp>
 
 #include <capscope/cuda/nccl.hpp>
+#include <capscope/cuda/nccl_watchdog.hpp>
 #include <capscope/hooks.hpp>
 #include <capscope/parallel/data_parallel.hpp>
 #include <capscope/parallel/sharded.hpp>
 #include <capscope/parallel/sharding.hpp>
 #include <capscope/run/runner.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <optional>
 #include <stdexcept>
@@ -55,7 +59,8 @@ constexpr bool mode_fits() {
 
 template <class T>
 constexpr ncclDataType_t nccl_type_of() {
-    return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+    return std::is_same_v<T, float> ? ncclFloat32 : std::is_same_v<T, __half> ? ncclFloat16 : ncclBfloat16;
 }
 
 template <class Mode>
@@ -91,16 +96,28 @@ public:
     using hooks_type = decltype(detail::data_parallel_hooks<Mode>(std::declval<const capscope::cuda::nccl_communicator&>(), {}));
     static_assert(capscope::hooks_fit<Config, hooks_type>);
 
-    data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s)
+    //! `watchdog`: how long a step may take before the watchdog aborts the communicator and ends
+    //! the process (capscope/cuda/nccl_watchdog.hpp); it watches every step.
+    data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
+                          capscope::watchdog_settings watchdog = {})
         : model_(cfg, s, detail::store_layout<Mode>(comm)), tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
           hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_)),
-          outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)) {
+          outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)),
+          watchdog_(comm, watchdog) {
         capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);
     }
     data_parallel_trainer(const data_parallel_trainer&) = delete; // the program points into it
     data_parallel_trainer& operator=(const data_parallel_trainer&) = delete;
 
-    void step(cudaStream_t s) { runner_.step(s); }
+    //! One step, watched: it must finish within the watchdog's timeout (the warmup one until a
+    //! step captures nothing).
+    void step(cudaStream_t s) {
+        const long captures = runner_.counters().captures;
+        watchdog_.begin_step(steady_);
+        runner_.step(s);
+        watchdog_.end_step(s);
+        steady_ = runner_.counters().captures == captures;
+    }
     gpt_model<T>& model() { return model_; }
     const gpt_model<T>& model() const { return model_; }
     capscope::runner<Config>& runner() { return runner_; }
@@ -147,6 +164,8 @@ private:
     hooks_type hooks_;
     capscope::step_gradient_all_reduce outside_;
     capscope::runner<Config> runner_;
+    capscope::cuda::nccl_watchdog watchdog_;
+    bool steady_ = false; //!< the last step captured nothing: the step timeout applies
 };
 
 } // namespace gpt

@@ -103,7 +103,10 @@ public:
     capscope::tensor_ref expert_overflow() const { return {"expert_overflow", expert_overflow_.data(), expert_overflow_.bytes()}; }
     capscope::tensor_ref may_update() const { return {"may_update", may_update_.data(), may_update_.bytes()}; }
     //! Dynamic loss scaling's state (model_config::loss_scale): the scale the next step's loss
-    //! gradient is multiplied by, and the finite steps since it changed. Synchronizes `s`.
+    //! gradient is multiplied by, and the finite steps since it changed. Synchronizes `s`. With
+    //! loss scaling on, parameters().grads() holds the scaled gradients; only the program's
+    //! update_loss_scale stage changes the scale (a trainer calling forward, backward and
+    //! optimizer_step by hand keeps the initial scale, unchecked).
     loss_scale_state loss_scale(cudaStream_t s) const;
     capscope::tensor_ref loss_scale_ref() const { return {"loss_scale", loss_scale_.data(), loss_scale_.bytes()}; }
     //! The dense MLPs' last dropout masks (1 = kept), [tokens, hidden] each; empty without dropout.

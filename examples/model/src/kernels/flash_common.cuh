@@ -124,6 +124,7 @@ struct frag_a {
     unsigned r[4];
 };
 template <class E> __device__ __forceinline__ void mma(float (&d)[4], const frag_a& a, unsigned b0, unsigned b1) {
+    static_assert(sixteen_bit<E>, "mma: bf16 or fp16");
 #if CAPSCOPE_FLASH_SM80
     if constexpr (std::is_same_v<E, __nv_bfloat16>)
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -166,6 +167,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 // Two floats rounded to a pair of E (to nearest even), as one 32-bit register.
 template <class E> __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    static_assert(sixteen_bit<E>, "pack: bf16 or fp16");
     if constexpr (std::is_same_v<E, __nv_bfloat16>) {
         const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<const unsigned*>(&v);

@@ -26,7 +26,7 @@ template <class T> __global__ void zero_padded_rows_k(T* x, const int* valid_sam
 }
 
 // ---- GELU (tanh form) ----------------------------------------------------------------------
-// One thread per 16 bytes (8 bf16 or 4 floats) when the sizes and addresses allow, so each warp
+// One thread per 16 bytes (8 bf16 or fp16, or 4 floats) when the sizes and addresses allow, so each warp
 // keeps 512 bytes of loads in flight; one element per thread otherwise.
 constexpr float gelu_k0 = 0.7978845608028654f, gelu_k1 = 0.044715f;
 __device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.f + tanhf(gelu_k0 * (v + gelu_k1 * v * v * v))); }

@@ -1,0 +1,100 @@
+#pragma once
+//! @file
+//! The step watchdog (parallel/step_watchdog.hpp) over one NCCL communicator: it polls
+//! `ncclCommGetAsyncError` and, once a step is enqueued, an event recorded after it. On a fault it
+//! says which rank failed and what it was doing, aborts the communicator (`ncclCommAbort`: NCCL's
+//! kernels waiting for a peer give up), and then ends the process, so that `mpirun` ends the job.
+//! A trainer calls `begin_step` before a step's enqueue and `end_step` after it
+//! (gpt::data_parallel_trainer does).
+
+#include <capscope/cuda/error.hpp>
+#include <capscope/cuda/event.hpp>
+#include <capscope/cuda/nccl.hpp>
+#include <capscope/parallel/step_watchdog.hpp>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+namespace capscope::cuda {
+
+class nccl_watchdog {
+public:
+    //! Watches `comm` (which outlives the watchdog). `on_fault` runs after the abort, on the
+    //! watchdog's thread; without one, the process ends (std::abort), and with it, under
+    //! mpirun, every rank.
+    explicit nccl_watchdog(const nccl_communicator& comm, watchdog_settings settings = {}, step_watchdog::fault_handler on_fault = {})
+        : comm_(&comm), rank_(comm.rank()), size_(comm.size()), device_(current_device()), on_fault_(std::move(on_fault)),
+          dog_(probes(), [this](const watchdog_fault& f) { fault(f); }, settings) {}
+
+    //! Before a step's enqueue. `steady`: nothing was captured in the step before, so the step
+    //! timeout applies (the warmup timeout otherwise).
+    void begin_step(bool steady) { dog_.begin_step(steady); }
+    //! After a step's enqueue on `s`: an event marks when the device is done with it.
+    void end_step(cudaStream_t s) {
+        done_.record(s);
+        dog_.end_enqueue();
+    }
+    bool fired() const { return dog_.fired(); }
+    int rank() const noexcept { return rank_; }
+
+private:
+    step_watchdog::probes probes() {
+        return {[this] { return async_error(); }, [this] { return step_finished(); }};
+    }
+    static int current_device() {
+        int d = 0;
+        CAPSCOPE_CHECK(cudaGetDevice(&d));
+        return d;
+    }
+    //! Once, on the watchdog's thread: the rank's device, and no capture checks of its queries,
+    //! which touch no captured stream (cudaStreamCaptureModeRelaxed), so that a trainer capturing
+    //! in the global mode is not failed by them.
+    void set_up_thread() {
+        thread_local bool done = false;
+        if (done) return;
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        if (cudaSetDevice(device_) != cudaSuccess || cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+            device_error_ = "the watchdog's thread could not take device " + std::to_string(device_);
+        done = true;
+    }
+    std::string async_error() {
+        set_up_thread();
+        if (!device_error_.empty()) return device_error_;
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t polled = ncclCommGetAsyncError(comm_->get(), &state);
+        if (polled != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(polled);
+        if (state == ncclSuccess || state == ncclInProgress) return {};
+        return std::string("NCCL reports an asynchronous error: ") + ncclGetErrorString(state) + " (" + ncclGetLastError(comm_->get()) + ")";
+    }
+    bool step_finished() {
+        const cudaError_t e = cudaEventQuery(done_.get());
+        if (e == cudaSuccess) return true;
+        if (e != cudaErrorNotReady) device_error_ = std::string("the step's work failed on the device: ") + cudaGetErrorString(e);
+        return false;
+    }
+    void fault(const watchdog_fault& f) {
+        std::fprintf(stderr, "capscope watchdog: rank %d of %d: %s -- aborting its NCCL communicator and ending the process\n", rank_, size_,
+                     f.what.c_str());
+        std::fflush(stderr);
+        comm_->abort();
+        if (on_fault_) {
+            on_fault_(f);
+            return;
+        }
+        std::abort(); // a hung step cannot be unwound; mpirun ends the other ranks
+    }
+
+    const nccl_communicator* comm_;
+    int rank_, size_, device_;
+    step_watchdog::fault_handler on_fault_;
+    std::string device_error_; // from step_finished, reported by the next async_error (both on the watchdog's thread)
+    event done_;
+    step_watchdog dog_; // last: its thread may call the members above from its first tick
+};
+
+} // namespace capscope::cuda
