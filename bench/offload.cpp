@@ -24,6 +24,7 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -117,6 +118,10 @@ template <class Config> row measure(const char* name, trainer& base, int rounds,
         void step(cudaStream_t st) { t->step(st); }
     };
     std::vector<timed> two{{&base, {}, {}}, {&v, {}, {}}};
+    // One untimed round first: the baseline's first steps after another model's set-up (its
+    // allocations, its captures) ran up to 20% slow, which a ratio against them would hide.
+    bench::time_round_robin(two, 1, 5, s);
+    for (timed& t : two) t.device_ms.clear(), t.host_us.clear();
     bench::time_round_robin(two, rounds, 5, s);
     row r{name, median(two[0].device_ms), median(two[1].device_ms), base.used, v.used, v.state, v.moved};
     std::printf("%-44s step %8.2f ms vs %8.2f ms without (%+.1f%%); device in use %7.0f MiB vs %7.0f MiB; activations %7.0f vs %7.0f MiB "
@@ -164,15 +169,27 @@ int main(int argc, char** argv) {
     // the copies out lag further behind the forward, and the copies back start earlier.
     rows.push_back(measure<te_offload<offload_modules<om::core_attn>, offload_fraction<0.25>>>("core_attn, fraction 0.25, 7 slots", base, rounds, s,
                                                                                                offload_ring{7, 2}));
+    rows.push_back(measure<te_offload<attention_set, offload_fraction<0.5>>>("qkv_linear, core_attn, attn_proj, mlp_norm, fraction 0.5, 7 slots",
+                                                                            base, rounds, s, offload_ring{7, 2}));
     rows.push_back(measure<te_offload<offload_modules<om::core_attn>>>("core_attn", base, rounds, s));
     rows.push_back(measure<te_offload<attention_set>>("qkv_linear, core_attn, attn_proj, mlp_norm", base, rounds, s));
     // Copies out can overlap the rest of the forward and copies back the backward before them;
     // past what the link moves in that time, the step waits on the copies.
-    const double step_ms = rows.front().base_ms;
-    const double activations = base.used - base.state, goal = 0.4 * activations;
+    // The baseline is timed beside every row: its spread says how far a ratio can be trusted.
+    double step_ms = 0, low = rows.front().base_ms, high = low;
+    std::vector<float> bases;
+    for (const row& r : rows) {
+        bases.push_back(float(r.base_ms));
+        low = std::min(low, r.base_ms);
+        high = std::max(high, r.base_ms);
+    }
+    step_ms = median(bases);
+    std::printf("the step without offload, timed beside each row: median %.2f ms, from %.2f to %.2f ms (%.1f%% spread)\n", step_ms, low, high,
+                100.0 * (high / low - 1.0));
+    const double activations = base.used - base.state, goal = 0.3 * activations; // issue 33's goal: 30% less at <= 5% longer
     std::printf("the link moves %.0f MiB each way in one step without offload (%.2f ms at %.1f GB/s); activations without offload: %.0f MiB\n",
                 step_ms * 1e6 * bandwidth / 1048576.0, step_ms, bandwidth, activations / 1048576.0);
-    std::printf("40%% of the activations is %.0f MiB out and back per step: %.2f ms each way at %.1f GB/s, against a %.2f ms step (+5%%: %.2f ms)\n",
+    std::printf("30%% of the activations is %.0f MiB out and back per step: %.2f ms each way at %.1f GB/s, against a %.2f ms step (+5%%: %.2f ms)\n",
                 goal / 1048576.0, goal / (bandwidth * 1e6), bandwidth, step_ms, 1.05 * step_ms);
     if (!csv.empty()) {
         std::ofstream f(csv);

@@ -21,8 +21,8 @@ x = lambda v: L + (v - 1.0) / (xmax - 1.0) * (W - L - R)
 y = lambda v: H - B - v / ymax * (H - B - T)
 out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="Helvetica" font-size="11">',
        f'<rect width="{W}" height="{H}" fill="white"/>']
-# The goal: at least 40% less activation memory at no more than 5% longer steps.
-out.append(f'<rect x="{x(1.0):.1f}" y="{y(ymax):.1f}" width="{x(1.05) - x(1.0):.1f}" height="{y(40) - y(ymax):.1f}" fill="#d9f2dd"/>')
+# The goal (issue 33): at least 30% less activation memory at no more than 5% longer steps.
+out.append(f'<rect x="{x(1.0):.1f}" y="{y(ymax):.1f}" width="{x(1.05) - x(1.0):.1f}" height="{y(30) - y(ymax):.1f}" fill="#d9f2dd"/>')
 out.append(f'<text x="{x(1.0) + 4:.1f}" y="{y(ymax) + 12:.1f}" fill="#2d7a3a">goal</text>')
 out.append(f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/><line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>')
 step = 0.5 if xmax > 2 else 0.05

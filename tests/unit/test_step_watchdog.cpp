@@ -84,9 +84,9 @@ TEST_CASE("step watchdog: steps that finish are left alone, and so is a job that
 TEST_CASE("step watchdog: a step whose work never finishes is reported once, within its timeout and a poll") {
     world w;
     step_watchdog dog(w.probes(), w.handler(), fast(100ms));
+    const auto armed = std::chrono::steady_clock::now(); // before begin_step: a lower bound that holds
     dog.begin_step(true);
     dog.end_enqueue();
-    const auto armed = std::chrono::steady_clock::now();
     REQUIRE(w.wait_fault(3000ms));
     const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(w.fired_at - armed);
     CHECK(after >= 100ms);
@@ -128,7 +128,9 @@ TEST_CASE("step watchdog: an asynchronous error is reported between steps too, w
     dog.begin_step(true);
     dog.end_enqueue();
     w.finished = true;
-    std::this_thread::sleep_for(30ms); // the step is seen finished
+    const auto end = std::chrono::steady_clock::now() + 3000ms;
+    while (dog.armed() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(2ms); // the step is seen finished
+    REQUIRE_FALSE(dog.armed());
     {
         std::lock_guard lock(w.m);
         w.error = "NCCL reports an asynchronous error: remote process exited or there was a network error";

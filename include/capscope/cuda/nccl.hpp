@@ -89,7 +89,7 @@ private:
         if (aborted()) (void)comm_.release();
     }
     capscope::detail::unique_handle<ncclComm_t, &detail::destroy_or_abort> comm_;
-    //! On the heap, so that it stays where a watchdog found it when the communicator moves.
+    //! Atomic, as abort() may run on a watchdog's thread; on the heap, as an atomic does not move.
     std::unique_ptr<std::atomic<bool>> aborted_ = std::make_unique<std::atomic<bool>>(false);
 };
 

@@ -2,8 +2,12 @@
 //! @file
 //! The step watchdog (parallel/step_watchdog.hpp) over one NCCL communicator: it polls
 //! `ncclCommGetAsyncError` and, once a step is enqueued, an event recorded after it. On a fault it
-//! says which rank failed and what it was doing, aborts the communicator (`ncclCommAbort`: NCCL's
-//! kernels waiting for a peer give up), and then ends the process, so that `mpirun` ends the job.
+//! says which rank failed and what it was doing and ends the process (std::abort), so that
+//! `mpirun` ends the job. It does not abort the communicator first: the process ends anyway, and
+//! `ncclCommAbort` waits for the kernels running on the device, so a rank stuck in a kernel of its
+//! own would never get past it. With a handler of the trainer's, which keeps the process, it
+//! aborts the communicator (NCCL's kernels waiting for a peer give up) and then calls it; the
+//! communicator is dead after that (`aborted()`), and the watched communicator must not move.
 //! A trainer calls `begin_step` before a step's enqueue and `end_step` after it
 //! (gpt::data_parallel_trainer does).
 
@@ -24,16 +28,18 @@ namespace capscope::cuda {
 
 class nccl_watchdog {
 public:
-    //! Watches `comm` (which outlives the watchdog). `on_fault` runs after the abort, on the
-    //! watchdog's thread; without one, the process ends (std::abort), and with it, under
-    //! mpirun, every rank.
+    //! Watches `comm` (which outlives the watchdog and does not move). Without `on_fault`, a
+    //! fault ends the process (std::abort), and under mpirun every rank; with it, the
+    //! communicator is aborted and `on_fault` runs, on the watchdog's thread.
     explicit nccl_watchdog(const nccl_communicator& comm, watchdog_settings settings = {}, step_watchdog::fault_handler on_fault = {})
-        : comm_(&comm), rank_(comm.rank()), size_(comm.size()), device_(current_device()), on_fault_(std::move(on_fault)),
+        : comm_(&comm), rank_(comm.rank()), size_(comm.size()), device_(device_of(comm)), on_fault_(std::move(on_fault)),
           dog_(probes(), [this](const watchdog_fault& f) { fault(f); }, settings) {}
 
-    //! Before a step's enqueue. `steady`: nothing was captured in the step before, so the step
-    //! timeout applies (the warmup timeout otherwise).
+    //! Before a step's enqueue. `steady`: the graphs replay (the step timeout applies; the warmup
+    //! timeout otherwise).
     void begin_step(bool steady) { dog_.begin_step(steady); }
+    //! Nothing to watch until the next begin_step (a step that threw).
+    void disarm() { dog_.disarm(); }
     //! After a step's enqueue on `s`: an event marks when the device is done with it.
     void end_step(cudaStream_t s) {
         done_.record(s);
@@ -46,9 +52,9 @@ private:
     step_watchdog::probes probes() {
         return {[this] { return async_error(); }, [this] { return step_finished(); }};
     }
-    static int current_device() {
+    static int device_of(const nccl_communicator& comm) {
         int d = 0;
-        CAPSCOPE_CHECK(cudaGetDevice(&d));
+        CAPSCOPE_CHECK(ncclCommCuDevice(comm.get(), &d));
         return d;
     }
     //! Once, on the watchdog's thread: the rank's device, and no capture checks of its queries,
@@ -78,15 +84,12 @@ private:
         return false;
     }
     void fault(const watchdog_fault& f) {
-        std::fprintf(stderr, "capscope watchdog: rank %d of %d: %s -- aborting its NCCL communicator and ending the process\n", rank_, size_,
-                     f.what.c_str());
+        std::fprintf(stderr, "capscope watchdog: rank %d of %d: %s -- %s\n", rank_, size_, f.what.c_str(),
+                     on_fault_ ? "aborting its NCCL communicator, then the trainer's fault handler" : "ending the process");
         std::fflush(stderr);
+        if (!on_fault_) std::abort(); // a hung step cannot be unwound; mpirun ends the other ranks
         comm_->abort();
-        if (on_fault_) {
-            on_fault_(f);
-            return;
-        }
-        std::abort(); // a hung step cannot be unwound; mpirun ends the other ranks
+        on_fault_(f);
     }
 
     const nccl_communicator* comm_;

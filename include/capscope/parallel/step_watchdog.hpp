@@ -5,7 +5,12 @@
 //! collective for ever, and so does its host at the next synchronization. The watchdog gives each
 //! step a deadline, and polls a probe for asynchronous errors (NCCL's), between steps too. When
 //! either fires, it calls the fault handler once, on its own thread; that handler ends the job
-//! (cuda/nccl_watchdog.hpp aborts the communicator first, then ends the process).
+//! (cuda/nccl_watchdog.hpp ends the process). A handler must not throw (that terminates) and
+//! should not block: the destructor joins the thread.
+//!
+//! A step's deadline counts from its begin_step, and its end is an event after its work, which
+//! also waits for earlier steps still queued: a host that runs ahead of the device by k steps
+//! needs a step timeout above k steps' time.
 //!
 //! Host only: the probes are functions, so the logic is tested without a GPU.
 
@@ -84,6 +89,11 @@ public:
     void disarm() {
         std::lock_guard lock(mutex_);
         armed_ = false;
+    }
+    //! A step is being watched (begun, and not yet seen finished or disarmed).
+    bool armed() const {
+        std::lock_guard lock(mutex_);
+        return armed_;
     }
     bool fired() const {
         std::lock_guard lock(mutex_);

@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <span>
@@ -96,27 +97,40 @@ public:
     using hooks_type = decltype(detail::data_parallel_hooks<Mode>(std::declval<const capscope::cuda::nccl_communicator&>(), {}));
     static_assert(capscope::hooks_fit<Config, hooks_type>);
 
-    //! `watchdog`: how long a step may take before the watchdog aborts the communicator and ends
-    //! the process (capscope/cuda/nccl_watchdog.hpp); it watches every step.
+    //! `watchdog`: how long a step may take before the watchdog ends the process
+    //! (capscope/cuda/nccl_watchdog.hpp); it watches every step. `on_fault`, if given, runs
+    //! instead of ending the process, after the communicator is aborted. `comm` must not move
+    //! while the trainer lives.
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
-                          capscope::watchdog_settings watchdog = {})
+                          capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {})
         : model_(cfg, s, detail::store_layout<Mode>(comm)), tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
           hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_)),
           outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)),
-          watchdog_(comm, watchdog) {
+          watchdog_(comm, watchdog, std::move(on_fault)) {
         capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);
     }
     data_parallel_trainer(const data_parallel_trainer&) = delete; // the program points into it
     data_parallel_trainer& operator=(const data_parallel_trainer&) = delete;
 
-    //! One step, watched: it must finish within the watchdog's timeout (the warmup one until a
-    //! step captures nothing).
+    //! One step, watched: it must finish within the watchdog's step timeout once the graphs
+    //! replay (a step that replayed and captured nothing came before), and within its warmup
+    //! timeout until then: the eager warmup steps, and the step that captures. A step that throws
+    //! disarms the watchdog as the exception leaves.
     void step(cudaStream_t s) {
-        const long captures = runner_.counters().captures;
+        const capscope::runner_counters before = runner_.counters();
         watchdog_.begin_step(steady_);
+        struct disarm_on_throw {
+            capscope::cuda::nccl_watchdog& dog;
+            int exceptions = std::uncaught_exceptions();
+            ~disarm_on_throw() {
+                if (std::uncaught_exceptions() > exceptions) dog.disarm();
+            }
+        } guard{watchdog_};
         runner_.step(s);
         watchdog_.end_step(s);
-        steady_ = runner_.counters().captures == captures;
+        const capscope::runner_counters& after = runner_.counters();
+        const bool replayed = Config::impl == capscope::graph_impl::eager || after.replays > before.replays;
+        steady_ = replayed && after.captures == before.captures;
     }
     gpt_model<T>& model() { return model_; }
     const gpt_model<T>& model() const { return model_; }
