@@ -5,7 +5,10 @@
 // guesses among 14 symbols (loss ln 14 = 2.64); one that has learnt to attend to position
 // 16 - i gets close to 0. The layer pattern mixes all three layer kinds: dense, MoE, Mamba.
 //
-//   02_train_reverse [fp32|bf16] [drop_and_pad|dropless] [steps]
+//   02_train_reverse [fp32|bf16|fp16] [drop_and_pad|dropless] [steps]
+//
+// fp16 trains here as it is, without loss scaling: this small task's gradients stay within fp16's
+// range. Tutorial 12 shows fp16 with dynamic loss scaling, which a real model needs.
 //
 // Prints the loss every 25 steps, and exits 1 unless the final loss is under half the first
 // (so the build's test suite can run it), 77 when there is no GPU.
@@ -16,6 +19,8 @@
 
 #include <capscope/cuda/device.hpp>
 #include <capscope/cuda/stream.hpp>
+
+#include <cuda_fp16.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -53,7 +58,7 @@ template <class T> int train(const gpt::model_config& cfg, int steps) {
 }
 
 [[noreturn]] void usage(const char* why) {
-    std::fprintf(stderr, "02_train_reverse: %s\nusage: 02_train_reverse [fp32|bf16] [drop_and_pad|dropless] [steps]\n", why);
+    std::fprintf(stderr, "02_train_reverse: %s\nusage: 02_train_reverse [fp32|bf16|fp16] [drop_and_pad|dropless] [steps]\n", why);
     std::exit(2);
 }
 
@@ -64,7 +69,7 @@ int main(int argc, char** argv) {
     const std::string precision = argc > 1 ? argv[1] : "fp32";
     const std::string mode = argc > 2 ? argv[2] : "drop_and_pad";
     int steps = 300;
-    if (precision != "fp32" && precision != "bf16") usage(("unknown precision '" + precision + "'").c_str());
+    if (precision != "fp32" && precision != "bf16" && precision != "fp16") usage(("unknown precision '" + precision + "'").c_str());
     if (mode != "drop_and_pad" && mode != "dropless") usage(("unknown MoE mode '" + mode + "'").c_str());
     if (argc > 3) {
         char* end = nullptr;
@@ -80,7 +85,9 @@ int main(int argc, char** argv) {
     cfg.moe_mode = mode == "dropless" ? gpt::moe_mode::dropless : gpt::moe_mode::drop_and_pad;
     std::printf("training to reverse %d symbols: %s, MoE %s, %d steps\n", tutorial::symbols, precision.c_str(), mode.c_str(), steps);
     try {
-        return precision == "bf16" ? train<__nv_bfloat16>(cfg, steps) : train<float>(cfg, steps);
+        if (precision == "bf16") return train<__nv_bfloat16>(cfg, steps);
+        if (precision == "fp16") return train<__half>(cfg, steps);
+        return train<float>(cfg, steps);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "02_train_reverse: %s\n", e.what());
         return 1;
