@@ -217,10 +217,23 @@ template <class Config, class T> checked_run run_checked(int inf_at, int steps, 
     return out;
 }
 
+bool same_states(const std::vector<gpt::loss_scale_state>& a, const std::vector<gpt::loss_scale_state>& b) {
+    bool same = a.size() == b.size();
+    for (std::size_t i = 0; same && i < a.size(); ++i)
+        same = a[i].scale == b[i].scale && a[i].inverse == b[i].inverse && a[i].clean_steps == b[i].clean_steps;
+    return same;
+}
+
+//! The same losses, weights after every step and loss-scale states, bit for bit.
+bool same_run(const checked_run& a, const checked_run& b) {
+    bool same = support::same_bits(a.losses, b.losses) && same_states(a.scale_after, b.scale_after) && a.masters.size() == b.masters.size();
+    for (std::size_t i = 0; same && i < a.masters.size(); ++i) same = support::same_bits(a.masters[i], b.masters[i]);
+    return same;
+}
+
 template <class Config, class T> void check_finite_case(const char* name, const checked_run& eager, int inf_at) {
     const checked_run got = run_checked<Config, T>(inf_at, int(eager.masters.size()));
-    bool same = support::same_bits(got.losses, eager.losses);
-    for (std::size_t i = 0; i < eager.masters.size(); ++i) same = same && support::same_bits(got.masters[i], eager.masters[i]);
+    const bool same = same_run(got, eager);
     const int k = inf_at - 1; // the step (from 0) whose gradients overflow
     const bool skipped_k = support::same_bits(got.masters[std::size_t(k)], got.masters[std::size_t(k - 1)]);
     const bool moved_after = !support::same_bits(got.masters[std::size_t(k + 1)], got.masters[std::size_t(k)]);
@@ -254,13 +267,6 @@ TEST_CASE_TEMPLATE("nan_check_on_device: an inf at step k skips that update insi
 
 namespace {
 
-bool same_states(const std::vector<gpt::loss_scale_state>& a, const std::vector<gpt::loss_scale_state>& b) {
-    bool same = a.size() == b.size();
-    for (std::size_t i = 0; same && i < a.size(); ++i)
-        same = a[i].scale == b[i].scale && a[i].inverse == b[i].inverse && a[i].clean_steps == b[i].clean_steps;
-    return same;
-}
-
 //! The scale each step should leave, worked out on the host from which steps were skipped:
 //! halved by a skipped step, doubled by `growth_interval` finite steps in a row.
 std::vector<gpt::loss_scale_state> expected_scales(const gpt::loss_scaling& ls, const std::vector<int>& skipped_by) {
@@ -285,8 +291,7 @@ std::string scales_text(const std::vector<gpt::loss_scale_state>& v) {
 template <class Config, class T>
 void loss_scaling_case(const char* name, const checked_run& eager, const checked_run* unscaled, int inf_at, const gpt::loss_scaling& ls) {
     const checked_run got = run_checked<Config, T>(inf_at, int(eager.masters.size()), ls);
-    bool same = support::same_bits(got.losses, eager.losses) && same_states(got.scale_after, eager.scale_after);
-    for (std::size_t i = 0; i < eager.masters.size(); ++i) same = same && support::same_bits(got.masters[i], eager.masters[i]);
+    const bool same = same_run(got, eager);
     const auto want = expected_scales(ls, got.skipped_by);
     const bool followed = same_states(got.scale_after, want);
     const int k = inf_at - 1;
@@ -343,8 +348,7 @@ TEST_CASE("dynamic loss scaling in fp16: a scale too large for fp16 backs off on
     ls.growth_interval = 1000;
     const checked_run eager = run_checked<config<impl::eager, nan_check_on_device>, __half>(/*no injection*/ 0, steps, ls);
     const checked_run graph = run_checked<config<impl::whole_iteration, w1, nan_check_on_device>, __half>(0, steps, ls);
-    bool same = support::same_bits(graph.losses, eager.losses) && same_states(graph.scale_after, eager.scale_after);
-    for (std::size_t i = 0; i < eager.masters.size(); ++i) same = same && support::same_bits(graph.masters[i], eager.masters[i]);
+    const bool same = same_run(graph, eager);
     const auto want = expected_scales(ls, graph.skipped_by);
     bool finite = true;
     for (float l : graph.losses) finite = finite && std::isfinite(l);

@@ -160,10 +160,8 @@ template <class T> void gpt_model<T>::begin_step_stage(cudaStream_t s) {
     if (!static_capacity()) return;
     // What a refused step advances, kept so that its rerun starts where it did.
     kernels::set_int(expert_overflow_.data(), 0, s);
-    CAPSCOPE_CHECK(cudaMemcpyAsync(rng_at_start_.data(), rng_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
-    CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_at_start_.data(), skipped_steps_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
-    if (cfg_.loss_scale.dynamic)
-        CAPSCOPE_CHECK(cudaMemcpyAsync(loss_scale_at_start_.data(), loss_scale_.data(), loss_scale_.bytes(), cudaMemcpyDeviceToDevice, s));
+    for (const step_snapshot& k : step_snapshots())
+        if (k.bytes) CAPSCOPE_CHECK(cudaMemcpyAsync(k.at_start, k.live, k.bytes, cudaMemcpyDeviceToDevice, s));
 }
 
 template <class T> void gpt_model<T>::update_gate_stage(cudaStream_t s) {
@@ -182,10 +180,8 @@ template <class T> loss_scale_state gpt_model<T>::loss_scale(cudaStream_t s) con
 }
 
 template <class T> void gpt_model<T>::rerun_before(cudaStream_t s) {
-    CAPSCOPE_CHECK(cudaMemcpyAsync(rng_.data(), rng_at_start_.data(), rng_.bytes(), cudaMemcpyDeviceToDevice, s));
-    CAPSCOPE_CHECK(cudaMemcpyAsync(skipped_steps_.data(), skipped_at_start_.data(), skipped_steps_.bytes(), cudaMemcpyDeviceToDevice, s));
-    if (cfg_.loss_scale.dynamic)
-        CAPSCOPE_CHECK(cudaMemcpyAsync(loss_scale_.data(), loss_scale_at_start_.data(), loss_scale_.bytes(), cudaMemcpyDeviceToDevice, s));
+    for (const step_snapshot& k : step_snapshots())
+        if (k.bytes) CAPSCOPE_CHECK(cudaMemcpyAsync(k.live, k.at_start, k.bytes, cudaMemcpyDeviceToDevice, s));
     set_moe_host_sized(true);
 }
 
@@ -213,14 +209,12 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
     zero.forward = stream_fn::of<&gpt_model::begin_step_stage>(self);
     zero.outputs = params_.gradient_arenas();
     if (static_capacity()) {
-        zero.inputs = {{"dropout_generator", rng_.data(), rng_.bytes()}, {"skipped_steps", skipped_steps_.data(), skipped_steps_.bytes()}};
         zero.outputs.push_back(expert_overflow());
-        zero.outputs.push_back({"dropout_generator (at step start)", rng_at_start_.data(), rng_at_start_.bytes()});
-        zero.outputs.push_back({"skipped_steps (at step start)", skipped_at_start_.data(), skipped_at_start_.bytes()});
-        if (cfg_.loss_scale.dynamic) {
-            zero.inputs.push_back(loss_scale_ref());
-            zero.outputs.push_back({"loss_scale (at step start)", loss_scale_at_start_.data(), loss_scale_at_start_.bytes()});
-        }
+        for (const step_snapshot& k : step_snapshots())
+            if (k.bytes) {
+                zero.inputs.push_back({k.name, k.live, k.bytes});
+                zero.outputs.push_back({std::string(k.name) + " (at step start)", k.at_start, k.bytes});
+            }
     }
     p.step_begin.push_back(std::move(zero));
     p.microbatches = stages_;

@@ -8,8 +8,8 @@
 //! own would never get past it. With a handler of the trainer's, which keeps the process, it
 //! aborts the communicator (NCCL's kernels waiting for a peer give up) and then calls it; the
 //! communicator is dead after that (`aborted()`), and the watched communicator must not move.
-//! A trainer calls `begin_step` before a step's enqueue and `end_step` after it
-//! (gpt::data_parallel_trainer does).
+//! A trainer runs each step through `step(runner, stream)` (gpt::data_parallel_trainer does), or
+//! calls `begin_step` before a step's enqueue and `end_step` after it.
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
@@ -21,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -44,6 +45,25 @@ public:
     void end_step(cudaStream_t s) {
         done_.record(s);
         dog_.end_enqueue();
+    }
+    //! One step of a capscope runner, watched: the step timeout applies once the graphs replay
+    //! (the step before replayed and captured nothing, or the plan has no graphs), the warmup
+    //! timeout until then (the eager warmup steps, and the step that captures). A step that
+    //! throws disarms the watchdog as the exception leaves.
+    template <class Runner> void step(Runner& runner, cudaStream_t s) {
+        const long captures = runner.counters().captures, replays = runner.counters().replays;
+        begin_step(steady_);
+        struct disarm_on_throw {
+            step_watchdog& dog;
+            int exceptions = std::uncaught_exceptions();
+            ~disarm_on_throw() {
+                if (std::uncaught_exceptions() > exceptions) dog.disarm();
+            }
+        } guard{dog_};
+        runner.step(s);
+        end_step(s);
+        const bool replayed = runner.plan().graph_count == 0 || runner.counters().replays > replays;
+        steady_ = replayed && runner.counters().captures == captures;
     }
     bool fired() const { return dog_.fired(); }
     int rank() const noexcept { return rank_; }
@@ -95,6 +115,7 @@ private:
     const nccl_communicator* comm_;
     int rank_, size_, device_;
     step_watchdog::fault_handler on_fault_;
+    bool steady_ = false;      // step(): the last step replayed and captured nothing
     std::string device_error_; // from step_finished, reported by the next async_error (both on the watchdog's thread)
     event done_;
     step_watchdog dog_; // last: its thread may call the members above from its first tick

@@ -27,7 +27,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <span>
@@ -112,26 +111,8 @@ public:
     data_parallel_trainer(const data_parallel_trainer&) = delete; // the program points into it
     data_parallel_trainer& operator=(const data_parallel_trainer&) = delete;
 
-    //! One step, watched: it must finish within the watchdog's step timeout once the graphs
-    //! replay (a step that replayed and captured nothing came before), and within its warmup
-    //! timeout until then: the eager warmup steps, and the step that captures. A step that throws
-    //! disarms the watchdog as the exception leaves.
-    void step(cudaStream_t s) {
-        const capscope::runner_counters before = runner_.counters();
-        watchdog_.begin_step(steady_);
-        struct disarm_on_throw {
-            capscope::cuda::nccl_watchdog& dog;
-            int exceptions = std::uncaught_exceptions();
-            ~disarm_on_throw() {
-                if (std::uncaught_exceptions() > exceptions) dog.disarm();
-            }
-        } guard{watchdog_};
-        runner_.step(s);
-        watchdog_.end_step(s);
-        const capscope::runner_counters& after = runner_.counters();
-        const bool replayed = Config::impl == capscope::graph_impl::eager || after.replays > before.replays;
-        steady_ = replayed && after.captures == before.captures;
-    }
+    //! One step, watched (nccl_watchdog::step: the warmup timeout until the graphs replay).
+    void step(cudaStream_t s) { watchdog_.step(runner_, s); }
     gpt_model<T>& model() { return model_; }
     const gpt_model<T>& model() const { return model_; }
     capscope::runner<Config>& runner() { return runner_; }
@@ -179,7 +160,6 @@ private:
     capscope::step_gradient_all_reduce outside_;
     capscope::runner<Config> runner_;
     capscope::cuda::nccl_watchdog watchdog_;
-    bool steady_ = false; //!< the last step captured nothing: the step timeout applies
 };
 
 } // namespace gpt

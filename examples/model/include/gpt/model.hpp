@@ -17,6 +17,8 @@
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/stage/program.hpp>
 
+#include <array>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <span>
@@ -143,6 +145,19 @@ private:
     void rerun_before(cudaStream_t s); //!< puts back what a refused step advanced; MoE layers sized by their counts
     void rerun_after(cudaStream_t s);  //!< MoE layers back on their static capacity
     void set_moe_host_sized(bool on);
+    //! What a refused step advances, and where the step's start keeps a copy that a rerun puts
+    //! back (bytes 0: not kept, as the loss scale without loss scaling).
+    struct step_snapshot {
+        const char* name;
+        void* live;
+        void* at_start;
+        std::size_t bytes;
+    };
+    std::array<step_snapshot, 3> step_snapshots() const {
+        return {{{"dropout_generator", rng_.data(), rng_at_start_.data(), rng_.bytes()},
+                 {"skipped_steps", skipped_steps_.data(), skipped_at_start_.data(), skipped_steps_.bytes()},
+                 {"loss_scale", loss_scale_.data(), loss_scale_at_start_.data(), cfg_.loss_scale.dynamic ? loss_scale_.bytes() : 0}}};
+    }
     bool static_capacity() const {
         return cfg_.moe_mode == moe_mode::dropless && cfg_.dropless_capacity_factor > 0 && cfg_.layer_pattern.find('E') != std::string::npos;
     }

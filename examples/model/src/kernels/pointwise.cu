@@ -120,15 +120,11 @@ __global__ void clear_unless_finite_k(const float* x, long n, int* flag) {
 __global__ void count_if_cleared_k(const int* flag, int* count) { *count += *flag == 0; }
 __global__ void set_loss_scale_k(loss_scale_state* st, float scale) { *st = {scale, 1.f / scale, 0}; }
 __global__ void update_loss_scale_k(const int* all_finite, loss_scale_state* st, int growth_interval) {
-    if (*all_finite == 0) {
-        st->scale = fmaxf(st->scale * 0.5f, loss_scale_state::smallest);
-        st->inverse = 1.f / st->scale;
-        st->clean_steps = 0;
-    } else if (++st->clean_steps >= growth_interval) {
-        st->scale = fminf(st->scale * 2.f, loss_scale_state::largest);
-        st->inverse = 1.f / st->scale;
-        st->clean_steps = 0;
-    }
+    float scale = st->scale;
+    if (*all_finite == 0) scale = fmaxf(scale * 0.5f, loss_scale_state::smallest);
+    else if (++st->clean_steps < growth_interval) return;
+    else scale = fminf(scale * 2.f, loss_scale_state::largest);
+    *st = {scale, 1.f / scale, 0};
 }
 __global__ void update_gate_k(const int* overflow, const int* all_finite, int* may_update) {
     *may_update = *overflow == 0 && (all_finite == nullptr || *all_finite != 0);
