@@ -5,7 +5,8 @@
 //   python3 bench/data_parallel_table.py FILE > table.md
 //
 // bf16, hidden 1024, 16 heads, ffn 4096, seq 512, batch 4 per GPU, 2 microbatches, 8 dense
-// layers, vocab 256. Variants: data parallel and sharded (re-gather for backward), each under
+// layers, vocab 256. Variants: data parallel, sharded (re-gather for backward, each layer's
+// gathers prefetched while the layer before it computes) and sharded with gathers on demand, each under
 // `none` (eager, collectives too), `transformer_engine` (per-layer graphs, collectives captured
 // in them) and `full_iteration` (the whole step one graph). Per variant: device time per step
 // (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
@@ -66,7 +67,8 @@ gpt::model_config bench_model() {
 using none_cfg = config<impl::eager>;
 using te_cfg = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>;
 using full_cfg = config<impl::whole_iteration, no_nan_check, warmup_steps<1>>;
-using sharded_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
+using sharded_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward>; // gathers prefetched one layer ahead
+using on_demand_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward, gather_on_demand>;
 
 //! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
 //! steps, captures), and measures what it holds.
@@ -122,6 +124,9 @@ int main(int argc, char** argv) {
     add<none_cfg, sharded_mode>(v, keep, comm, "sharded", "none", r, s);
     add<te_cfg, sharded_mode>(v, keep, comm, "sharded", "transformer_engine", r, s);
     add<full_cfg, sharded_mode>(v, keep, comm, "sharded", "full_iteration", r, s);
+    add<none_cfg, on_demand_mode>(v, keep, comm, "sharded, gathers on demand", "none", r, s);
+    add<te_cfg, on_demand_mode>(v, keep, comm, "sharded, gathers on demand", "transformer_engine", r, s);
+    add<full_cfg, on_demand_mode>(v, keep, comm, "sharded, gathers on demand", "full_iteration", r, s);
 
     bench::time_round_robin(v, rounds, steps_per_round, s);
 

@@ -1,7 +1,7 @@
 // Compile-fail cases of the hook rules (capscope/hooks/): H1 (a hook's callable takes another
 // phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
 // whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook, two
-// lanes, a boundary hook on a lane); and
+// lanes, a boundary hook on a lane, one_layer_ahead on a hook that is not a layer's pre hook); and
 // of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static). As
 // is, every valid twin must compile; with -DCASE_<ID>[__variant] the first error must read
 // "capscope hook rule <ID>:" and say the fix (check.py).
@@ -78,6 +78,14 @@ constexpr auto reduce_on_two = hook<hook_phase::backward, capturable, on_lane<1>
 #endif
 #ifdef CASE_H0__boundary_on_lane
 constexpr auto log_on_lane = hook<hook_phase::forward, boundary, on_lane<1>>("log", log_step);
+#endif
+// H0: one_layer_ahead prefetches what a layer reads: a pre hook of whole layers, stream work.
+[[maybe_unused]] constexpr auto gather_ahead = hook<hook_phase::forward_pre, capturable, on_lane<1>, one_layer_ahead>("param all-gather", gather_parameters);
+#ifdef CASE_H0__ahead_after_the_layer
+constexpr auto reduce_ahead = hook<hook_phase::backward, capturable, on_lane<1>, one_layer_ahead>("grad all-reduce", reduce_gradients);
+#endif
+#ifdef CASE_H0__ahead_of_a_region
+constexpr auto gather_region_ahead = hook<hook_phase::forward_pre, capturable, one_layer_ahead, of_region<capture::mlp>>("param all-gather", gather_parameters);
 #endif
 
 // F1, F2: per-layer graphs replay on fixed addresses, so gathered parameters need static buffers.

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace capscope;
@@ -280,17 +281,18 @@ struct sharded_model_of {
 };
 using sharded_model = sharded_model_of<layers>;
 
-template <class Config>
+//! `Gather`: prefetch_next_layer (each layer's gather while the one before it computes) or gather_on_demand.
+template <class Config, class Gather = prefetch_next_layer>
 void check_sharded(const char* impl, ncclRedOp_t op = ncclSum) {
     comm();
-    using policy = sharded<static_double_buffer, persistent_buffer, keep_for_backward>;
+    using policy = sharded<static_double_buffer, persistent_buffer, keep_for_backward, Gather>;
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     sharded_model m(mpi().rank(), mpi().size(), s);
 #if defined(CAPSCOPE_TEST_SUM_FOR_AVERAGE)
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)}; // broken on purpose
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)}; // broken on purpose
 #else
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, op)};
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, op)};
 #endif
     static_assert(hooks_fit<Config, decltype(hooks)>);
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
@@ -315,8 +317,8 @@ void check_sharded(const char* impl, ncclRedOp_t op = ncclSum) {
     }
     if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);
     if (mpi().rank() == 0)
-        std::printf("  sharded, %s, %s: %d ranks, %zu of %d elements per layer on each rank, %d steps exact\n", impl,
-                    op == ncclAvg ? "average" : "sum", mpi().size(), m.layout.parameters[0].shard, n, Config::warmup_steps + 4);
+        std::printf("  sharded, %s, %s, %s: %d ranks, %zu of %d elements per layer on each rank, %d steps exact\n",
+                    std::is_same_v<Gather, prefetch_next_layer> ? "prefetched" : "on demand", impl, op == ncclAvg ? "average" : "sum", mpi().size(), m.layout.parameters[0].shard, n, Config::warmup_steps + 4);
 }
 
 } // namespace
@@ -326,6 +328,9 @@ TEST_CASE("sharded data parallel: all-gather before each layer's forward, reduce
     check_sharded<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>>("local");
     check_sharded<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
     check_sharded<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
+    check_sharded<config<impl::eager>, gather_on_demand>("none");
+    check_sharded<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>, gather_on_demand>("local");
+    check_sharded<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, gather_on_demand>("transformer_engine");
 }
 
 TEST_CASE("sharded data parallel: an averaging reduce-scatter, told from the sum on two ranks, under every impl") {
@@ -358,17 +363,17 @@ std::vector<std::vector<long long>> regather_expected(int steps, int ranks) {
     return p;
 }
 
-template <class Config>
+template <class Config, class Gather = prefetch_next_layer>
 void check_regather(const char* impl) {
     comm();
-    using policy = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
+    using policy = sharded<static_double_buffer, persistent_buffer, regather_for_backward, Gather>;
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     regather_model m(mpi().rank(), mpi().size(), s, /*reads_parameters=*/true);
 #if defined(CAPSCOPE_TEST_NO_REGATHER) // broken on purpose: layer 0's backward reads layer 2's parameters
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
 #else
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers), parameter_regather(comm(), m.buffers),
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), parameter_regather(comm(), m.buffers, Gather{}),
                         gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
 #endif
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
@@ -389,8 +394,8 @@ void check_regather(const char* impl) {
     }
     if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);
     if (mpi().rank() == 0)
-        std::printf("  sharded, re-gathered for the backward, %s: %d ranks, 3 layers on a double buffer, %d steps exact: %s\n", impl, mpi().size(),
-                    steps, exact ? "yes" : "NO");
+        std::printf("  sharded, re-gathered for the backward, %s, %s: %d ranks, 3 layers on a double buffer, %d steps exact: %s\n",
+                    std::is_same_v<Gather, prefetch_next_layer> ? "prefetched" : "on demand", impl, mpi().size(), steps, exact ? "yes" : "NO");
 }
 
 } // namespace
@@ -399,4 +404,7 @@ TEST_CASE("sharded data parallel: 3 layers on a double buffer, re-gathered befor
     check_regather<config<impl::eager>>("none");
     check_regather<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
     check_regather<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
+    check_regather<config<impl::eager>, gather_on_demand>("none");
+    check_regather<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, gather_on_demand>("transformer_engine");
+    check_regather<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, gather_on_demand>("full_iteration");
 }

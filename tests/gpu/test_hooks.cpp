@@ -246,12 +246,14 @@ struct laned_hooks_model {
             tensors.push_back({{&full_refs.back(), 1}, {&grad_refs.back(), 1}});
         }
     }
+    //! `Options`: one_layer_ahead, to prefetch each gather while the layer before it works.
+    template <class... Options>
     auto hooks() {
         return hook_pipeline{
-            hook<hook_phase::forward_pre, capturable, on_lane<1>>("gather", [this](forward_pre_context& c) {
+            hook<hook_phase::forward_pre, capturable, on_lane<1>, Options...>("gather", [this](forward_pre_context& c) {
                 k::slow_copy(full[c.layer() % 2].data(), shard[c.layer()].data(), n, spin_ns, c.stream());
             }),
-            hook<hook_phase::backward_pre, capturable, on_lane<1>>("regather", [this](backward_pre_context& c) {
+            hook<hook_phase::backward_pre, capturable, on_lane<1>, Options...>("regather", [this](backward_pre_context& c) {
                 k::slow_copy(full[c.layer() % 2].data(), shard[c.layer()].data(), n, spin_ns, c.stream());
             }),
             hook<hook_phase::backward, capturable, on_lane<2>>("reduce", [this](backward_context& c) {
@@ -296,11 +298,11 @@ struct laned_hooks_model {
     }
 };
 
-template <class Config>
+template <class Config, class... HookOptions>
 void check_lane_hooks(const char* impl) {
     cuda::stream s;
     laned_hooks_model m(s);
-    auto hooks = m.hooks();
+    auto hooks = m.hooks<HookOptions...>();
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     bool right = true;
     std::string first_wrong;
@@ -318,9 +320,10 @@ void check_lane_hooks(const char* impl) {
             right = right && first_wrong.empty();
         }
     }
-    std::printf("  lane hooks, %-20s: %d graphs, %ld replays; every layer read its own gathered parameters and the optimizer the "
+    std::printf("  lane hooks%s, %-20s: %d graphs, %ld replays; every layer read its own gathered parameters and the optimizer the "
                 "reduced gradients: %s%s\n",
-                impl, r.plan().graph_count, r.counters().replays, right ? "yes" : "NO, ", first_wrong.c_str());
+                sizeof...(HookOptions) ? " (prefetched)" : "", impl, r.plan().graph_count, r.counters().replays, right ? "yes" : "NO, ",
+                first_wrong.c_str());
     CHECK_MESSAGE(right, impl, ": ", first_wrong);
 }
 } // namespace
@@ -335,4 +338,11 @@ TEST_CASE("hooks on lanes: gathers into a double buffer, re-gathers, a slow in-p
     auto hooks = m.hooks();
     runner<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>> r(with_hooks(m.program(), hooks, m.tensors));
     std::printf("%s", r.plan_text().c_str());
+}
+
+TEST_CASE("hooks on lanes, prefetched one layer ahead: layer L + 1's gather beside layer L's work, exact under every impl") {
+    check_lane_hooks<config<impl::eager>, one_layer_ahead>("none");
+    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>, one_layer_ahead>("local");
+    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, one_layer_ahead>("transformer_engine");
+    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, one_layer_ahead>("full_iteration");
 }

@@ -101,6 +101,7 @@ using te_config = config<impl::ahead_of_time_per_layer, modules<>, dp_facts, war
 using full_config = config<impl::whole_iteration, no_nan_check, dp_facts, warmup_steps<1>>;
 using regather = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
 using keep = sharded<static_double_buffer, persistent_buffer, keep_for_backward>;
+using regather_on_demand = sharded<static_double_buffer, persistent_buffer, regather_for_backward, gather_on_demand>;
 
 template <class T, class Mode>
 void check_every_impl(const char* mode) {
@@ -122,6 +123,17 @@ TEST_CASE("the example model, data parallel and sharded: every impl bitwise equa
     check_every_impl<float, regather>("sharded (re-gather for backward)");
     check_every_impl<float, keep>("sharded (keep for backward)");
     check_every_impl<__nv_bfloat16, regather>("sharded (re-gather for backward)");
+}
+
+TEST_CASE("the example model, sharded: gathers prefetched one layer ahead give the bits of gathers on demand") {
+    const gpt::model_config c = model_for_data_parallel("DEMD");
+    const trained<float> on_demand = train<float, eager_config, regather_on_demand>(c);
+    check_identical(train<float, eager_config, regather>(c), on_demand, "prefetched, none");
+    check_identical(train<float, te_config, regather>(c), on_demand, "prefetched, transformer_engine");
+    check_identical(train<float, full_config, regather>(c), on_demand, "prefetched, full_iteration");
+    if (mpi().rank() == 0)
+        std::printf("  example model sharded, prefetched gathers: %d ranks, none / transformer_engine / full_iteration bitwise equal to "
+                    "gathers on demand\n", mpi().size());
 }
 
 TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's shard is its slice of the replicated run") {

@@ -161,6 +161,53 @@ TEST_CASE("a hook on a lane runs in a graph of its own on that side stream; last
     CHECK(shared > 0);
 }
 
+TEST_CASE("one_layer_ahead: layer L's gather runs beside the layer before it in the pass, and the plan orders the double buffer") {
+    fake::model m;
+    hook_pipeline hooks{
+        hook<hook_phase::forward_pre, capturable, on_lane<1>, one_layer_ahead>("gather", [](forward_pre_context&) {}),
+        hook<hook_phase::backward_pre, capturable, on_lane<1>, one_layer_ahead>("regather", [](backward_pre_context&) {}),
+        hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("reduce", [](backward_context&) {}),
+    };
+    char memory[5] = {};
+    // A double buffer: layers 0 and 2 gather into one half, layer 1 into the other.
+    const tensor_ref halves[2] = {{"full0", &memory[0], 1}, {"full1", &memory[1], 1}};
+    const tensor_ref grads[3] = {{"layer0.grads", &memory[2], 1}, {"layer1.grads", &memory[3], 1}, {"layer2.grads", &memory[4], 1}};
+    const layer_tensors tensors[3] = {{{&halves[0], 1}, {&grads[0], 1}}, {{&halves[1], 1}, {&grads[1], 1}}, {{&halves[0], 1}, {&grads[2], 1}}};
+    const training_program program = with_hooks(m.program("DDD", false, 1), hooks, tensors);
+    for (const graph_impl impl : {graph_impl::eager, graph_impl::lazy_per_layer, graph_impl::ahead_of_time_per_layer, graph_impl::whole_iteration}) {
+        CAPTURE(impl);
+        const training_plan plan = make_training_plan({impl, region_set{}}, 1, program);
+        // The order the step issues its calls in (the backward runs the layers from the last).
+        std::vector<std::string> issued;
+        for (const stage_call& c : plan.calls) {
+            const std::string& name = stage_of(program, c).name;
+            if (c.part == step_part::microbatch && (name.find(".hook.") != std::string::npos || name.find(".attention") != std::string::npos))
+                issued.push_back(name + (c.direction == phase::forward ? " fwd" : " bwd"));
+        }
+        const std::vector<std::string> want = {
+            "layer0.hook.gather fwd",   "layer1.hook.gather fwd",   "layer0.attention fwd", // the pass's first layer: its own, then the next
+            "layer2.hook.gather fwd",   "layer1.attention fwd",     "layer2.attention fwd", // layer 2's gather while layer 1 computes
+            "layer2.hook.regather bwd", "layer1.hook.regather bwd", "layer2.attention bwd", // coming down: the last layer first
+            "layer2.hook.reduce bwd",   "layer0.hook.regather bwd", "layer1.attention bwd",
+            "layer1.hook.reduce bwd",   "layer0.attention bwd",     "layer0.hook.reduce bwd"};
+        INFO(fmt_log(issued));
+        CHECK(issued == want);
+        // Each gather is a segment of its own on the lane (one graph per layer's gather), so the
+        // pass's first layer waits for its own gather only, not the next one's too.
+        if (impl != graph_impl::whole_iteration)
+            for (const plan_segment& seg : plan.segments)
+                if (seg.lane == 1) CHECK(seg.call_count == 1);
+        // Layer 2's gather overwrites layer 0's half, and layer 0's regather layer 2's: both are
+        // ordered after the half's last reader, and each layer after its gather, eager and replayed.
+        const auto v = find_order_violation(plan, program);
+        CHECK_MESSAGE(!v, (v ? v->message : std::string()));
+    }
+    const std::string text = to_text(make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{}}, 1, program), program);
+    INFO(text);
+    CHECK(text.find("layer1.attention layer1.mlp  [waits for layer1.hook.gather on lane 1]") != std::string::npos);
+    CHECK(text.find("layer2.attention layer2.mlp  [waits for layer2.hook.gather on lane 1]") != std::string::npos);
+}
+
 TEST_CASE("warmup hooks run before the first warmup step and after the last, and again after reset()") {
     fake::model m;
     auto& log = m.log;

@@ -116,10 +116,12 @@ const auto note_on_lane = hook<hook_phase::backward, capture_time, on_lane<1>>("
 const auto clip_step = on_step<step_point::before_optimizer, capturable, on_lane<6>>("clip", [](step_context&) {});
 const auto log_step = on_step<step_point::after_optimizer, boundary>("step log", [](step_context&) {});
 const auto probe_first = hook<hook_phase::backward, capturable, on_lane<5>, of_layers<0>>("probe first", [](backward_context&) {});
+const auto gather_ahead = hook<hook_phase::forward_pre, capturable, on_lane<1>, one_layer_ahead>("gather ahead", [](forward_pre_context&) {});
+const auto regather_ahead = hook<hook_phase::backward_pre, capturable, on_lane<1>, one_layer_ahead>("regather ahead", [](backward_pre_context&) {});
 
 template <class F>
 void with_pipeline(int which, F&& f) {
-    switch (which % 10) {
+    switch (which % 12) {
     case 0: f(hook_pipeline{gather, reduce}); break;
     case 1: f(hook_pipeline{gather, regather, reduce}); break;
     case 2: f(hook_pipeline{reduce_every, peek}); break;
@@ -129,6 +131,8 @@ void with_pipeline(int which, F&& f) {
     case 6: f(hook_pipeline{reduce, note_on_lane}); break;
     case 7: f(hook_pipeline{gather, reduce, clip_step}); break;    // the clip waits for the reductions
     case 8: f(hook_pipeline{reduce_every, probe_first, log_step}); break;
+    case 10: f(hook_pipeline{gather_ahead, regather_ahead, reduce}); break; // prefetched into a double buffer
+    case 11: f(hook_pipeline{gather_ahead, inline_pre, reduce_every}); break;
     default: f(hook_pipeline{regather, reduce, peek}); break;
     }
 }
@@ -225,7 +229,7 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
         std::vector<tensor_ref> params, grads;
         const auto tensors = tensors_of(mem, params, grads, layers, pick(2));
         const capture_scope scope{impls[pick(4)], region_choices[pick(4)]};
-        with_pipeline(pick(10), [&](const auto& hooks) {
+        with_pipeline(pick(12), [&](const auto& hooks) {
             for (int order = 0; order < 2; ++order) {
                 training_program q;
                 training_plan tp;

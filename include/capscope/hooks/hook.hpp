@@ -36,6 +36,16 @@ concept hook_placement = std::same_as<P, capturable> || std::same_as<P, boundary
 //! alike (plan rule P3); the plan calls it in the last microbatch only.
 struct last_microbatch_only {};
 
+//! Hook option: a pre hook (forward_pre, backward_pre) that brings what its layer reads (an
+//! all-gather of sharded parameters) runs one layer ahead, beside the layer before it in the
+//! pass: layer L's forward_pre hook where layer L - 1's runs (the forward goes up the layers), its
+//! backward_pre hook where layer L + 1's runs (the backward comes down); the pass's first layer
+//! keeps its own, and gets the next layer's after it. On a lane (`on_lane<K>`), layer L + 1's
+//! gather then overlaps layer L's work. The waits are derived as for any hook: layer L + 1 waits
+//! for its gather, and the gather waits for the last reader of the buffer it overwrites (a double
+//! buffer's other half), so the prefetch needs no wait of its own.
+struct one_layer_ahead {};
+
 //! Hook option `on_lane<K>` (capscope/stage/schema.hpp): the hook's stage runs on the runner's
 //! side stream K, forked from the step's stream at the hook's position, so it overlaps the stages
 //! after it (a gradient reduction beside the backward of earlier layers). The stages that touch
@@ -89,6 +99,8 @@ template <int K>
 inline constexpr bool is_on_lane<on_lane<K>> = true;
 template <class O>
 inline constexpr bool is_of_layers = false;
+template <class O>
+inline constexpr bool is_ahead = std::is_same_v<O, one_layer_ahead>;
 template <int... L>
 inline constexpr bool is_of_layers<of_layers<L...>> = true;
 
@@ -134,9 +146,9 @@ struct checked_placement {
                   "synchronization invalidates the capture (or would stall every replay) -- fix: declare it "
                   "hook<phase, boundary> (host work around each replay) or hook<phase, capture_time>");
     static_assert(((std::same_as<Options, synchronizes_with_host> || std::same_as<Options, last_microbatch_only> ||
-                    is_of_region<Options> || is_on_lane<Options> || is_of_layers<Options>) && ...),
-                  "capscope hook rule H0: a hook's options are synchronizes_with_host, of_region<R>, of_layers<L...>, on_lane<K> "
-                  "and last_microbatch_only -- fix: drop the other options");
+                    is_of_region<Options> || is_on_lane<Options> || is_of_layers<Options> || is_ahead<Options>) && ...),
+                  "capscope hook rule H0: a hook's options are synchronizes_with_host, of_region<R>, of_layers<L...>, on_lane<K>, "
+                  "one_layer_ahead and last_microbatch_only -- fix: drop the other options");
     static_assert((int(is_of_layers<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook names its layers once -- fix: keep one of_layers<...>");
     static_assert((int(is_on_lane<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook runs on one lane -- fix: keep one on_lane<K>");
     static_assert(!std::same_as<Placement, boundary> || !(is_on_lane<Options> || ...),
@@ -144,11 +156,29 @@ struct checked_placement {
                   "or make the hook capturable");
     static constexpr bool checked = true;
 };
+
+//! one_layer_ahead: a pre hook of whole layers, stream work only, on every layer.
+template <hook_phase Phase, class Placement, class... Options>
+struct checked_ahead {
+    static constexpr bool ahead = (is_ahead<Options> || ...);
+    static_assert(!ahead || Phase == hook_phase::forward_pre || Phase == hook_phase::backward_pre,
+                  "capscope hook rule H0: one_layer_ahead moves what a layer reads ahead of it, so it belongs to a forward_pre or "
+                  "backward_pre hook (a forward or backward hook handles what the layer has just made) -- fix: drop "
+                  "one_layer_ahead, or declare the hook hook_phase::forward_pre / hook_phase::backward_pre");
+    static_assert(!ahead || std::same_as<Placement, capturable>,
+                  "capscope hook rule H0: a one_layer_ahead hook prefetches with stream work (an all-gather), so it is capturable "
+                  "-- fix: declare it hook<phase, capturable, one_layer_ahead, ...>");
+    static_assert(!ahead || !((is_of_region<Options> || is_of_layers<Options>) || ...),
+                  "capscope hook rule H0: a one_layer_ahead hook runs beside the whole layer before it, on every layer -- fix: "
+                  "drop of_region<R> and of_layers<...>, or drop one_layer_ahead");
+    static constexpr bool checked = true;
+};
 } // namespace detail
 
 template <hook_phase Phase, class Placement, class F, class... Options>
 class layer_hook {
     static_assert(detail::checked_placement<Placement, Options...>::checked);
+    static_assert(detail::checked_ahead<Phase, Placement, Options...>::checked);
     static_assert(detail::checked_phase<Phase, F>::checked);
 
 public:
@@ -156,6 +186,8 @@ public:
     using placement = Placement;
     static constexpr bool synchronizes_host = (std::same_as<Options, synchronizes_with_host> || ...);
     static constexpr bool last_microbatch = (std::same_as<Options, last_microbatch_only> || ...);
+    //! Whether layer L's hook runs beside the layer before L in its pass (one_layer_ahead).
+    static constexpr bool ahead = (detail::is_ahead<Options> || ...);
     //! The side stream it runs on; 0: that of the stages it hooks.
     static constexpr int lane = detail::lane_of<Options...>();
     //! Whether it runs on `layer` (of_layers<...>, or every layer).

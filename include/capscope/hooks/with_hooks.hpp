@@ -17,6 +17,8 @@
 //! and site run in declaration order; a region's hooks nest inside the layer's (a layer's
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
 //! The stage names are "layerN.hook.<name>"; `of_layers<...>` keeps a hook to the layers it names.
+//! A `one_layer_ahead` pre hook of layer L sits at those positions of the layer before L in its
+//! pass (a prefetch), in that layer's segment; the pass's first layer runs its own hook first.
 //! A step hook (`on_step`) is a stage of `step_end`, "step.hook.<name>": before the optimizer
 //! it writes every layer's gradients and reads the parameters, after it reads both (a step
 //! hook that writes after the optimizer must run on the step's stream). Given the capture
@@ -45,6 +47,9 @@ namespace capscope {
 
 namespace detail {
 
+//! Layer `layer`'s stage of hook `h`. A one_layer_ahead stage sits among the stages of the layer
+//! before it but stays layer `layer`'s: a segment of its own on its lane, so that at the pass's
+//! first layer, which runs its own gather and then the next one's, the layer waits for its own.
 template <class Hook>
 stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* tensors, const region_set& regions) {
     constexpr hook_phase p = Hook::phase;
@@ -106,22 +111,39 @@ struct hook_slot {
     std::vector<stage> forward_before, forward_after, backward_before, backward_after;
 };
 
+//! Where layer `layer`'s hook runs: beside its own layer, or, one_layer_ahead, beside the layer
+//! before it in the pass (L - 1 going up in the forward, L + 1 coming down in the backward); the
+//! pass's first layer keeps its own.
+template <class H>
+constexpr int hook_site(int layer, int layers) {
+    if constexpr (!H::ahead) return layer;
+    else if constexpr (H::phase == hook_phase::forward_pre) return layer > 0 ? layer - 1 : layer;
+    else return layer + 1 < layers ? layer + 1 : layer;
+}
+
 //! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
 //! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its parent's.
+//! Layers are taken in the order their pass runs them (a backward_pre one_layer_ahead hook's from
+//! the last), so at the pass's first layer its own hook runs before the next layer's.
 template <class Pipeline, std::size_t... I>
 void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, const Pipeline& hooks, int microbatch,
                std::span<const layer_tensors> tensors, int round, const capture_scope* scope, std::index_sequence<I...>) {
-    for (int layer = 0; layer < int(tensors.size()); ++layer) {
+    const int layers = int(tensors.size());
+    for (int k = 0; k < layers; ++k) {
         (
             [&] {
                 using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
                 if constexpr (is_layer_hook<H>) {
                     constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
+                    const int layer = H::ahead && H::phase == hook_phase::backward_pre ? layers - 1 - k : k;
                     if ((pre == H::regions.empty()) != (round == 0) || !H::on_layer(layer)) return;
-                    const auto [first, last] = hook_span(list, layer, H::regions, std::is_same_v<typename H::placement, capture_time> ? scope : nullptr);
-                    if (first < 0) return;
+                    const capture_scope* captured = std::is_same_v<typename H::placement, capture_time> ? scope : nullptr;
+                    int site = hook_site<H>(layer, layers);
+                    std::pair<int, int> span = hook_span(list, site, H::regions, captured);
+                    if (span.first < 0 && site != layer) span = hook_span(list, site = layer, H::regions, captured); // the layer before has no stages here
+                    if (span.first < 0) return;
                     const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
-                    const int at = at_first ? first : last;
+                    const int at = at_first ? span.first : span.second;
                     const stage& next_to = list[std::size_t(at)];
                     stage s = hook_stage(hooks.template at<I>(), layer, microbatch, &tensors[std::size_t(layer)], next_to.captured_by);
                     s.lane = H::lane ? H::lane : next_to.lane;

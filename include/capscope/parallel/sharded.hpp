@@ -4,9 +4,11 @@
 //! each layer's parameters and gradients; a forward-pre hook all-gathers the layer's parameters
 //! into a static full buffer (parallel/sharding.hpp: F1, F2), and a backward hook reduce-scatters
 //! the layer's full gradients into the rank's gradient shard after the last microbatch, on a side
-//! stream. The optimizer then steps the shard only. The hooks are capturable: under per-layer
-//! impls each is a graph of its own on the side stream, beside the layer's; under the whole
-//! iteration, a branch of the step's graph. Every collective goes on the same side stream (lane
+//! stream. The optimizer then steps the shard only. By default a layer's gather is prefetched:
+//! it runs while the layer before it in the pass computes (one_layer_ahead), into the other half
+//! of the double buffer, ordered after the layer that last read that half, as the plan derives.
+//! The hooks are capturable: under per-layer impls each is a graph of its own on the side
+//! stream, beside the layer's; under the whole iteration, a branch of the step's graph. Every collective goes on the same side stream (lane
 //! 1 by default), so they run one after another in the order issued, the same on every rank: NCCL
 //! orders the collectives of one communicator when they are launched eagerly, but graphs launched
 //! on different streams would not be ordered against each other.
@@ -14,9 +16,12 @@
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/hooks/hook.hpp>
 #include <capscope/parallel/data_parallel.hpp>
+#include <capscope/parallel/sharding.hpp>
 
 #include <cstddef>
 #include <span>
+#include <string_view>
+#include <type_traits>
 
 namespace capscope {
 
@@ -54,19 +59,28 @@ struct gradient_scatter {
 };
 } // namespace detail
 
+namespace detail {
+template <hook_phase P, int Lane, class Gather>
+auto gather_hook(std::string_view name, const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
+    if constexpr (std::is_same_v<Gather, prefetch_next_layer>)
+        return hook<P, capturable, on_lane<Lane>, one_layer_ahead>(name, parameter_gather<P>{comm.get(), layers});
+    else return hook<P, capturable, on_lane<Lane>>(name, parameter_gather<P>{comm.get(), layers});
+}
+} // namespace detail
+
 //! The forward-pre hook: all-gathers layer L's parameter shards into its full buffer, on side
-//! stream `Lane` (the layer's forward waits for it there).
-template <int Lane = 1>
-auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
-    return hook<hook_phase::forward_pre, capturable, on_lane<Lane>>("param all-gather",
-                                                                    detail::parameter_gather<hook_phase::forward_pre>{comm.get(), layers});
+//! stream `Lane` (the layer's forward waits for it there). `prefetch_next_layer` (the default)
+//! runs it while layer L - 1 computes (one_layer_ahead), `gather_on_demand` right before layer L.
+template <int Lane = 1, class Gather = prefetch_next_layer>
+auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
+    return detail::gather_hook<hook_phase::forward_pre, Lane, Gather>("param all-gather", comm, layers);
 }
 //! The backward-pre hook of `sharded<..., regather_for_backward>`: gathers them again before the
-//! layer's backward (when the full buffer was reused by another layer in between), on `Lane`.
-template <int Lane = 1>
-auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
-    return hook<hook_phase::backward_pre, capturable, on_lane<Lane>>("param re-gather",
-                                                                     detail::parameter_gather<hook_phase::backward_pre>{comm.get(), layers});
+//! layer's backward (when the full buffer was reused by another layer in between), on `Lane`;
+//! prefetched, while layer L + 1's backward runs.
+template <int Lane = 1, class Gather = prefetch_next_layer>
+auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
+    return detail::gather_hook<hook_phase::backward_pre, Lane, Gather>("param re-gather", comm, layers);
 }
 //! The backward hook: reduce-scatters layer L's gradients into this rank's shard, in the step's
 //! last microbatch (earlier ones accumulate into `gradient_full`), on side stream `Lane` (so it

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace capscope {
@@ -27,12 +28,20 @@ struct dynamic_buffer {};    //!< a fresh allocation each time
 //! Before the backward: gather the layer's parameters again, or keep them from the forward.
 struct regather_for_backward {};
 struct keep_for_backward {};
+//! When a layer's gather runs: while the layer before it in the pass computes (on the
+//! communication lane, so the layer finds its parameters ready), or right before the layer.
+struct prefetch_next_layer {};
+struct gather_on_demand {};
 
-template <class GatherInto = static_double_buffer, class OnPoolMiss = persistent_buffer, class Backward = regather_for_backward>
+template <class GatherInto = static_double_buffer, class OnPoolMiss = persistent_buffer, class Backward = regather_for_backward,
+          class Gather = prefetch_next_layer>
 struct sharded {
+    static_assert(std::is_same_v<Gather, prefetch_next_layer> || std::is_same_v<Gather, gather_on_demand>,
+                  "capscope::sharded<..., Gather>: the gather's timing is prefetch_next_layer or gather_on_demand");
     using gather_into = GatherInto;
     using on_pool_miss = OnPoolMiss;
     using backward = Backward;
+    using gather = Gather;
 };
 
 namespace detail {

@@ -42,8 +42,8 @@ struct replicated {};
 namespace detail {
 template <class Mode>
 inline constexpr bool is_sharded = false;
-template <class G, class P, class B>
-inline constexpr bool is_sharded<capscope::sharded<G, P, B>> = true;
+template <class G, class P, class B, class W>
+inline constexpr bool is_sharded<capscope::sharded<G, P, B, W>> = true;
 
 //! Sharded modes: F1/F2 against the config, and the static gather buffers this model implements.
 template <class Config, class Mode>
@@ -67,9 +67,13 @@ template <class Mode>
 auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::span<const capscope::sharded_layer_buffers> layers) {
     using namespace capscope;
     if constexpr (!is_sharded<Mode>) return hook_pipeline{gradient_all_reduce(comm)};
-    else if constexpr (std::is_same_v<typename Mode::backward, regather_for_backward>)
-        return hook_pipeline{parameter_all_gather(comm, layers), parameter_regather(comm, layers), gradient_reduce_scatter(comm, layers)};
-    else return hook_pipeline{parameter_all_gather(comm, layers), gradient_reduce_scatter(comm, layers)};
+    else {
+        using gather = typename Mode::gather; // prefetched while the layer before computes, or on demand
+        if constexpr (std::is_same_v<typename Mode::backward, regather_for_backward>)
+            return hook_pipeline{parameter_all_gather(comm, layers, gather{}), parameter_regather(comm, layers, gather{}),
+                                 gradient_reduce_scatter(comm, layers)};
+        else return hook_pipeline{parameter_all_gather(comm, layers, gather{}), gradient_reduce_scatter(comm, layers)};
+    }
 }
 
 template <class Mode>
