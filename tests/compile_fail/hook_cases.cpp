@@ -87,6 +87,12 @@ constexpr auto reduce_ahead = hook<hook_phase::backward, capturable, on_lane<1>,
 #ifdef CASE_H0__ahead_of_a_region
 constexpr auto gather_region_ahead = hook<hook_phase::forward_pre, capturable, one_layer_ahead, of_region<capture::mlp>>("param all-gather", gather_parameters);
 #endif
+#ifdef CASE_H0__ahead_at_the_boundary
+constexpr auto gather_host_ahead = hook<hook_phase::forward_pre, boundary, one_layer_ahead>("param all-gather", gather_parameters);
+#endif
+#ifdef CASE_H0__ahead_on_some_layers
+constexpr auto gather_some_ahead = hook<hook_phase::forward_pre, capturable, one_layer_ahead, of_layers<1, 2>>("param all-gather", gather_parameters);
+#endif
 
 // F1, F2: per-layer graphs replay on fixed addresses, so gathered parameters need static buffers.
 static_assert(sharding_fits<per_layer, sharded<static_double_buffer, persistent_buffer>>);

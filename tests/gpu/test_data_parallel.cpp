@@ -408,3 +408,26 @@ TEST_CASE("sharded data parallel: 3 layers on a double buffer, re-gathered befor
     check_regather<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, gather_on_demand>("transformer_engine");
     check_regather<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, gather_on_demand>("full_iteration");
 }
+
+TEST_CASE("the plan's fingerprint covers the real hooks' bucket size and the sharded collectives' element type") {
+    comm();
+    cuda::stream s;
+    dp_model m(mpi().rank(), s);
+    auto fingerprint = [&](std::size_t bucket_bytes) {
+        hook_pipeline hooks{gradient_all_reduce(comm(), ncclInt32, ncclSum, bucket_bytes)};
+        const training_program p = with_hooks(m.program(), hooks, m.tensors);
+        return plan_fingerprint(make_training_plan(capture_scope_of<config<impl::whole_iteration, no_nan_check>>, 1, p), p);
+    };
+    CHECK(fingerprint(40 << 20) == fingerprint(40 << 20));
+    CHECK(fingerprint(40 << 20) != fingerprint(1 << 20)); // other NCCL groups: a rank must not pass the same-plan check with it
+    sharded_model sm(mpi().rank(), mpi().size(), s);
+    auto sharded_fingerprint = [&](ncclDataType_t parameter_type) {
+        std::vector<sharded_layer_buffers> buffers = sm.buffers;
+        for (auto& b : buffers) b.parameter_type = parameter_type; // the same bytes per element, another type
+        hook_pipeline hooks{parameter_all_gather(comm(), buffers), gradient_reduce_scatter(comm(), buffers, ncclSum)};
+        const training_program p = with_hooks(sm.program(), hooks, sm.tensors);
+        return plan_fingerprint(make_training_plan(capture_scope_of<config<impl::whole_iteration, no_nan_check>>, 1, p), p);
+    };
+    CHECK(sharded_fingerprint(ncclInt32) == sharded_fingerprint(ncclInt32));
+    CHECK(sharded_fingerprint(ncclInt32) != sharded_fingerprint(ncclFloat32));
+}

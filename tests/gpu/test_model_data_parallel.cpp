@@ -129,10 +129,11 @@ TEST_CASE("the example model, sharded: gathers prefetched one layer ahead give t
     const gpt::model_config c = model_for_data_parallel("DEMD");
     const trained<float> on_demand = train<float, eager_config, regather_on_demand>(c);
     check_identical(train<float, eager_config, regather>(c), on_demand, "prefetched, none");
+    check_identical(train<float, local_config, regather>(c), on_demand, "prefetched, local");
     check_identical(train<float, te_config, regather>(c), on_demand, "prefetched, transformer_engine");
     check_identical(train<float, full_config, regather>(c), on_demand, "prefetched, full_iteration");
     if (mpi().rank() == 0)
-        std::printf("  example model sharded, prefetched gathers: %d ranks, none / transformer_engine / full_iteration bitwise equal to "
+        std::printf("  example model sharded, prefetched gathers: %d ranks, none / local / transformer_engine / full_iteration bitwise equal to "
                     "gathers on demand\n", mpi().size());
 }
 

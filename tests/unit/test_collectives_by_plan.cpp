@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,4 +115,38 @@ TEST_CASE("the plan's fingerprint covers what a layer's backward hook reduces") 
     };
     CHECK(fingerprint_of(1024) == fingerprint_of(1024));
     CHECK(fingerprint_of(1024) != fingerprint_of(2048));
+}
+
+namespace {
+//! A reduction as the data-parallel hook is one, without NCCL: what decides its calls besides its
+//! buffers is its bucket size, which it reports as the hook's collective_calls.
+struct bucketed_reduction {
+    std::size_t bucket_bytes;
+    void operator()(backward_context&) const {}
+    std::string collective_calls(int) const { return "buckets of " + std::to_string(bucket_bytes) + " bytes"; }
+};
+} // namespace
+
+TEST_CASE("the plan's fingerprint covers what decides a hook's collective calls besides its buffers: a reduction's bucket size") {
+    auto plan_of = [](std::size_t bucket_bytes, std::string* text) {
+        fake::model m;
+        static std::vector<char> memory(1 << 16);
+        std::vector<tensor_ref> grads = {{"grad0", memory.data(), 4096}, {"grad1", memory.data() + 8192, 1024}};
+        const std::vector<layer_tensors> tensors = {{{}, {&grads[0], 1}}, {{}, {&grads[1], 1}}};
+        const hook_pipeline hooks{hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce (float32, avg)",
+                                                                                                         bucketed_reduction{bucket_bytes})};
+        const training_program p = with_hooks(m.program("DE", false, 1), hooks, tensors);
+        const auto hooked = std::find_if(p.microbatches[0].begin(), p.microbatches[0].end(), [](const stage& s) { return s.added; });
+        REQUIRE(hooked != p.microbatches[0].end());
+        CHECK(hooked->collective_calls == "buckets of " + std::to_string(bucket_bytes) + " bytes");
+        const training_plan plan = make_training_plan(capture_scope_of<config<impl::whole_iteration, no_nan_check>>, 1, p);
+        *text = to_text(plan, p);
+        return plan_fingerprint(plan, p);
+    };
+    std::string a_text, b_text, c_text;
+    const auto a = plan_of(40 << 20, &a_text), b = plan_of(40 << 20, &b_text), c = plan_of(1 << 20, &c_text);
+    CHECK(a == b);
+    // Ranks whose reductions would group their calls differently: the same plan text, other fingerprints.
+    CHECK(a_text == c_text);
+    CHECK(a != c);
 }

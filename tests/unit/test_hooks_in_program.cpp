@@ -208,6 +208,51 @@ TEST_CASE("one_layer_ahead: layer L's gather runs beside the layer before it in 
     CHECK(text.find("layer2.attention layer2.mlp  [waits for layer2.hook.gather on lane 1]") != std::string::npos);
 }
 
+TEST_CASE("one_layer_ahead goes beside the layer the pass runs before, by list order; it refuses to overwrite what that layer reads") {
+    hook_pipeline hooks{
+        hook<hook_phase::forward_pre, capturable, on_lane<1>, one_layer_ahead>("gather", [](forward_pre_context&) {}),
+        hook<hook_phase::backward_pre, capturable, on_lane<1>, one_layer_ahead>("regather", [](backward_pre_context&) {}),
+        hook<hook_phase::backward_pre, capturable>("inline", [](backward_pre_context&) {}),
+    };
+    char memory[5] = {};
+    const tensor_ref own[3] = {{"layer0.params", &memory[0], 1}, {"layer1.params", &memory[1], 1}, {"layer2.params", &memory[2], 1}};
+    const tensor_ref halves[2] = {{"full0", &memory[3], 1}, {"full1", &memory[4], 1}};
+    auto issued_in = [](const training_program& program) {
+        const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{}}, 1, program);
+        std::vector<std::string> issued;
+        for (const stage_call& c : plan.calls) {
+            const std::string& name = stage_of(program, c).name;
+            if (c.part == step_part::microbatch && (name.find(".hook.") != std::string::npos || name.find(".attention") != std::string::npos))
+                issued.push_back(name + (c.direction == phase::forward ? " fwd" : " bwd"));
+        }
+        CHECK_FALSE(find_order_violation(plan, program));
+        return issued;
+    };
+    // A stage that holds layers 0 and 2 only (layer 1 elsewhere): no hook for layer 1, and layer 2's
+    // prefetch beside layer 0, the layer its pass runs before it.
+    fake::model m;
+    training_program gap = m.program("DDD", false, 1);
+    for (auto& list : gap.microbatches) std::erase_if(list, [](const stage& s) { return s.layer == 1; });
+    const layer_tensors apart[3] = {{{&own[0], 1}, {}}, {{&own[1], 1}, {}}, {{&own[2], 1}, {}}};
+    const std::vector<std::string> issued = issued_in(with_hooks(gap, hooks, apart));
+    INFO(fmt_log(issued));
+    const std::vector<std::string> want = {
+        "layer0.hook.gather fwd",   "layer2.hook.gather fwd",   "layer0.attention fwd", "layer2.attention fwd",
+        "layer2.hook.inline bwd",   "layer2.hook.regather bwd", "layer0.hook.regather bwd", // its phase's other hooks first, then the prefetches
+        "layer2.attention bwd",     "layer0.hook.inline bwd",   "layer0.attention bwd"};
+    CHECK(issued == want);
+    // There, layers 0 and 2 follow each other: on a double buffer (layer L into half L % 2) they
+    // share a half, and prefetching layer 2 would overwrite layer 0's parameters before it reads them.
+    const layer_tensors doubled[3] = {{{&halves[0], 1}, {}}, {{&halves[1], 1}, {}}, {{&halves[0], 1}, {}}};
+    CHECK_THROWS_WITH_AS(with_hooks(gap, hooks, doubled),
+                         "capscope::with_hooks: one_layer_ahead hook 'gather' would bring layer 2's parameters ('full0') while layer 0 runs, but "
+                         "they share memory with layer 0's ('full0'), which that layer has yet to read -- fix: gather consecutive layers into "
+                         "different buffers (a double buffer: layer L into half L % 2), or drop one_layer_ahead",
+                         std::invalid_argument);
+    // With every layer, the same double buffer is fine: consecutive layers use the other half.
+    CHECK_NOTHROW(with_hooks(m.program("DDD", false, 1), hooks, doubled));
+}
+
 TEST_CASE("warmup hooks run before the first warmup step and after the last, and again after reset()") {
     fake::model m;
     auto& log = m.log;

@@ -18,6 +18,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -219,6 +220,13 @@ public:
     void operator()(hook_context<Phase>& context) const { fn_(context); }
     //! For the plan: "grad all-reduce".
     constexpr std::string_view name() const noexcept { return name_; }
+    //! What decides the collective calls it makes on `layer` besides the buffers its stage
+    //! declares, from its callable's `collective_calls(layer)` (a reduction's bucket size); empty
+    //! when the callable has none. The plan's fingerprint covers it.
+    std::string collective_calls([[maybe_unused]] int layer) const {
+        if constexpr (requires(const F& f) { { f.collective_calls(layer) } -> std::convertible_to<std::string>; }) return fn_.collective_calls(layer);
+        else return {};
+    }
 
 private:
     std::string_view name_;

@@ -17,8 +17,10 @@
 //! and site run in declaration order; a region's hooks nest inside the layer's (a layer's
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
 //! The stage names are "layerN.hook.<name>"; `of_layers<...>` keeps a hook to the layers it names.
-//! A `one_layer_ahead` pre hook of layer L sits at those positions of the layer before L in its
-//! pass (a prefetch), in that layer's segment; the pass's first layer runs its own hook first.
+//! A `one_layer_ahead` pre hook of layer L sits at those positions of the layer the pass runs
+//! before L (a prefetch; by list order), after the hooks of its phase there, as a segment of its
+//! own; the pass's first layer runs its own call, then the next layer's. Layer L's parameters
+//! must not share memory with that layer's (the prefetch would overwrite what it has yet to read).
 //! A step hook (`on_step`) is a stage of `step_end`, "step.hook.<name>": before the optimizer
 //! it writes every layer's gradients and reads the parameters, after it reads both (a step
 //! hook that writes after the optimizer must run on the step's stream). Given the capture
@@ -32,6 +34,7 @@
 //! optimizer (which touches every layer's parameters and gradients) for every backward hook.
 
 #include <capscope/hooks/hook_pipeline.hpp>
+#include <capscope/plan/access.hpp>
 #include <capscope/plan/capture_region.hpp>
 #include <capscope/stage/program.hpp>
 
@@ -63,6 +66,7 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
     s.synchronizes_with_host = host;
     s.capture_only = at_capture;
     s.last_microbatch_only = Hook::last_microbatch;
+    s.collective_calls = h.collective_calls(layer);
     s.added = true;
     const stream_fn fn = stream_fn::from([hook = &h, tensors, layer, microbatch](stream_handle stream) {
         hook_context<p> context(stream, layer, microbatch, *tensors);
@@ -111,23 +115,45 @@ struct hook_slot {
     std::vector<stage> forward_before, forward_after, backward_before, backward_after;
 };
 
-//! Where layer `layer`'s hook runs: beside its own layer, or, one_layer_ahead, beside the layer
-//! before it in the pass (L - 1 going up in the forward, L + 1 coming down in the backward); the
-//! pass's first layer keeps its own.
+//! The layer the pass runs just before `own` (the span of a layer's stages): the layer of the
+//! nearest stage of the trainer's before it in the list (the forward), or after it (the backward
+//! runs the list backwards); -1 when the layer comes first in its pass.
+inline int layer_before_in_pass(const std::vector<stage>& list, std::pair<int, int> own, bool forward) {
+    const int step = forward ? -1 : 1;
+    for (int i = (forward ? own.first : own.second) + step; i >= 0 && i < int(list.size()); i += step)
+        if (!list[std::size_t(i)].added && list[std::size_t(i)].layer >= 0) return list[std::size_t(i)].layer;
+    return -1;
+}
+
+//! Where a one_layer_ahead hook of `layer` runs: beside the layer its pass runs before it, which
+//! must not read what the hook overwrites (layer L's parameters sharing memory with L - 1's: a
+//! prefetch into them would change L - 1's before it reads them); the pass's first layer keeps
+//! its own.
 template <class H>
-constexpr int hook_site(int layer, int layers) {
-    if constexpr (!H::ahead) return layer;
-    else if constexpr (H::phase == hook_phase::forward_pre) return layer > 0 ? layer - 1 : layer;
-    else return layer + 1 < layers ? layer + 1 : layer;
+int ahead_site(const H& h, const std::vector<stage>& list, std::pair<int, int> own, int layer, std::span<const layer_tensors> tensors) {
+    const int site = layer_before_in_pass(list, own, H::phase == hook_phase::forward_pre);
+    if (site < 0 || site == layer) return layer;
+    if (std::size_t(site) >= tensors.size()) return layer; // a layer with_hooks has no tensors for: none to prefetch beside
+    for (const tensor_ref& mine : tensors[std::size_t(layer)].parameters)
+        for (const tensor_ref& theirs : tensors[std::size_t(site)].parameters)
+            if (overlaps(mine, theirs))
+                throw std::invalid_argument("capscope::with_hooks: one_layer_ahead hook '" + std::string(h.name()) + "' would bring layer " +
+                                            std::to_string(layer) + "'s parameters ('" + mine.name + "') while layer " + std::to_string(site) +
+                                            " runs, but they share memory with layer " + std::to_string(site) + "'s ('" + theirs.name +
+                                            "'), which that layer has yet to read -- fix: gather consecutive layers into different "
+                                            "buffers (a double buffer: layer L into half L % 2), or drop one_layer_ahead");
+    return site;
 }
 
 //! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
-//! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its parent's.
-//! Layers are taken in the order their pass runs them (a backward_pre one_layer_ahead hook's from
-//! the last), so at the pass's first layer its own hook runs before the next layer's.
+//! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its
+//! parent's. With `ahead`, only the one_layer_ahead hooks, without, only the others: at one
+//! place the prefetches come after the hooks of their phase there. Their layers are taken in the
+//! order the pass runs them (a backward_pre hook's from the last), so at the pass's first layer
+//! its own call runs before the next layer's.
 template <class Pipeline, std::size_t... I>
 void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, const Pipeline& hooks, int microbatch,
-               std::span<const layer_tensors> tensors, int round, const capture_scope* scope, std::index_sequence<I...>) {
+               std::span<const layer_tensors> tensors, int round, bool ahead, const capture_scope* scope, std::index_sequence<I...>) {
     const int layers = int(tensors.size());
     for (int k = 0; k < layers; ++k) {
         (
@@ -136,12 +162,14 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
                 if constexpr (is_layer_hook<H>) {
                     constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
                     const int layer = H::ahead && H::phase == hook_phase::backward_pre ? layers - 1 - k : k;
-                    if ((pre == H::regions.empty()) != (round == 0) || !H::on_layer(layer)) return;
+                    if (H::ahead != ahead || (pre == H::regions.empty()) != (round == 0) || !H::on_layer(layer)) return;
                     const capture_scope* captured = std::is_same_v<typename H::placement, capture_time> ? scope : nullptr;
-                    int site = hook_site<H>(layer, layers);
-                    std::pair<int, int> span = hook_span(list, site, H::regions, captured);
-                    if (span.first < 0 && site != layer) span = hook_span(list, site = layer, H::regions, captured); // the layer before has no stages here
-                    if (span.first < 0) return;
+                    std::pair<int, int> span = hook_span(list, layer, H::regions, captured);
+                    if (span.first < 0) return; // the layer has no stages here
+                    if constexpr (H::ahead) {
+                        const int site = ahead_site(hooks.template at<I>(), list, span, layer, tensors);
+                        if (site != layer) span = hook_span(list, site, H::regions, captured);
+                    }
                     const bool at_first = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward;
                     const int at = at_first ? span.first : span.second;
                     const stage& next_to = list[std::size_t(at)];
@@ -163,7 +191,8 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
                              const capture_scope* scope) {
     std::vector<hook_slot> slots(list.size());
     for (int round = 0; round < 2; ++round)
-        add_round(slots, list, hooks, microbatch, tensors, round, scope, std::make_index_sequence<Pipeline::size>{});
+        for (const bool ahead : {false, true})
+            add_round(slots, list, hooks, microbatch, tensors, round, ahead, scope, std::make_index_sequence<Pipeline::size>{});
     // List order: forward passes run the list forwards, backward passes backwards.
     std::vector<stage> out;
     for (std::size_t i = 0; i < list.size(); ++i) {

@@ -27,6 +27,10 @@
 namespace capscope {
 
 namespace detail {
+//! A reduction's bucket size, for the plan's fingerprint: ranks that group their calls
+//! differently issue other NCCL groups.
+inline std::string bucket_words(std::size_t bucket_bytes) { return "buckets of " + std::to_string(bucket_bytes) + " bytes"; }
+
 constexpr std::size_t nccl_type_bytes(ncclDataType_t t) {
     switch (t) {
     case ncclInt8: case ncclUint8: return 1;
@@ -85,6 +89,7 @@ struct gradient_reduction {
     ncclDataType_t type;
     ncclRedOp_t op;
     void operator()(backward_context& c) const { all_reduce_buckets(comm, c.gradients(), type, op, bucket_bytes, c.stream()); }
+    std::string collective_calls(int) const { return bucket_words(bucket_bytes); }
 };
 
 inline void check_type(ncclDataType_t type, const char* who) {
@@ -131,6 +136,7 @@ public:
         st.forward = stream_fn::of<&step_gradient_all_reduce::run>(this);
         st.inputs = gradients_;
         st.outputs = gradients_;
+        st.collective_calls = detail::bucket_words(bucket_bytes_);
         st.buffers_declared = true;
         return st;
     }

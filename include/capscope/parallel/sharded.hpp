@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -47,6 +48,12 @@ struct parameter_gather {
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
         CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.parameter_type, comm, c.stream()));
     }
+    //! For the plan's fingerprint: what the call moves (the declared buffer gives bytes, not the type).
+    std::string collective_calls(int layer) const {
+        if (std::size_t(layer) >= layers.size()) return "no buffers for layer " + std::to_string(layer);
+        const sharded_layer_buffers& b = layers[std::size_t(layer)];
+        return std::to_string(b.shard) + " elements of NCCL type " + std::to_string(int(b.parameter_type)) + " per rank";
+    }
 };
 struct gradient_scatter {
     ncclComm_t comm;
@@ -55,6 +62,12 @@ struct gradient_scatter {
     void operator()(backward_context& c) const {
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
         CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.gradient_type, op, comm, c.stream()));
+    }
+    std::string collective_calls(int layer) const {
+        if (std::size_t(layer) >= layers.size()) return "no buffers for layer " + std::to_string(layer);
+        const sharded_layer_buffers& b = layers[std::size_t(layer)];
+        return std::to_string(b.shard) + " elements of NCCL type " + std::to_string(int(b.gradient_type)) + " per rank, operation " +
+               std::to_string(int(op));
     }
 };
 } // namespace detail

@@ -2,8 +2,10 @@
 //! @file
 //! A fingerprint of a training plan and its program, equal on ranks that will make the same
 //! calls in the same order: the plan's text (segments, graphs, stage names, guards), for every
-//! call in plan order its stage's lane and the size of each buffer it declares (forward and
-//! backward), and the layers' parameter and gradient buffers. Sizes, never
+//! call in plan order its stage's lane, the size of each buffer it declares (forward and
+//! backward) and what else decides its collective calls (`stage::collective_calls`: a
+//! reduction's bucket size, a gather's element type), and the layers' parameter and gradient
+//! buffers. Sizes, never
 //! addresses: ranks whose allocators laid the same buffers out differently fingerprint alike, and
 //! ranks whose collectives would move different sizes do not. Host-only.
 
@@ -24,7 +26,7 @@ inline std::uint64_t plan_fingerprint(const training_plan& plan, const training_
     };
     for (const stage_call& c : plan.calls) {
         const stage& s = stage_of(program, c);
-        h = fnv1a(s.name + (c.direction == phase::forward ? " fwd lane " : " bwd lane ") + std::to_string(s.lane) + ": ", h);
+        h = fnv1a(s.name + (c.direction == phase::forward ? " fwd lane " : " bwd lane ") + std::to_string(s.lane) + " [" + s.collective_calls + "]: ", h);
         sizes(s.inputs);
         sizes(s.outputs);
         sizes(s.backward_inputs); // a backward hook's buffers: what a reduction moves

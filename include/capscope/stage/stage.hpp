@@ -114,6 +114,10 @@ struct stage {
     //! What the stage keeps from its forward for its backward, by module input (its facts'
     //! `saves`): tensors activation offloading may move out and back.
     std::vector<saved_tensor> saves;
+    //! For a stage that makes collective calls: what decides those calls besides its declared
+    //! buffers (a reduction's bucket size, an all-gather's element type and count), so that ranks
+    //! that would issue other calls do not fingerprint alike (capscope/plan/fingerprint.hpp).
+    std::string collective_calls;
     //! Put in by capscope (a hook, an activation copy), not a stage of the trainer's layer
     //! schemas: the bind-time schema check passes over it.
     bool added = false;
