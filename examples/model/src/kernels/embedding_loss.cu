@@ -21,17 +21,35 @@ __global__ void embedding_forward_k(const int* tokens, const T* tok, const T* po
 // row and 256 columns; the tokens pass through shared memory 256 at a time, and only matching
 // tokens' rows are read, so the work is vocab x tokens compares plus one read of dout.
 constexpr int embedding_threads = 256;
+// Token v's rows of dout, summed by one thread per column in ascending row order (the same
+// order, and so the same bits, on every run). A block takes one token id and 256 columns: for each
+// chunk of 256 rows it finds the rows holding v by a ballot and a prefix over the warps, in row
+// order, and adds only those; the rows are read once per token that holds them.
 template <class T> __global__ void embedding_backward_k(const int* tokens, const T* dout, float* dtok, int rows, int hidden) {
-    __shared__ int chunk[embedding_threads];
+    static_assert(embedding_threads % 32 == 0);
+    constexpr int warps = embedding_threads / 32;
+    __shared__ int match[embedding_threads];
+    __shared__ int warp_matches[warps];
     const int v = blockIdx.x, h = blockIdx.y * embedding_threads + threadIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float acc = 0.f;
-    for (int t0 = 0; t0 < rows; t0 += embedding_threads) {
+    for (int t0 = 0; t0 < rows; t0 += embedding_threads) { // every thread takes every pass: the ballot needs the whole warp
+        const int t = t0 + int(threadIdx.x);
+        const bool mine = t < rows && tokens[t] == v;
+        const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        __syncthreads(); // every thread is done with the chunk before
+        if (lane == 0) warp_matches[warp] = __popc(ballot);
         __syncthreads();
-        chunk[threadIdx.x] = t0 + int(threadIdx.x) < rows ? tokens[t0 + threadIdx.x] : -1;
+        int before = 0, found = 0;
+#pragma unroll
+        for (int w = 0; w < warps; ++w) {
+            before += w < warp ? warp_matches[w] : 0;
+            found += warp_matches[w];
+        }
+        if (mine) match[before + __popc(ballot & ((1u << lane) - 1u))] = t;
         __syncthreads();
-        const int n = min(embedding_threads, rows - t0);
-        for (int k = 0; k < n; ++k)
-            if (chunk[k] == v && h < hidden) acc += to_f(dout[long(t0 + k) * hidden + h]);
+        if (h < hidden)
+            for (int k = 0; k < found; ++k) acc += to_f(dout[long(match[k]) * hidden + h]);
     }
     if (h < hidden) dtok[long(v) * hidden + h] += acc; // accumulates over microbatches
 }
