@@ -83,16 +83,14 @@ template <class T> int packs_per_lane(int cols, std::initializer_list<const void
     return 0;
 }
 
-// dg[c] += sum_r dy[r, c] x[r, c] rstd[r]. A block owns 16 columns (half a warp per row, so
-// each half warp reads one 32-byte sector of a row in bf16) and 64 row groups split the rows; the
-// 64 partial sums of each column are then added in a fixed order, so the result does not depend
-// on scheduling. 16 columns a block, not 32, give a 2048-wide norm 128 blocks: the 132 SMs all
-// work (with 32 columns, 64 blocks left half of them idle).
-constexpr int weight_grad_cols = 16, weight_grad_rows = 64;
-template <class T> __global__ void __launch_bounds__(weight_grad_cols * weight_grad_rows)
+// dg[c] += sum_r dy[r, c] x[r, c] rstd[r]. A block owns 32 columns (one per lane, so a warp
+// reads 32 adjacent elements of a row) and 32 warps split the rows; the 32 partial sums of each
+// column are then added in a fixed order, so the result does not depend on scheduling.
+constexpr int weight_grad_rows = 32;
+template <class T> __global__ void __launch_bounds__(32 * weight_grad_rows)
     rms_norm_weight_grad_k(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols) {
-    __shared__ float part[weight_grad_rows][weight_grad_cols + 1];
-    const int c = blockIdx.x * weight_grad_cols + threadIdx.x;
+    __shared__ float part[weight_grad_rows][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
     float acc = 0.f;
     if (c < cols) {
         int r = threadIdx.y;
@@ -141,7 +139,7 @@ void rms_norm_backward(const T* x, const T* g, const float* rstd, const T* dy, c
     CHECKED("rms_norm_backward");
 }
 template <class T> void rms_norm_weight_grad(const T* x, const float* rstd, const T* dy, float* dg, int rows, int cols, cudaStream_t s) {
-    rms_norm_weight_grad_k<<<blocks_for(cols, weight_grad_cols), dim3(weight_grad_cols, weight_grad_rows), 0, s>>>(x, rstd, dy, dg, rows, cols);
+    rms_norm_weight_grad_k<<<blocks_for(cols, 32), dim3(32, weight_grad_rows), 0, s>>>(x, rstd, dy, dg, rows, cols);
     CHECKED("rms_norm_weight_grad");
 }
 
