@@ -87,6 +87,19 @@ constexpr auto reduce_ahead = hook<hook_phase::backward, capturable, on_lane<1>,
 #ifdef CASE_H0__ahead_of_a_region
 constexpr auto gather_region_ahead = hook<hook_phase::forward_pre, capturable, one_layer_ahead, of_region<capture::mlp>>("param all-gather", gather_parameters);
 #endif
+// H0: what decides a hook's collective calls, for the plan's fingerprint, has one signature.
+struct bucketed {
+    void operator()(backward_context&) const {}
+    std::string collective_calls(int) const { return "buckets of 40 MiB"; }
+};
+[[maybe_unused]] constexpr auto reduce_bucketed = hook<hook_phase::backward, capturable>("grad all-reduce", bucketed{});
+#ifdef CASE_H0__collective_calls_signature
+struct unhashed {
+    void operator()(backward_context&) const {}
+    std::string collective_calls() const { return "buckets of 40 MiB"; } // no layer: the fingerprint would miss it
+};
+constexpr auto reduce_unhashed = hook<hook_phase::backward, capturable>("grad all-reduce", unhashed{});
+#endif
 #ifdef CASE_H0__ahead_at_the_boundary
 constexpr auto gather_host_ahead = hook<hook_phase::forward_pre, boundary, one_layer_ahead>("param all-gather", gather_parameters);
 #endif

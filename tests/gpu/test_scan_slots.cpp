@@ -2,7 +2,8 @@
 // recurrence walked in float64 (states, outputs and the three input gradients), at lengths that
 // are and are not multiples of its 32 stretches and widths off its 32-channel tile; the slot
 // assignment against a host walk in token order, exactly, with drops, padding rows and tiles that
-// end mid-warp; both repeated bit for bit.
+// end mid-warp; both repeated bit for bit. And the embedding backward against a host walk in row
+// order, bit for bit.
 
 #include "kernels.hpp"
 #include "support.hpp"
@@ -202,9 +203,58 @@ TEST_CASE("slot assignment equals the host walk in token order, with drops and p
         }
 }
 
+// ---- the embedding backward: each token's rows, found by ballots, added in row order ----------
+
+//! dtok and dpos against a host walk in row order (float, the kernel's order), bit for bit, with
+//! rows past one 256-row chunk and not a multiple of it, widths off the 256-column tile, and tokens
+//! repeated within warps and across chunks (`vocab` small).
+void check_embedding_backward(int vocab, int batch, int seq, int hidden, std::uint64_t seed) {
+    CAPTURE(vocab);
+    CAPTURE(seq);
+    CAPTURE(hidden);
+    const std::size_t rows = std::size_t(batch) * seq;
+    std::mt19937 rng{static_cast<unsigned>(seed)};
+    std::vector<int> tokens(rows);
+    for (int& t : tokens) t = int(rng() % unsigned(vocab));
+    const auto dout = random_values<float>(rows * std::size_t(hidden), seed, 1.f);
+    std::vector<float> want_tok(std::size_t(vocab) * hidden, 0.f), want_pos(std::size_t(seq) * hidden, 0.f);
+    for (std::size_t t = 0; t < rows; ++t)
+        for (int h = 0; h < hidden; ++h) want_tok[std::size_t(tokens[t]) * hidden + h] += dout[t * hidden + h];
+    for (int p = 0; p < seq; ++p)
+        for (int h = 0; h < hidden; ++h) {
+            float acc = 0.f;
+            for (int b = 0; b < batch; ++b) acc += dout[(std::size_t(b) * seq + p) * hidden + h];
+            want_pos[std::size_t(p) * hidden + h] = acc;
+        }
+    capscope::cuda::stream s;
+    capscope::cuda::device_buffer<int> d_tokens(rows);
+    capscope::cuda::device_buffer<float> d_dout(dout.size()), d_tok(want_tok.size()), d_pos(want_pos.size());
+    CAPSCOPE_CHECK(cudaMemcpyAsync(d_tokens.data(), tokens.data(), d_tokens.bytes(), cudaMemcpyHostToDevice, s));
+    CAPSCOPE_CHECK(cudaMemcpyAsync(d_dout.data(), dout.data(), d_dout.bytes(), cudaMemcpyHostToDevice, s));
+    CAPSCOPE_CHECK(cudaMemsetAsync(d_tok.data(), 0, d_tok.bytes(), s)); // the kernels accumulate
+    CAPSCOPE_CHECK(cudaMemsetAsync(d_pos.data(), 0, d_pos.bytes(), s));
+    gpt::kernels::embedding_backward<float>(d_tokens.data(), d_dout.data(), d_tok.data(), d_pos.data(), vocab, seq, batch, seq, hidden, s);
+    const auto tok = support::download(d_tok.data(), want_tok.size(), s), pos = support::download(d_pos.data(), want_pos.size(), s);
+    const bool same_tok = std::memcmp(tok.data(), want_tok.data(), tok.size() * sizeof(float)) == 0;
+    const bool same_pos = std::memcmp(pos.data(), want_pos.data(), pos.size() * sizeof(float)) == 0;
+    std::printf("  embedding backward vocab %4d, %d x %4d rows, hidden %4d: token rows summed in row order bit for bit: %s, positions: %s\n",
+                vocab, batch, seq, hidden, same_tok ? "yes" : "NO", same_pos ? "yes" : "NO");
+    CHECK(same_tok);
+    CHECK(same_pos);
+}
+
+TEST_CASE("the embedding backward adds each token's rows in row order, bit for bit, past one chunk and off the column tile") {
+    check_embedding_backward(7, 2, 500, 300, 1);   // rows 1000: three chunks and a part
+    check_embedding_backward(3, 1, 2049, 2048, 2); // every warp holds each token many times
+    check_embedding_backward(50, 1, 256, 1, 3);    // one chunk exactly, one column
+    check_embedding_backward(1000, 1, 777, 33, 4); // tokens mostly unseen
+    check_embedding_backward(1, 1, 5, 257, 5);     // one token, a column tile and one column
+}
+
 // Small enough for racecheck (scripts/gpu-check.sh): several stretches and tiles, shared maps.
 TEST_CASE("the scan and the slot assignment, a few shapes for the sanitizers") {
     check_scan<__nv_bfloat16>({2, 100, 40});
     check_slots(1500, 2, 8, 300);
     check_slots(1500, 2, 8, 0);
+    check_embedding_backward(5, 1, 300, 40, 6);
 }

@@ -180,6 +180,10 @@ template <hook_phase Phase, class Placement, class F, class... Options>
 class layer_hook {
     static_assert(detail::checked_placement<Placement, Options...>::checked);
     static_assert(detail::checked_ahead<Phase, Placement, Options...>::checked);
+    static_assert(!requires { &F::collective_calls; } ||
+                      requires(const F& f) { { f.collective_calls(0) } -> std::convertible_to<std::string>; },
+                  "capscope hook rule H0: a hook's collective_calls, what the plan's fingerprint hashes besides its buffers, is "
+                  "`std::string collective_calls(int layer) const` -- fix: give the member that signature");
     static_assert(detail::checked_phase<Phase, F>::checked);
 
 public:

@@ -18,8 +18,10 @@
 //! forward_pre runs before its attention region's, the region's forward hook before the layer's).
 //! The stage names are "layerN.hook.<name>"; `of_layers<...>` keeps a hook to the layers it names.
 //! A `one_layer_ahead` pre hook of layer L sits at those positions of the layer the pass runs
-//! before L (a prefetch; by list order), after the hooks of its phase there, as a segment of its
-//! own; the pass's first layer runs its own call, then the next layer's. Layer L's parameters
+//! before L (a prefetch; by list order), after the layer's own hooks of its phase there (a
+//! region's pre hooks still nest inside, after it), as a segment of its own; the pass's first
+//! layer runs its own call, then the next layer's (when the list holds the layers in index order;
+//! otherwise the order of the two may swap, which only costs a wait). Layer L's parameters
 //! must not share memory with that layer's (the prefetch would overwrite what it has yet to read).
 //! A step hook (`on_step`) is a stage of `step_end`, "step.hook.<name>": before the optimizer
 //! it writes every layer's gradients and reads the parameters, after it reads both (a step
@@ -148,7 +150,7 @@ int ahead_site(const H& h, const std::vector<stage>& list, std::pair<int, int> o
 //! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
 //! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its
 //! parent's. With `ahead`, only the one_layer_ahead hooks, without, only the others: at one
-//! place the prefetches come after the hooks of their phase there. Their layers are taken in the
+//! place the prefetches come after the layer's own hooks of their phase there. Their layers are taken in the
 //! order the pass runs them (a backward_pre hook's from the last), so at the pass's first layer
 //! its own call runs before the next layer's.
 template <class Pipeline, std::size_t... I>

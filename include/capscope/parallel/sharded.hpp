@@ -4,9 +4,11 @@
 //! each layer's parameters and gradients; a forward-pre hook all-gathers the layer's parameters
 //! into a static full buffer (parallel/sharding.hpp: F1, F2), and a backward hook reduce-scatters
 //! the layer's full gradients into the rank's gradient shard after the last microbatch, on a side
-//! stream. The optimizer then steps the shard only. By default a layer's gather is prefetched:
-//! it runs while the layer before it in the pass computes (one_layer_ahead), into the other half
-//! of the double buffer, ordered after the layer that last read that half, as the plan derives.
+//! stream. The optimizer then steps the shard only. A layer's gather can be prefetched (the
+//! policy's default, `sharded<..., prefetch_next_layer>`; the hooks take it as their last
+//! argument): it runs while the layer before it in the pass computes (one_layer_ahead), into the
+//! other half of the double buffer, ordered after the layer that last read that half, as the
+//! plan derives.
 //! The hooks are capturable: under per-layer impls each is a graph of its own on the side
 //! stream, beside the layer's; under the whole iteration, a branch of the step's graph. Every collective goes on the same side stream (lane
 //! 1 by default), so they run one after another in the order issued, the same on every rank: NCCL
@@ -82,16 +84,17 @@ auto gather_hook(std::string_view name, const cuda::nccl_communicator& comm, std
 } // namespace detail
 
 //! The forward-pre hook: all-gathers layer L's parameter shards into its full buffer, on side
-//! stream `Lane` (the layer's forward waits for it there). `prefetch_next_layer` (the default)
-//! runs it while layer L - 1 computes (one_layer_ahead), `gather_on_demand` right before layer L.
-template <int Lane = 1, class Gather = prefetch_next_layer>
+//! stream `Lane` (the layer's forward waits for it there). `gather_on_demand` (the default) runs
+//! it right before layer L; `prefetch_next_layer{}` while layer L - 1 computes (one_layer_ahead:
+//! consecutive layers need buffers of their own, as a double buffer gives them).
+template <int Lane = 1, class Gather = gather_on_demand>
 auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
     return detail::gather_hook<hook_phase::forward_pre, Lane, Gather>("param all-gather", comm, layers);
 }
 //! The backward-pre hook of `sharded<..., regather_for_backward>`: gathers them again before the
 //! layer's backward (when the full buffer was reused by another layer in between), on `Lane`;
-//! prefetched, while layer L + 1's backward runs.
-template <int Lane = 1, class Gather = prefetch_next_layer>
+//! prefetched (`prefetch_next_layer{}`), while layer L + 1's backward runs.
+template <int Lane = 1, class Gather = gather_on_demand>
 auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
     return detail::gather_hook<hook_phase::backward_pre, Lane, Gather>("param re-gather", comm, layers);
 }

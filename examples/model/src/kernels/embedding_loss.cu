@@ -16,10 +16,7 @@ __global__ void embedding_forward_k(const int* tokens, const T* tok, const T* po
     const int h = int(i % hidden), s = int(t % seq);
     out[i] = from_f<T>(to_f(tok[long(tokens[t]) * hidden + h]) + to_f(pos[long(s) * hidden + h]));
 }
-// One thread per (vocab row, column): sums the matching tokens in token order.
-// dtok[v, h] += sum over tokens t == v of dout[t, h], in token order. A block owns one vocabulary
-// row and 256 columns; the tokens pass through shared memory 256 at a time, and only matching
-// tokens' rows are read, so the work is vocab x tokens compares plus one read of dout.
+// dtok[v, h] += sum over tokens t == v of dout[t, h], in token order (embedding_backward_k below).
 constexpr int embedding_threads = 256;
 // Token v's rows of dout, summed by one thread per column in ascending row order (the same
 // order, and so the same bits, on every run). A block takes one token id and 256 columns: for each
