@@ -44,7 +44,8 @@ struct last_microbatch_only {};
 //! keeps its own, and gets the next layer's after it. On a lane (`on_lane<K>`), layer L + 1's
 //! gather then overlaps layer L's work. The waits are derived as for any hook: layer L + 1 waits
 //! for its gather, and the gather waits for the last reader of the buffer it overwrites (a double
-//! buffer's other half), so the prefetch needs no wait of its own.
+//! buffer's other half), so the prefetch needs no wait of its own. What no wait can fix, a layer
+//! gathering into the buffer the layer before it has yet to read, `with_hooks` refuses.
 struct one_layer_ahead {};
 
 //! Hook option `on_lane<K>` (capscope/stage/schema.hpp): the hook's stage runs on the runner's
