@@ -33,6 +33,17 @@ std::vector<std::string> layer0_of_microbatch0(const std::vector<std::string>& l
     }
     return out;
 }
+//! The hooks' and the attention stages' calls of the microbatches, in the order the plan issues
+//! them (the backward runs the layers from the last), each marked fwd or bwd.
+std::vector<std::string> hooks_and_attention_issued(const training_plan& plan, const training_program& program) {
+    std::vector<std::string> issued;
+    for (const stage_call& c : plan.calls) {
+        const std::string& name = stage_of(program, c).name;
+        if (c.part == step_part::microbatch && (name.find(".hook.") != std::string::npos || name.find(".attention") != std::string::npos))
+            issued.push_back(name + (c.direction == phase::forward ? " fwd" : " bwd"));
+    }
+    return issued;
+}
 std::string fmt_log(const std::vector<std::string>& log) {
     std::string s;
     for (const auto& e : log) s += e + " | ";
@@ -177,13 +188,7 @@ TEST_CASE("one_layer_ahead: layer L's gather runs beside the layer before it in 
     for (const graph_impl impl : {graph_impl::eager, graph_impl::lazy_per_layer, graph_impl::ahead_of_time_per_layer, graph_impl::whole_iteration}) {
         CAPTURE(impl);
         const training_plan plan = make_training_plan({impl, region_set{}}, 1, program);
-        // The order the step issues its calls in (the backward runs the layers from the last).
-        std::vector<std::string> issued;
-        for (const stage_call& c : plan.calls) {
-            const std::string& name = stage_of(program, c).name;
-            if (c.part == step_part::microbatch && (name.find(".hook.") != std::string::npos || name.find(".attention") != std::string::npos))
-                issued.push_back(name + (c.direction == phase::forward ? " fwd" : " bwd"));
-        }
+        const std::vector<std::string> issued = hooks_and_attention_issued(plan, program);
         const std::vector<std::string> want = {
             "layer0.hook.gather fwd",   "layer1.hook.gather fwd",   "layer0.attention fwd", // the pass's first layer: its own, then the next
             "layer2.hook.gather fwd",   "layer1.attention fwd",     "layer2.attention fwd", // layer 2's gather while layer 1 computes
@@ -219,14 +224,8 @@ TEST_CASE("one_layer_ahead goes beside the layer the pass runs before, by list o
     const tensor_ref halves[2] = {{"full0", &memory[3], 1}, {"full1", &memory[4], 1}};
     auto issued_in = [](const training_program& program) {
         const training_plan plan = make_training_plan({graph_impl::ahead_of_time_per_layer, region_set{}}, 1, program);
-        std::vector<std::string> issued;
-        for (const stage_call& c : plan.calls) {
-            const std::string& name = stage_of(program, c).name;
-            if (c.part == step_part::microbatch && (name.find(".hook.") != std::string::npos || name.find(".attention") != std::string::npos))
-                issued.push_back(name + (c.direction == phase::forward ? " fwd" : " bwd"));
-        }
         CHECK_FALSE(find_order_violation(plan, program));
-        return issued;
+        return hooks_and_attention_issued(plan, program);
     };
     // A stage that holds layers 0 and 2 only (layer 1 elsewhere): no hook for layer 1, and layer 2's
     // prefetch beside layer 0, the layer its pass runs before it.

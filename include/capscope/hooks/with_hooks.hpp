@@ -135,7 +135,6 @@ template <class H>
 int ahead_site(const H& h, const std::vector<stage>& list, std::pair<int, int> own, int layer, std::span<const layer_tensors> tensors) {
     const int site = layer_before_in_pass(list, own, H::phase == hook_phase::forward_pre);
     if (site < 0 || site == layer) return layer;
-    if (std::size_t(site) >= tensors.size()) return layer; // a layer with_hooks has no tensors for: none to prefetch beside
     for (const tensor_ref& mine : tensors[std::size_t(layer)].parameters)
         for (const tensor_ref& theirs : tensors[std::size_t(site)].parameters)
             if (overlaps(mine, theirs))
@@ -150,9 +149,9 @@ int ahead_site(const H& h, const std::vector<stage>& list, std::pair<int, int> o
 //! Adds the hooks that run in `round` 0 (pre phases of the whole layer, post phases of a region)
 //! or 1 (the others): a region's hooks nest inside the layer's, as a submodule's inside its
 //! parent's. With `ahead`, only the one_layer_ahead hooks, without, only the others: at one
-//! place the prefetches come after the layer's own hooks of their phase there. Their layers are taken in the
-//! order the pass runs them (a backward_pre hook's from the last), so at the pass's first layer
-//! its own call runs before the next layer's.
+//! place the prefetches come after the layer's own hooks of their phase there. Their layers are
+//! taken in the order the pass runs them (a backward_pre hook's from the last), so at the pass's
+//! first layer its own call runs before the next layer's.
 template <class Pipeline, std::size_t... I>
 void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, const Pipeline& hooks, int microbatch,
                std::span<const layer_tensors> tensors, int round, bool ahead, const capture_scope* scope, std::index_sequence<I...>) {

@@ -8,12 +8,12 @@
 //! policy's default, `sharded<..., prefetch_next_layer>`; the hooks take it as their last
 //! argument): it runs while the layer before it in the pass computes (one_layer_ahead), into the
 //! other half of the double buffer, ordered after the layer that last read that half, as the
-//! plan derives.
-//! The hooks are capturable: under per-layer impls each is a graph of its own on the side
-//! stream, beside the layer's; under the whole iteration, a branch of the step's graph. Every collective goes on the same side stream (lane
-//! 1 by default), so they run one after another in the order issued, the same on every rank: NCCL
-//! orders the collectives of one communicator when they are launched eagerly, but graphs launched
-//! on different streams would not be ordered against each other.
+//! plan derives. The hooks are capturable: under per-layer impls each is a graph of its own on
+//! the side stream, beside the layer's; under the whole iteration, a branch of the step's graph.
+//! Every collective goes on the same side stream (lane 1 by default), so they run one after
+//! another in the order issued, the same on every rank: NCCL orders the collectives of one
+//! communicator when they are launched eagerly, but graphs launched on different streams would
+//! not be ordered against each other.
 
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/hooks/hook.hpp>
@@ -41,6 +41,14 @@ struct sharded_layer_buffers {
 };
 
 namespace detail {
+//! For the plan's fingerprint: what a sharded collective on `layer` moves (its declared buffer
+//! gives bytes, not the type).
+inline std::string shard_call_words(std::span<const sharded_layer_buffers> layers, int layer, ncclDataType_t sharded_layer_buffers::*type) {
+    if (std::size_t(layer) >= layers.size()) return "no buffers for layer " + std::to_string(layer);
+    const sharded_layer_buffers& b = layers[std::size_t(layer)];
+    return std::to_string(b.shard) + " elements of NCCL type " + std::to_string(int(b.*type)) + " per rank";
+}
+
 //! All-gathers the layer's parameter shards into its full buffer, before its forward or its backward.
 template <hook_phase P>
 struct parameter_gather {
@@ -50,12 +58,7 @@ struct parameter_gather {
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
         CAPSCOPE_CHECK(ncclAllGather(b.parameter_shard, b.parameter_full, b.shard, b.parameter_type, comm, c.stream()));
     }
-    //! For the plan's fingerprint: what the call moves (the declared buffer gives bytes, not the type).
-    std::string collective_calls(int layer) const {
-        if (std::size_t(layer) >= layers.size()) return "no buffers for layer " + std::to_string(layer);
-        const sharded_layer_buffers& b = layers[std::size_t(layer)];
-        return std::to_string(b.shard) + " elements of NCCL type " + std::to_string(int(b.parameter_type)) + " per rank";
-    }
+    std::string collective_calls(int layer) const { return shard_call_words(layers, layer, &sharded_layer_buffers::parameter_type); }
 };
 struct gradient_scatter {
     ncclComm_t comm;
@@ -66,15 +69,10 @@ struct gradient_scatter {
         CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.gradient_type, op, comm, c.stream()));
     }
     std::string collective_calls(int layer) const {
-        if (std::size_t(layer) >= layers.size()) return "no buffers for layer " + std::to_string(layer);
-        const sharded_layer_buffers& b = layers[std::size_t(layer)];
-        return std::to_string(b.shard) + " elements of NCCL type " + std::to_string(int(b.gradient_type)) + " per rank, operation " +
-               std::to_string(int(op));
+        return shard_call_words(layers, layer, &sharded_layer_buffers::gradient_type) + ", operation " + std::to_string(int(op));
     }
 };
-} // namespace detail
 
-namespace detail {
 template <hook_phase P, int Lane, class Gather>
 auto gather_hook(std::string_view name, const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
     if constexpr (std::is_same_v<Gather, prefetch_next_layer>)
