@@ -31,11 +31,12 @@ __global__ void __launch_bounds__(threads)
     key_grads_mma(const E* qkv, const E* dout, const float* lse, const float* rowdot, E* dqkv,
                   problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
-    // K, V, then Q, dO and their rows' lse and D twice: the next query tile loads while this one is used.
+    // K, V, then a ring of Q and dO tiles, then their rows' lse and D per stage: the next query
+    // tiles load while this one is used.
     const smem_tile<DH> ks{reinterpret_cast<std::uint16_t*>(smem)};
     const smem_tile<DH> vs{ks.data + tile * ks.pitch};
-    const double_buffer<DH> stages{ks.data + 2 * tile * ks.pitch};
-    float* const row_stats = reinterpret_cast<float*>(ks.data + 6 * tile * ks.pitch); // [stage][lse | D][tile]
+    const tile_ring<DH> ring{ks.data + 2 * tile * ks.pitch};
+    float* const row_stats = reinterpret_cast<float*>(smem + 2 * smem_tile_bytes<DH> + ring_bytes<DH>); // [stage][lse | D][tile]
     const auto [bh, b, h, H, stride] = this_block_head(pb);
     const E* q = head_rows(qkv, stride, pb, b, h);
     const E* d_o = head_rows(dout, H, pb, b, h);
@@ -46,33 +47,41 @@ __global__ void __launch_bounds__(threads)
     float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
     if (k0 < limit) {
         const int q_first = first_query(pb, k0);
-        // Query tile q0's rows into a stage: Q and dO by cp.async, lse and D by plain stores (+inf
-        // and 0 past the end, so P = 0 there), all visible after the next wait_tiles.
+        // Query tile q0's rows into a stage, as one group: Q and dO by cp.async, lse and D by
+        // plain stores (+inf and 0 past the end, so P = 0 there), all visible after the wait for
+        // it. Empty past the last tile, so every loop step commits one group.
         auto load_queries = [&](int q0, int stage) {
-            load_tile_async(stages.at(stage, 0), q, stride, q0, pb.seq, pb.dh);
-            load_tile_async(stages.at(stage, 1), d_o, H, q0, pb.seq, pb.dh);
-            if (threadIdx.x < tile) {
-                const int i = q0 + threadIdx.x;
-                float* st = row_stats + stage * 2 * tile;
-                st[threadIdx.x] = i < pb.seq ? lse[long(bh) * pb.seq + i] : INFINITY;
-                st[tile + threadIdx.x] = i < pb.seq ? rowdot[long(bh) * pb.seq + i] : 0.f;
+            if (q0 < pb.seq) {
+                load_tile_async(ring.at(stage, 0), q, stride, q0, pb.seq, pb.dh);
+                load_tile_async(ring.at(stage, 1), d_o, H, q0, pb.seq, pb.dh);
+                if (threadIdx.x < tile) {
+                    const int i = q0 + threadIdx.x;
+                    float* st = row_stats + stage * 2 * tile;
+                    st[threadIdx.x] = i < pb.seq ? lse[long(bh) * pb.seq + i] : INFINITY;
+                    st[tile + threadIdx.x] = i < pb.seq ? rowdot[long(bh) * pb.seq + i] : 0.f;
+                }
             }
-        };
-        load_tile_async(ks, q + H, stride, k0, pb.seq, pb.dh);
-        load_tile_async(vs, q + 2 * H, stride, k0, pb.seq, pb.dh);
-        load_queries(q_first, 0);
-        commit_tiles();
-        for (int q0 = q_first, stage = 0; q0 < pb.seq; q0 += tile, stage ^= 1) {
-            const smem_tile<DH> qs = stages.at(stage, 0), dos = stages.at(stage, 1);
-            const float* lse_s = row_stats + stage * 2 * tile;
-            const float* d_s = lse_s + tile;
-            __syncthreads(); // every warp is done with the other stage (the tile before)
-            if (q0 + tile < pb.seq) load_queries(q0 + tile, stage ^ 1);
             commit_tiles();
-            wait_tiles<1>();
-            frag_a ka[DH / 16], va[DH / 16];
+        };
+        load_tile_async(ks, q + H, stride, k0, pb.seq, pb.dh); // in the first query tile's group
+        load_tile_async(vs, q + 2 * H, stride, k0, pb.seq, pb.dh);
+#pragma unroll
+        for (int stage = 0; stage + 1 < ring.stages; ++stage) load_queries(q_first + stage * tile, stage);
+        // The warp's 16 keys as A fragments: held in registers where they fit beside the
+        // accumulators (head_dim <= 64), else read from shared memory for each query tile.
+        constexpr bool hold_keys = DH <= 64;
+        frag_a ka[DH / 16], va[DH / 16];
+        auto load_keys = [&] {
 #pragma unroll
             for (int kk = 0; kk < DH / 16; ++kk) ka[kk] = load_a(ks, 16 * warp, 16 * kk), va[kk] = load_a(vs, 16 * warp, 16 * kk);
+        };
+        for (int q0 = q_first, stage = 0; q0 < pb.seq; q0 += tile, stage = ring.next(stage)) {
+            const smem_tile<DH> qs = ring.at(stage, 0), dos = ring.at(stage, 1);
+            const float* lse_s = row_stats + stage * 2 * tile;
+            const float* d_s = lse_s + tile;
+            wait_tiles<ring.stages - 2>(); // this tile has landed, and every warp is done with the one before
+            if (!hold_keys || q0 == q_first) load_keys();
+            load_queries(q0 + (ring.stages - 1) * tile, ring.before(stage));
             float p[tile / 8][4] = {}, ds[tile / 8][4] = {}; // transposed: rows are keys, columns queries
             rows_times_tile_t<E, DH>(p, ka, qs);
             rows_times_tile_t<E, DH>(ds, va, dos);
@@ -100,10 +109,10 @@ __global__ void __launch_bounds__(threads)
     query_grads_mma(const E* qkv, const E* dout, const float* lse, const float* rowdot, E* dqkv,
                     problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
-    // Q, dO, then K and V twice: the next key tile loads while this one is used.
+    // Q, dO, then a ring of K and V tiles: the next ones load while this one is used.
     const smem_tile<DH> qs{reinterpret_cast<std::uint16_t*>(smem)};
     const smem_tile<DH> dos{qs.data + tile * qs.pitch};
-    const double_buffer<DH> stages{qs.data + 2 * tile * qs.pitch};
+    const tile_ring<DH> ring{qs.data + 2 * tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x;
     const auto [bh, b, h, H, stride] = this_block_head(pb);
     const E* q = head_rows(qkv, stride, pb, b, h);
@@ -117,28 +126,31 @@ __global__ void __launch_bounds__(threads)
         row_lse[half] = real ? lse[long(bh) * pb.seq + rows[half]] : INFINITY;
         row_d[half] = real ? rowdot[long(bh) * pb.seq + rows[half]] : 0.f;
     }
-    load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
-    load_tile_async(dos, head_rows(dout, H, pb, b, h), H, q0, pb.seq, pb.dh);
-    if (end > 0) {
-        load_tile_async(stages.at(0, 0), q + H, stride, 0, pb.seq, pb.dh);
-        load_tile_async(stages.at(0, 1), q + 2 * H, stride, 0, pb.seq, pb.dh);
-    }
-    commit_tiles();
-    wait_tiles();
-    frag_a qa[DH / 16], doa[DH / 16];
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk), doa[kk] = load_a(dos, 16 * warp, 16 * kk);
-
-    float dq[DH / 8][4] = {};
-    for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
-        const smem_tile<DH> ks = stages.at(stage, 0), vs = stages.at(stage, 1);
-        __syncthreads(); // every warp is done with the other stage (the tile before)
-        if (k0 + tile < end) {
-            load_tile_async(stages.at(stage ^ 1, 0), q + H, stride, k0 + tile, pb.seq, pb.dh);
-            load_tile_async(stages.at(stage ^ 1, 1), q + 2 * H, stride, k0 + tile, pb.seq, pb.dh);
+    // Key tile k0 into a stage, as one group (empty past the end).
+    auto load_keys = [&](int k0, int stage) {
+        if (k0 < end) {
+            load_tile_async(ring.at(stage, 0), q + H, stride, k0, pb.seq, pb.dh);
+            load_tile_async(ring.at(stage, 1), q + 2 * H, stride, k0, pb.seq, pb.dh);
         }
         commit_tiles();
-        wait_tiles<1>();
+    };
+    if (end > 0) { // in the first key tile's group
+        load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
+        load_tile_async(dos, head_rows(dout, H, pb, b, h), H, q0, pb.seq, pb.dh);
+    }
+#pragma unroll
+    for (int stage = 0; stage + 1 < ring.stages; ++stage) load_keys(stage * tile, stage);
+    frag_a qa[DH / 16], doa[DH / 16];
+
+    float dq[DH / 8][4] = {};
+    for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage = ring.next(stage)) {
+        const smem_tile<DH> ks = ring.at(stage, 0), vs = ring.at(stage, 1);
+        wait_tiles<ring.stages - 2>(); // this tile has landed, and every warp is done with the one before
+        if (k0 == 0) {
+#pragma unroll
+            for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk), doa[kk] = load_a(dos, 16 * warp, 16 * kk);
+        }
+        load_keys(k0 + (ring.stages - 1) * tile, ring.before(stage));
         float p[tile / 8][4] = {}, ds[tile / 8][4] = {};
         rows_times_tile_t<E, DH>(p, qa, ks);
         rows_times_tile_t<E, DH>(ds, doa, vs);
@@ -243,7 +255,8 @@ template <class E, int DH>
 void launch_backward_mma(const E* qkv, const E* dout, const float* lse, const float* rowdot, E* dqkv,
                          const problem& pb, cudaStream_t s) {
     const dim3 grid(blocks_for(pb.seq, tile), pb.batch * pb.heads);
-    constexpr int key_bytes = 6 * smem_tile_bytes<DH> + 4 * tile * int(sizeof(float)), query_bytes = 6 * smem_tile_bytes<DH>;
+    constexpr int key_bytes = 2 * smem_tile_bytes<DH> + ring_bytes<DH> + 2 * ring_stages<DH> * tile * int(sizeof(float)),
+                  query_bytes = 2 * smem_tile_bytes<DH> + ring_bytes<DH>;
     allow_dynamic_smem<key_grads_mma<E, DH>>(key_bytes);
     allow_dynamic_smem<query_grads_mma<E, DH>>(query_bytes);
     key_grads_mma<E, DH><<<grid, threads, key_bytes, s>>>(qkv, dout, lse, rowdot, dqkv, pb);

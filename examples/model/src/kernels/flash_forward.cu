@@ -16,9 +16,9 @@ using namespace detail::flash;
 template <class E, int DH>
 __global__ void __launch_bounds__(threads) forward_mma(const E* qkv, E* out, float* lse, problem pb) {
     extern __shared__ __align__(16) unsigned char smem[];
-    // Q, then K and V twice: the next key tile loads while this one is used.
+    // Q, then a ring of K and V tiles: the next ones load while this one is used.
     const smem_tile<DH> qs{reinterpret_cast<std::uint16_t*>(smem)};
-    const double_buffer<DH> stages{qs.data + tile * qs.pitch};
+    const tile_ring<DH> ring{qs.data + tile * qs.pitch};
     const int qt = gridDim.x - 1 - blockIdx.x; // the longest causal rows start first
     const auto [bh, b, h, H, stride] = this_block_head(pb);
     const E* q = head_rows(qkv, stride, pb, b, h);
@@ -26,29 +26,30 @@ __global__ void __launch_bounds__(threads) forward_mma(const E* qkv, E* out, flo
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const int q0 = qt * tile, limit = key_limit(pb, b), end = key_end(pb, limit, q0);
     const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-
-    load_tile_async(qs, q, stride, q0, pb.seq, pb.dh);
-    if (end > 0) {
-        load_tile_async(stages.at(0, 0), k, stride, 0, pb.seq, pb.dh);
-        load_tile_async(stages.at(0, 1), v, stride, 0, pb.seq, pb.dh);
-    }
-    commit_tiles();
-    wait_tiles();
-    frag_a qa[DH / 16];
+    // Key tile k0 into a stage, as one group of copies (empty past the end, so every loop step
+    // commits one group and waits for the same count).
+    auto load_keys = [&](int k0, int stage) {
+        if (k0 < end) {
+            load_tile_async(ring.at(stage, 0), k, stride, k0, pb.seq, pb.dh);
+            load_tile_async(ring.at(stage, 1), v, stride, k0, pb.seq, pb.dh);
+        }
+        commit_tiles();
+    };
+    if (end > 0) load_tile_async(qs, q, stride, q0, pb.seq, pb.dh); // in the first key tile's group
 #pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk);
+    for (int stage = 0; stage + 1 < ring.stages; ++stage) load_keys(stage * tile, stage);
+    frag_a qa[DH / 16];
 
     float o[DH / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage ^= 1) {
-        const smem_tile<DH> ks = stages.at(stage, 0), vs = stages.at(stage, 1);
-        __syncthreads(); // every warp is done with the other stage (the tile before)
-        if (k0 + tile < end) {
-            load_tile_async(stages.at(stage ^ 1, 0), k, stride, k0 + tile, pb.seq, pb.dh);
-            load_tile_async(stages.at(stage ^ 1, 1), v, stride, k0 + tile, pb.seq, pb.dh);
+    for (int k0 = 0, stage = 0; k0 < end; k0 += tile, stage = ring.next(stage)) {
+        const smem_tile<DH> ks = ring.at(stage, 0), vs = ring.at(stage, 1);
+        wait_tiles<ring.stages - 2>(); // this tile has landed, and every warp is done with the one before
+        if (k0 == 0) {
+#pragma unroll
+            for (int kk = 0; kk < DH / 16; ++kk) qa[kk] = load_a(qs, 16 * warp, 16 * kk);
         }
-        commit_tiles();
-        wait_tiles<1>();
+        load_keys(k0 + (ring.stages - 1) * tile, ring.before(stage));
         float s[tile / 8][4] = {};
         rows_times_tile_t<E, DH>(s, qa, ks);
         const bool edge = k0 + tile > limit || (pb.mask == attention_mask::causal && k0 + tile > q0 + 1);
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(tile) forward_scalar(const T* qkv, T* out, flo
 }
 
 template <class E, int DH> void launch_forward_mma(const E* qkv, E* out, float* lse, const problem& pb, cudaStream_t s) {
-    constexpr int bytes = 5 * smem_tile_bytes<DH>;
+    constexpr int bytes = smem_tile_bytes<DH> + ring_bytes<DH>;
     allow_dynamic_smem<forward_mma<E, DH>>(bytes);
     forward_mma<E, DH><<<dim3(blocks_for(pb.seq, tile), pb.batch * pb.heads), threads, bytes, s>>>(qkv, out, lse, pb);
 }
