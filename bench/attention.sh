@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
-read -r b s n d <<<"${SHAPE:-1 2048 16 128}"
+read -r b s n d <<<"${SHAPE:-1 2048 32 64}"
 "$BUILD/bench/attention" --batch "$b" --seq "$s" --heads "$n" --head-dim "$d" || exit $?
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   python3 bench/peers/attention_peer.py --batch "$b" --seq "$s" --heads "$n" --head-dim "$d"

@@ -2,7 +2,8 @@
 # One batch for the GPU machine: build (release, sm_90 included), run the `gpu` suite (gradient
 # checks, determinism, padding, MoE modes, CUDA layer, the runner's parity matrix, the training
 # and capture tutorials), memcheck the GPU test executables, and run the benchmarks
-# (bench/run_all.sh), and profile one step's kernels beside PyTorch's (bench/profile.sh). Logs go
+# (bench/run_all.sh), and profile one step's kernels beside PyTorch's (bench/profile.sh; and the
+# attention kernels alone beside PyTorch's SDPA, bench/attention.sh). Logs go
 # to $OUT (the device tool brings them back).
 #
 #   scripts/gpu-check.sh [all|build|suite|tutorials|memcheck|racecheck|bench|profile]...   (default: all)
@@ -124,6 +125,10 @@ if want profile; then
   prc=$?
   tail -20 "$OUT/profile.log"
   [ $prc -eq 0 ] || [ $prc -eq 77 ] || rc=$prc
+  # The attention kernels alone, beside PyTorch's scaled_dot_product_attention (bench/attention.sh).
+  bench/attention.sh build-gpu 2>&1 | tee "$OUT/attention.log"
+  arc=${PIPESTATUS[0]}
+  [ $arc -eq 0 ] || [ $arc -eq 77 ] || rc=$arc
 fi
 echo "gpu-check exit $rc"
 exit $rc
