@@ -4,7 +4,7 @@
 // attention_peer.py times PyTorch's scaled_dot_product_attention (cuDNN and FlashAttention-2) on
 // the same shape; bench/attention.sh runs both, so the ratio comes from one run.
 //
-//   attention [--batch B] [--seq S] [--heads N] [--head-dim D] [--rounds R]
+//   attention [--batch B] [--seq S] [--heads N] [--head-dim D (a multiple of 8, <= 128)] [--rounds R]
 //
 // It also prints a hash of the output, the log-sum-exp and the gradient: a kernel change that
 // should not change the arithmetic (a load, a register bound) must leave it as it was.
@@ -24,6 +24,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -35,29 +36,43 @@ struct variant {
     void step(cudaStream_t s) { run(s); }
 };
 
-int arg(int argc, char** argv, const char* name, int fallback) {
-    for (int i = 1; i + 1 < argc; ++i)
-        if (std::strcmp(argv[i], name) == 0) {
-            const int v = std::atoi(argv[i + 1]);
-            if (v < 1) {
-                std::fprintf(stderr, "attention: %s must be a positive integer, not '%s'\n", name, argv[i + 1]);
-                std::exit(2);
-            }
-            return v;
-        }
-    return fallback;
+//! The shape and the rounds; a missing or malformed value, or an unknown option, ends the program
+//! with a message and exit code 2.
+struct options {
+    int batch = 1, seq = 2048, heads = 32, head_dim = 64, rounds = 20;
+};
+
+options parse(int argc, char** argv) {
+    options o;
+    const std::pair<const char*, int*> known[] = {
+        {"--batch", &o.batch}, {"--seq", &o.seq}, {"--heads", &o.heads}, {"--head-dim", &o.head_dim}, {"--rounds", &o.rounds}};
+    auto fail = [](const std::string& why) {
+        std::fprintf(stderr, "attention: %s (options: --batch --seq --heads --head-dim --rounds, each a positive integer)\n", why.c_str());
+        std::exit(2);
+    };
+    for (int i = 1; i < argc; i += 2) {
+        int* target = nullptr;
+        for (const auto& [name, field] : known)
+            if (std::strcmp(argv[i], name) == 0) target = field;
+        if (!target) fail(std::string("unknown option '") + argv[i] + "'");
+        if (i + 1 == argc) fail(std::string(argv[i]) + " needs a value");
+        char* end = nullptr;
+        const long v = std::strtol(argv[i + 1], &end, 10);
+        if (end == argv[i + 1] || *end != '\0' || v < 1 || v > 1 << 20)
+            fail(std::string(argv[i]) + " takes a positive integer, not '" + argv[i + 1] + "'");
+        *target = int(v);
+    }
+    // The bench times the tensor-core kernels; other widths take the scalar path.
+    if (o.head_dim % 8 != 0 || o.head_dim > 128)
+        fail("--head-dim " + std::to_string(o.head_dim) + " is not a tensor-core width: give a multiple of 8 up to 128");
+    return o;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-    for (int i = 1; i < argc; i += 2)
-        if (std::string a = argv[i]; a != "--batch" && a != "--seq" && a != "--heads" && a != "--head-dim" && a != "--rounds") {
-            std::fprintf(stderr, "attention: unknown option '%s' (--batch --seq --heads --head-dim --rounds)\n", argv[i]);
-            return 2;
-        }
-    const int batch = arg(argc, argv, "--batch", 1), seq = arg(argc, argv, "--seq", 2048), heads = arg(argc, argv, "--heads", 32),
-              dh = arg(argc, argv, "--head-dim", 64), rounds = arg(argc, argv, "--rounds", 20);
+    const options opt = parse(argc, argv);
+    const int batch = opt.batch, seq = opt.seq, heads = opt.heads, dh = opt.head_dim, rounds = opt.rounds;
     const std::string gpu = bench::device_or_skip();
     using E = __nv_bfloat16;
     const long rows = long(batch) * seq, H = long(heads) * dh;

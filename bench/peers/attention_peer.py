@@ -10,7 +10,25 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from timing import median_ms
+import statistics
+
+
+def median_us(call, per_round=20, rounds=15):
+    """Device µs per call: `per_round` calls enqueued back to back between two events (so the
+    GPU, not Python's dispatch, sets the pace, as in bench/attention), the median of `rounds`."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(per_round):
+            call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / per_round)
+    return statistics.median(times)
 
 
 def main():
@@ -29,13 +47,13 @@ def main():
         try:
             with sdpa_kernel(backend):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), steps=200)
-                bwd = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), steps=200)
+                fwd = median_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+                bwd = median_us(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
         except RuntimeError as e:
             print(f"torch {name}: not available here ({str(e).splitlines()[0]})")
             continue
-        for what, ms, flop in (("forward", fwd, forward_flop), ("backward", bwd, 2.5 * forward_flop)):
-            print(f"torch {name:<6} {what:<9} {ms * 1e3:8.1f} us  {flop / (ms * 1e-3) / 1e12:6.1f} TFLOP/s useful")
+        for what, us, flop in (("forward", fwd, forward_flop), ("backward", bwd, 2.5 * forward_flop)):
+            print(f"torch {name:<6} {what:<9} {us:8.1f} us  {flop / (us * 1e-6) / 1e12:6.1f} TFLOP/s useful")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(threads)
         // accumulators (head_dim <= 64), else read from shared memory for each query tile.
         constexpr bool hold_keys = DH <= 64;
         frag_a ka[DH / 16], va[DH / 16];
-        auto load_keys = [&] {
+        auto load_key_fragments = [&] {
 #pragma unroll
             for (int kk = 0; kk < DH / 16; ++kk) ka[kk] = load_a(ks, 16 * warp, 16 * kk), va[kk] = load_a(vs, 16 * warp, 16 * kk);
         };
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(threads)
             const float* lse_s = row_stats + stage * 2 * tile;
             const float* d_s = lse_s + tile;
             wait_tiles<ring.stages - 2>(); // this tile has landed, and every warp is done with the one before
-            if (!hold_keys || q0 == q_first) load_keys();
+            if (!hold_keys || q0 == q_first) load_key_fragments();
             load_queries(q0 + (ring.stages - 1) * tile, ring.before(stage));
             float p[tile / 8][4] = {}, ds[tile / 8][4] = {}; // transposed: rows are keys, columns queries
             rows_times_tile_t<E, DH>(p, ka, qs);

@@ -120,13 +120,14 @@ __device__ __forceinline__ void load_tile_async(smem_tile<DH> dst, const E* head
     __trap(); // the launchers send older GPUs to the scalar kernels
 #endif
 }
-// The tiles this thread issued so far have landed, and every thread's (the barrier): wait_tiles<N>
-// leaves the N most recent groups in flight (the prefetches of the next tiles).
+// The copies this thread issued since the last commit form one group.
 __device__ __forceinline__ void commit_tiles() {
 #if CAPSCOPE_FLASH_SM80
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
+// Every group but the InFlight most recent ones (the prefetches of the next tiles) has landed,
+// this thread's and, after the barrier, every thread's.
 template <int InFlight = 0> __device__ __forceinline__ void wait_tiles() {
 #if CAPSCOPE_FLASH_SM80
     asm volatile("cp.async.wait_group %0;\n" ::"n"(InFlight));
