@@ -42,14 +42,15 @@ struct options {
     int batch = 1, seq = 2048, heads = 32, head_dim = 64, rounds = 20;
 };
 
+[[noreturn]] void fail(const std::string& why) {
+    std::fprintf(stderr, "attention: %s (options: --batch --seq --heads --head-dim --rounds, each a positive integer)\n", why.c_str());
+    std::exit(2);
+}
+
 options parse(int argc, char** argv) {
     options o;
     const std::pair<const char*, int*> known[] = {
         {"--batch", &o.batch}, {"--seq", &o.seq}, {"--heads", &o.heads}, {"--head-dim", &o.head_dim}, {"--rounds", &o.rounds}};
-    auto fail = [](const std::string& why) {
-        std::fprintf(stderr, "attention: %s (options: --batch --seq --heads --head-dim --rounds, each a positive integer)\n", why.c_str());
-        std::exit(2);
-    };
     for (int i = 1; i < argc; i += 2) {
         int* target = nullptr;
         for (const auto& [name, field] : known)

@@ -5,17 +5,16 @@ where this PyTorch has it). Prints lines in bench/attention's format.
     python3 bench/peers/attention_peer.py [--batch B] [--seq S] [--heads N] [--head-dim D]
 """
 import argparse
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import statistics
-
 
 def median_us(call, per_round=20, rounds=15):
-    """Device µs per call: `per_round` calls enqueued back to back between two events (so the
-    GPU, not Python's dispatch, sets the pace, as in bench/attention), the median of `rounds`."""
+    """Device µs per call: `per_round` calls enqueued back to back between two events, divided
+    (so the GPU, not Python's dispatch, sets the pace), the median of `rounds`."""
     for _ in range(3):
         call()
     torch.cuda.synchronize()

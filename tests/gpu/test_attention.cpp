@@ -1,7 +1,7 @@
 // The fused attention kernels against float64 attention written from the formulas: outputs and
 // the gradients of Q, K and V, causal and key-padded (a sample with no keys included), at head
-// widths that fill their tile (32, 64, 128) and ones that do not (8, 12, 40), sequence lengths that are and are not
-// multiples of the 64-row tile; and the backward twice, bit for bit.
+// widths that fill their tile (32, 64, 128) and ones that do not (8, 12, 40), sequence lengths
+// that are and are not multiples of the 64-row tile; and the backward twice, bit for bit.
 
 #include "kernels.hpp"
 #include "support.hpp"
