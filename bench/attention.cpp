@@ -9,6 +9,7 @@
 // It also prints a hash of the output, the log-sum-exp and the gradient: a kernel change that
 // should not change the arithmetic (a load, a register bound) must leave it as it was.
 
+#include "arguments.hpp"
 #include "kernels.hpp"
 #include "round_robin.hpp"
 
@@ -42,30 +43,18 @@ struct options {
     int batch = 1, seq = 2048, heads = 32, head_dim = 64, rounds = 20;
 };
 
-[[noreturn]] void fail(const std::string& why) {
-    std::fprintf(stderr, "attention: %s (options: --batch --seq --heads --head-dim --rounds, each a positive integer)\n", why.c_str());
-    std::exit(2);
-}
-
 options parse(int argc, char** argv) {
     options o;
-    const std::pair<const char*, int*> known[] = {
-        {"--batch", &o.batch}, {"--seq", &o.seq}, {"--heads", &o.heads}, {"--head-dim", &o.head_dim}, {"--rounds", &o.rounds}};
-    for (int i = 1; i < argc; i += 2) {
-        int* target = nullptr;
-        for (const auto& [name, field] : known)
-            if (std::strcmp(argv[i], name) == 0) target = field;
-        if (!target) fail(std::string("unknown option '") + argv[i] + "'");
-        if (i + 1 == argc) fail(std::string(argv[i]) + " needs a value");
-        char* end = nullptr;
-        const long v = std::strtol(argv[i + 1], &end, 10);
-        if (end == argv[i + 1] || *end != '\0' || v < 1 || v > 1 << 20)
-            fail(std::string(argv[i]) + " takes a positive integer, not '" + argv[i + 1] + "'");
-        *target = int(v);
-    }
+    const bench::arguments args = bench::arguments("attention")
+                                      .integer("--batch", o.batch, 1)
+                                      .integer("--seq", o.seq, 1)
+                                      .integer("--heads", o.heads, 1)
+                                      .integer("--head-dim", o.head_dim, 8, 128)
+                                      .integer("--rounds", o.rounds, 1);
+    args.parse_or_exit(argc, argv);
     // The bench times the tensor-core kernels; other widths take the scalar path.
-    if (o.head_dim % 8 != 0 || o.head_dim > 128)
-        fail("--head-dim " + std::to_string(o.head_dim) + " is not a tensor-core width: give a multiple of 8 up to 128");
+    if (o.head_dim % 8 != 0)
+        args.refuse("--head-dim " + std::to_string(o.head_dim) + " is not a tensor-core width: give a multiple of 8 up to 128");
     return o;
 }
 

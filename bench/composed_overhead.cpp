@@ -10,6 +10,7 @@
 //   composed_overhead [--rounds R] [--steps-per-round K] [--markdown FILE] [--csv FILE]
 
 #include "api_counter.hpp"
+#include "arguments.hpp"
 #include "figures_csv.hpp"
 #include "round_robin.hpp"
 
@@ -283,28 +284,12 @@ std::string run(const options& o, bench::figures_csv& csv, cudaStream_t s) {
 
 int main(int argc, char** argv) {
     options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto next = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                std::fprintf(stderr, "composed_overhead: %s needs a value\n", a.c_str());
-                std::exit(2);
-            }
-            return argv[++i];
-        };
-        if (a == "--rounds") o.rounds = std::atoi(next().c_str());
-        else if (a == "--steps-per-round") o.steps_per_round = std::atoi(next().c_str());
-        else if (a == "--markdown") o.markdown = next();
-        else if (a == "--csv") o.csv = next();
-        else {
-            std::fprintf(stderr, "composed_overhead: unknown option '%s'\nusage: composed_overhead [--rounds R] [--steps-per-round K] [--markdown FILE] [--csv FILE]\n", a.c_str());
-            return 2;
-        }
-    }
-    if (o.rounds < 1 || o.steps_per_round < 1) {
-        std::fprintf(stderr, "composed_overhead: --rounds and --steps-per-round must be >= 1\n");
-        return 2;
-    }
+    bench::arguments("composed_overhead")
+        .integer("--rounds", o.rounds, 1)
+        .integer("--steps-per-round", o.steps_per_round, 1)
+        .text("--markdown", o.markdown)
+        .text("--csv", o.csv)
+        .parse_or_exit(argc, argv);
     if (cuda::usable_device_count() == 0) {
         std::puts("no usable CUDA device: skipped");
         return cuda::skip_exit_code;

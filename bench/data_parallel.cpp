@@ -15,6 +15,7 @@
 // parameter and optimizer-state bytes per rank. All variants are built first and run
 // round-robin, so drift hits them alike. Exits 77 without a GPU.
 
+#include "arguments.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/data_parallel.hpp>
@@ -29,7 +30,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -100,14 +100,7 @@ void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, co
 int main(int argc, char** argv) {
     int rounds = 10, steps_per_round = 5;
     std::string csv;
-    for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
-        else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else {
-            std::fprintf(stderr, "usage: data_parallel [--csv FILE] [--rounds R]\n");
-            return 2;
-        }
-    }
+    bench::arguments("data_parallel").text("--csv", csv).integer("--rounds", rounds, 1).parse_or_exit(argc, argv);
     if (cuda::usable_device_count() == 0) {
         std::printf("no CUDA device: skipped\n");
         return cuda::skip_exit_code;

@@ -10,6 +10,7 @@
 //
 //   decode_loop [--rounds R] [--markdown FILE] [--csv FILE]        Exits 77 without a GPU.
 
+#include "arguments.hpp"
 #include "figures_csv.hpp"
 #include "round_robin.hpp"
 
@@ -66,20 +67,7 @@ struct way {
 int main(int argc, char** argv) {
     int rounds = 5;
     std::string markdown, csv;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else if (a == "--markdown" && i + 1 < argc) markdown = argv[++i];
-        else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: decode_loop [--rounds R] [--markdown FILE] [--csv FILE]\n");
-            return 2;
-        }
-    }
-    if (rounds < 1) {
-        std::fprintf(stderr, "decode_loop: --rounds must be at least 1\n");
-        return 2;
-    }
+    bench::arguments("decode_loop").integer("--rounds", rounds, 1).text("--markdown", markdown).text("--csv", csv).parse_or_exit(argc, argv);
     const std::string gpu = bench::device_or_skip();
     cuda::stream s;
     gpt::inference_model<T> m(bench_model(), s.get());

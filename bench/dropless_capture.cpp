@@ -10,6 +10,7 @@
 //
 //   dropless_capture [--layers L] [--rounds R] [--factors F1,F2]
 
+#include "arguments.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/model.hpp>
@@ -26,7 +27,6 @@
 #include <functional>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -103,23 +103,11 @@ template <class Config> variant build(std::string name, double static_factor, cu
 int main(int argc, char** argv) {
     int rounds = 10;
     std::vector<double> factors = {1.5, 4.0};
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
-        else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else if (a == "--factors" && i + 1 < argc) {
-            factors.clear();
-            std::stringstream in(argv[++i]);
-            for (std::string f; std::getline(in, f, ',');) factors.push_back(std::atof(f.c_str()));
-        } else {
-            std::fprintf(stderr, "usage: dropless_capture [--layers L] [--rounds R] [--factors F1,F2]\n");
-            return 2;
-        }
-    }
-    if (layer_count < 2 || rounds < 1 || factors.size() != 2 || !(factors[0] > 0) || !(factors[1] > 0)) {
-        std::fprintf(stderr, "dropless_capture: --layers >= 2, --rounds >= 1 and two positive --factors\n");
-        return 2;
-    }
+    bench::arguments("dropless_capture")
+        .integer("--layers", layer_count, 2)
+        .integer("--rounds", rounds, 1)
+        .positive_reals("--factors", factors, 2)
+        .parse_or_exit(argc, argv);
     const std::string gpu = bench::device_or_skip();
     cuda::stream s;
     std::printf("%s; bf16 h1024 s2048 b1, %d layers (MoE and dense in turn, 8 experts top-2, dropless), %d batches in turn; "

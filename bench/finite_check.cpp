@@ -9,6 +9,7 @@
 //
 //   finite_check [--layers L] [--batch B] [--rounds R]
 
+#include "arguments.hpp"
 #include "dense_model.hpp"
 #include "round_robin.hpp"
 
@@ -74,16 +75,7 @@ template <class T, class Config> variant build(std::string name, bool check, flo
 
 int main(int argc, char** argv) {
     int rounds = 10;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
-        else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else if (a == "--batch" && i + 1 < argc) batch = std::atoi(argv[++i]);
-        else {
-            std::fprintf(stderr, "usage: finite_check [--layers L] [--batch B] [--rounds R]\n");
-            return 2;
-        }
-    }
+    bench::arguments("finite_check").integer("--layers", layer_count, 1).integer("--batch", batch, 1).integer("--rounds", rounds, 1).parse_or_exit(argc, argv);
     const std::string gpu = bench::device_or_skip();
     cuda::stream s;
     std::printf("%s; h1024 s2048 b%d, %d dense layers, impl full_iteration; %d rounds of 5 steps each, round-robin over the six\n",

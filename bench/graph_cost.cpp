@@ -13,6 +13,7 @@
 //
 //   graph_cost [--layers L] [--hidden H] [--batch B] [--microbatches M]
 
+#include "arguments.hpp"
 #include "dense_model.hpp"
 #include "round_robin.hpp"
 
@@ -106,17 +107,13 @@ template <class Config> void measure(const char* name, cudaStream_t s, bool prin
 } // namespace
 
 int main(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
-        else if (a == "--hidden" && i + 1 < argc) hidden = std::atoi(argv[++i]);
-        else if (a == "--microbatches" && i + 1 < argc) microbatches = std::atoi(argv[++i]);
-        else if (a == "--batch" && i + 1 < argc) batch = std::atoi(argv[++i]);
-        else {
-            std::fprintf(stderr, "usage: graph_cost [--layers L] [--hidden H] [--batch B] [--microbatches M]\n");
-            return 2;
-        }
-    }
+    const bench::arguments args = bench::arguments("graph_cost")
+                                      .integer("--layers", layer_count, 1)
+                                      .integer("--hidden", hidden, 64)
+                                      .integer("--batch", batch, 1)
+                                      .integer("--microbatches", microbatches, 1);
+    args.parse_or_exit(argc, argv);
+    if (hidden % 64) args.refuse("--hidden " + std::to_string(hidden) + " is not a whole number of heads of 64: give a multiple of 64");
     const std::string gpu = bench::device_or_skip();
     cuda::stream s;
     std::printf("%s; bf16 h%d s2048 b%d x %d microbatches, %d dense layers; one impl at a time, each on a fresh model\n", gpu.c_str(),

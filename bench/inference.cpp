@@ -9,6 +9,7 @@
 //
 //   inference [--rounds R] [--markdown FILE] [--csv FILE]        Exits 77 without a GPU.
 
+#include "arguments.hpp"
 #include "figures_csv.hpp"
 #include "round_robin.hpp"
 
@@ -170,16 +171,7 @@ template <class Runner> double time_runner(Runner& r, int rows, int reps, cudaSt
 int main(int argc, char** argv) {
     int rounds = 15;
     std::string markdown, csv_path;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else if (a == "--markdown" && i + 1 < argc) markdown = argv[++i];
-        else if (a == "--csv" && i + 1 < argc) csv_path = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: inference [--rounds R] [--markdown FILE] [--csv FILE]\n");
-            return 2;
-        }
-    }
+    bench::arguments("inference").integer("--rounds", rounds, 1).text("--markdown", markdown).text("--csv", csv_path).parse_or_exit(argc, argv);
     if (cuda::usable_device_count() == 0) {
         std::puts("no usable CUDA device: benchmark skipped");
         return cuda::skip_exit_code;

@@ -12,6 +12,7 @@
 // parameter and optimizer-state bytes), what the copies move per step, and the bandwidth that
 // needs against the D2H bandwidth measured here. Exits 77 without a GPU.
 
+#include "arguments.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/model.hpp>
@@ -160,16 +161,7 @@ using te_offload = config<te, modules<>, warmup_steps<1>, offload<Parts..., dela
 int main(int argc, char** argv) {
     int rounds = 6;
     std::string csv;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--layers" && i + 1 < argc) layer_count = std::atoi(argv[++i]);
-        else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: offload [--layers L] [--rounds R] [--csv FILE]\n");
-            return 2;
-        }
-    }
+    bench::arguments("offload").integer("--layers", layer_count, 1).integer("--rounds", rounds, 1).text("--csv", csv).parse_or_exit(argc, argv);
     const std::string gpu = bench::device_or_skip();
     cuda::stream s;
     std::printf("%s; bf16 h1024 s2048 b2, %d dense layers, transformer_engine whole layers, copies out delayed after each layer's graph\n",

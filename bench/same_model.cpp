@@ -24,6 +24,7 @@
 // graph runs between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
 // (bench/profile.sh). Exits 77 without a GPU.
 
+#include "arguments.hpp"
 #include "round_robin.hpp"
 
 #include <gpt/model.hpp>
@@ -57,29 +58,24 @@ struct options {
     std::string out;
 };
 
+//! The command line, or exit 2 naming what was wrong.
 options parse(int argc, char** argv) {
     options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto number = [&](int& x) {
-            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-            x = std::stoi(argv[++i]);
-        };
-        if (a == "--hidden") number(o.hidden);
-        else if (a == "--seq") number(o.seq);
-        else if (a == "--batch") number(o.batch);
-        else if (a == "--layers") number(o.layers);
-        else if (a == "--vocab") number(o.vocab);
-        else if (a == "--check-steps") number(o.check_steps);
-        else if (a == "--rounds") number(o.rounds);
-        else if (a == "--mixed") o.mixed = true;
-        else if (a == "--profile") o.profile = true;
-        else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
-        else throw std::invalid_argument("unknown argument '" + a + "'");
-    }
-    if (o.out.empty()) throw std::invalid_argument("--out DIR is required");
-    if (o.hidden % 64) throw std::invalid_argument("--hidden must be a multiple of 64 (heads of 64)");
-    if (o.mixed && o.layers % 4) throw std::invalid_argument("--mixed repeats EDMD: --layers must be a multiple of 4");
+    const bench::arguments args = bench::arguments("same_model")
+                                      .integer("--hidden", o.hidden, 64)
+                                      .integer("--seq", o.seq, 1)
+                                      .integer("--batch", o.batch, 1)
+                                      .integer("--layers", o.layers, 1)
+                                      .flag("--mixed", o.mixed)
+                                      .integer("--vocab", o.vocab, 2)
+                                      .integer("--check-steps", o.check_steps, 1)
+                                      .integer("--rounds", o.rounds, 1)
+                                      .flag("--profile", o.profile)
+                                      .text("--out", o.out, "DIR");
+    args.parse_or_exit(argc, argv);
+    if (o.out.empty()) args.refuse("--out DIR is required");
+    if (o.hidden % 64) args.refuse("--hidden must be a multiple of 64 (heads of 64)");
+    if (o.mixed && o.layers % 4) args.refuse("--mixed repeats EDMD: --layers must be a multiple of 4");
     return o;
 }
 
@@ -187,14 +183,7 @@ void time_three_ways(gpt::gpt_model<T>& model, runner<config<impl::eager>>& eage
 } // namespace
 
 int main(int argc, char** argv) {
-    options o;
-    try {
-        o = parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "same_model: %s\nusage: same_model --hidden H --seq S --batch B --layers L [--mixed] [--vocab V] [--check-steps N] "
-                             "[--rounds R] [--profile] --out DIR\n", e.what());
-        return 2;
-    }
+    const options o = parse(argc, argv);
     if (cuda::usable_device_count() == 0) {
         std::puts("no usable CUDA device: skipped");
         return cuda::skip_exit_code;

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -83,9 +84,11 @@ bool run(const char* title, const custom::shape& sh, int steps, const trace& by_
 int main(int argc, char** argv) {
     int steps = 40;
     for (int i = 1; i < argc; ++i) {
-        if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) >= 8) steps = std::atoi(argv[++i]);
+        char* end = nullptr;
+        const long n = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0; // strtol, not atoi: "9x" is no number
+        if (std::strcmp(argv[i], "--steps") == 0 && end && *end == '\0' && n >= 8 && n <= 100000) steps = int(n), ++i;
         else {
-            std::fprintf(stderr, "usage: 10_custom_trainer [--steps N]   (N >= 8)\n");
+            std::fprintf(stderr, "usage: 10_custom_trainer [--steps N]   (8 <= N <= 100000)\n");
             return 2;
         }
     }

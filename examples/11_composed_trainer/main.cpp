@@ -105,9 +105,11 @@ bool run(const char* title, const composed::shape& sh, int steps, const trace& b
 int main(int argc, char** argv) {
     int steps = 12;
     for (int i = 1; i < argc; ++i) {
-        if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) >= 4) steps = std::atoi(argv[++i]);
+        char* end = nullptr;
+        const long n = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0; // strtol, not atoi: "9x" is no number
+        if (std::strcmp(argv[i], "--steps") == 0 && end && *end == '\0' && n >= 4 && n <= 100000) steps = int(n), ++i;
         else {
-            std::fprintf(stderr, "usage: 11_composed_trainer [--steps N]   (N >= 4)\n");
+            std::fprintf(stderr, "usage: 11_composed_trainer [--steps N]   (4 <= N <= 100000)\n");
             return 2;
         }
     }
