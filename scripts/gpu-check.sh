@@ -63,7 +63,7 @@ fi
 
 if want memcheck; then
   : >"$OUT/memcheck.log"
-  for t in test_attention test_scan_slots test_norms test_generate test_cuda_layer test_model test_gradients test_runner test_inference test_engine test_offload test_hooks test_guards; do
+  for t in test_attention test_scan_slots test_norms test_generate test_cuda_layer test_model test_gradients test_runner test_scratch test_inference test_engine test_offload test_hooks test_guards; do
     # API errors are provoked on purpose by some tests (and checked); memcheck is about memory.
     # The allocation tests are left out: the sanitizer's own bookkeeping allocates device memory.
     timeout 540 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
