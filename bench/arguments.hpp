@@ -1,8 +1,9 @@
 #pragma once
 // A bench's command line, each option declared once: what it is called, where its value goes and
-// which values it takes. Every bench then refuses an unknown option, a missing value, and a number
-// that is malformed or out of range, naming the option and printing its usage, with exit code 2,
-// before it asks for a GPU. (std::atoi read "--rounds x" as 0 rounds and "--layers 1O" as 1.)
+// which values it takes. Every bench then refuses an unknown option, a missing value (an option
+// where its value should be, too), a missing required option, and a number that is malformed or
+// out of range, naming the option and printing its usage, with exit code 2, before it asks for a
+// GPU. (std::atoi read "--rounds x" as 0 rounds and "--layers 1O" as 1.)
 // Host-only C++ on purpose: tests/unit/test_bench_arguments.cpp runs it without CUDA.
 
 #include <cerrno>
@@ -43,7 +44,9 @@ public:
     //! `name A,B,...`: exactly `count` positive, finite numbers, comma-separated.
     arguments& positive_reals(std::string name, std::vector<double>& target, std::size_t count) {
         const std::string accepted = std::to_string(count) + " positive numbers separated by commas";
-        return add(std::move(name), "A,B", [&target, count, accepted](const std::string& option, const std::string& text) {
+        std::string metavar;
+        for (std::size_t i = 0; i < count; ++i) metavar += (i ? "," : "") + std::string(1, char('A' + i % 26));
+        return add(std::move(name), std::move(metavar), [&target, count, accepted](const std::string& option, const std::string& text) {
             std::vector<double> values;
             std::size_t begin = 0;
             for (;;) {
@@ -73,24 +76,38 @@ public:
 
     //! `name` alone: sets the flag.
     arguments& flag(std::string name, bool& target) {
-        options_.push_back({std::move(name), "", false, [&target](const std::string&, const std::string&) { target = true; }});
+        add(std::move(name), "", [&target](const std::string&, const std::string&) { target = true; });
+        options_.back().takes_value = false;
+        return *this;
+    }
+
+    //! The option declared last must be given (its usage shows no brackets).
+    arguments& required() {
+        if (options_.empty()) throw std::logic_error(program_ + ": required() before any option");
+        options_.back().required = true;
         return *this;
     }
 
     //! Reads argv[1..argc) into the declared targets; throws usage_error at the first thing wrong.
     //! An option given twice takes its last value.
     void parse(int argc, const char* const* argv) const {
+        std::vector<bool> given(options_.size());
         for (int i = 1; i < argc; ++i) {
             const std::string name = argv[i];
-            const option* o = find(name);
+            const declared* o = find(name);
             if (!o) throw usage_error("unknown option '" + name + "'");
+            given[std::size_t(o - options_.data())] = true;
             if (!o->takes_value) {
                 o->set(name, "");
                 continue;
             }
-            if (i + 1 == argc) throw usage_error(name + " needs a value (" + name + " " + o->metavar + ")");
+            // "--csv --markdown x" would otherwise write a file named --markdown.
+            if (i + 1 == argc || std::string(argv[i + 1]).rfind("--", 0) == 0)
+                throw usage_error(name + " needs a value (" + name + " " + o->metavar + ")");
             o->set(name, argv[++i]);
         }
+        for (std::size_t k = 0; k < options_.size(); ++k)
+            if (options_[k].required && !given[k]) throw usage_error(options_[k].name + " " + options_[k].metavar + " is required");
     }
 
     //! parse(), and on a usage error: the program's name, what was wrong and the usage on stderr, exit 2.
@@ -111,14 +128,17 @@ public:
 
     std::string usage() const {
         std::string u = "usage: " + program_;
-        for (const option& o : options_) u += " [" + o.name + (o.takes_value ? " " + o.metavar : "") + "]";
+        for (const declared& o : options_) {
+            const std::string text = o.name + (o.takes_value ? " " + o.metavar : "");
+            u += o.required ? " " + text : " [" + text + "]";
+        }
         return u;
     }
 
 private:
-    struct option {
+    struct declared {
         std::string name, metavar;
-        bool takes_value = true;
+        bool takes_value = true, required = false;
         std::function<void(const std::string& option, const std::string& value)> set;
     };
 
@@ -132,18 +152,18 @@ private:
 
     arguments& add(std::string name, std::string metavar, std::function<void(const std::string&, const std::string&)> set) {
         if (find(name)) throw std::logic_error(program_ + ": option " + name + " declared twice");
-        options_.push_back({std::move(name), std::move(metavar), true, std::move(set)});
+        options_.push_back({std::move(name), std::move(metavar), true, false, std::move(set)});
         return *this;
     }
 
-    const option* find(const std::string& name) const {
-        for (const option& o : options_)
+    const declared* find(const std::string& name) const {
+        for (const declared& o : options_)
             if (o.name == name) return &o;
         return nullptr;
     }
 
     std::string program_;
-    std::vector<option> options_;
+    std::vector<declared> options_;
 };
 
 } // namespace bench

@@ -71,9 +71,9 @@ options parse(int argc, char** argv) {
                                       .integer("--check-steps", o.check_steps, 1)
                                       .integer("--rounds", o.rounds, 1)
                                       .flag("--profile", o.profile)
-                                      .text("--out", o.out, "DIR");
+                                      .text("--out", o.out, "DIR")
+                                      .required();
     args.parse_or_exit(argc, argv);
-    if (o.out.empty()) args.refuse("--out DIR is required");
     if (o.hidden % 64) args.refuse("--hidden must be a multiple of 64 (heads of 64)");
     if (o.mixed && o.layers % 4) args.refuse("--mixed repeats EDMD: --layers must be a multiple of 4");
     return o;

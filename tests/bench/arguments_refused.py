@@ -27,15 +27,17 @@ def main():
         if rc != 2 or f"{name}: unknown option '--no-such-option'" not in err or not usage:
             failures.append(f"{name} --no-such-option: exit {rc}, stderr {err!r}")
             continue
-        options = re.findall(r"\[(--[a-z-]+)(?: ([^\]]+))?\]", usage.group(1) or "")
+        # "[--rounds ROUNDS]", "[--mixed]", and a required "--out DIR" without brackets.
+        options = re.findall(r"\[?(--[a-z-]+)(?: ([A-Z,_]+))?\]?", usage.group(1) or "")
         cases = []
         for option, metavar in options:
             if not metavar:
                 continue  # a flag takes no value
             cases.append(([option], "needs a value"))
+            cases.append(([option, "--no-such-option"], "needs a value"))  # an option where the value should be
             if metavar in ("FILE", "DIR"):
                 cases.append(([option, ""], "takes a non-empty value"))
-            elif metavar == "A,B":
+            elif "," in metavar:
                 cases.append(([option, "1,x"], "positive numbers"))
                 cases.append(([option, "1,-2"], "positive numbers"))
             else:

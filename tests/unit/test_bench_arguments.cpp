@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,26 @@ TEST_CASE("bench arguments: unknown options, missing and malformed values are re
     CHECK(refusal({"--rounds", ""}) == "--rounds takes an integer from 1 to 1048576, not ''");
     CHECK(refusal({"--rounds", "99999999999999999999"}) == "--rounds takes an integer from 1 to 1048576, not '99999999999999999999'");
     CHECK(refusal({"--csv", ""}) == "--csv takes a non-empty value");
+    // An option where the value should be: "--csv --mixed" would write a file named --mixed.
+    CHECK(refusal({"--csv", "--mixed"}) == "--csv needs a value (--csv FILE)");
+    CHECK(refusal({"--rounds", "--layers", "4"}) == "--rounds needs a value (--rounds ROUNDS)");
+}
+
+TEST_CASE("bench arguments: a required option must be given, and its usage shows no brackets") {
+    std::string out;
+    int rounds = 1;
+    const bench::arguments args = bench::arguments("demo").integer("--rounds", rounds, 1).text("--out", out, "DIR").required();
+    CHECK(args.usage() == "usage: demo [--rounds ROUNDS] --out DIR");
+    const char* without[] = {"demo", "--rounds", "3"};
+    CHECK_THROWS_WITH_AS(args.parse(3, without), "--out DIR is required", bench::usage_error);
+    const char* with[] = {"demo", "--out", "runs"};
+    args.parse(3, with);
+    CHECK(out == "runs");
+}
+
+TEST_CASE("bench arguments: an option declared twice is the bench's own mistake") {
+    bool a = false, b = false;
+    CHECK_THROWS_AS(bench::arguments("demo").flag("--mixed", a).flag("--mixed", b), std::logic_error);
 }
 
 TEST_CASE("bench arguments: numbers outside their range are refused with the range") {
