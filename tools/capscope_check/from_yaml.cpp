@@ -11,23 +11,34 @@ std::string where(const std::string& path, const YAML::Mark& mark) { return path
 } // namespace
 
 yaml_model_args read_model_args(const std::string& path) {
-    YAML::Node root;
+    std::vector<YAML::Node> documents;
     try {
-        root = YAML::LoadFile(path);
+        documents = YAML::LoadAllFromFile(path);
     } catch (const YAML::BadFile&) {
         throw flags::flag_error("cannot read " + path);
     } catch (const YAML::ParserException& e) {
         throw flags::flag_error(where(path, e.mark) + ": not YAML: " + e.msg);
     }
-    const YAML::Node args = root.IsMap() ? root["MODEL_ARGS"] : YAML::Node();
-    if (!args) throw flags::flag_error(path + ": no MODEL_ARGS mapping at the top level");
+    // A second document would go unchecked: Megatron's functional tests read one. (An empty one,
+    // as a trailing '---' makes, holds nothing to lose.)
+    for (std::size_t d = 1; d < documents.size(); ++d)
+        if (!documents[d].IsNull())
+            throw flags::flag_error(where(path, documents[d].Mark()) + ": a second YAML document ('---'); a model_config.yaml holds one -- " +
+                                    "fix: put each config in a file of its own");
+    YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
+    if (!root.IsMap() || !root["MODEL_ARGS"]) throw flags::flag_error(path + ": no MODEL_ARGS mapping at the top level");
+    const YAML::Node args = root["MODEL_ARGS"];
     if (!args.IsMap()) throw flags::flag_error(where(path, args.Mark()) + ": MODEL_ARGS is not a mapping of flags to values");
     yaml_model_args result;
     for (const auto& entry : root)
         if (entry.first.Scalar() == "MODEL_ARGS") result.model_args_line = entry.first.Mark().line + 1;
     std::vector<std::string>& out = result.args;
     for (const auto& entry : args) {
-        const std::string flag = entry.first.as<std::string>();
+        if (!entry.first.IsScalar())
+            throw flags::flag_error(where(path, entry.first.Mark()) + ": a MODEL_ARGS key is a " +
+                                    (entry.first.IsSequence() ? "list" : entry.first.IsMap() ? "mapping" : "null") +
+                                    ", not a --flag name");
+        const std::string flag = entry.first.Scalar();
         result.key_lines.emplace_back(flag, entry.first.Mark().line + 1);
         const YAML::Node& value = entry.second;
         if (flag.rfind("--", 0) != 0)

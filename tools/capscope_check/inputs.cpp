@@ -10,7 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <regex>
+#include <set>
 
 namespace capscope::check {
 
@@ -30,11 +30,60 @@ std::vector<std::string> glob_files(const std::string& pattern) {
     return out;
 }
 
-//! "--cuda-graph-impl" -> "cuda_graph_impl", as Megatron's argparse names the value.
+//! "--cuda-graph-impl" -> "cuda_graph_impl", as Megatron's argparse names the value ("" for "--").
 std::string dest_of(const std::string& flag) {
-    std::string d = flag.substr(flag.find_first_not_of('-'));
+    const std::size_t first = flag.find_first_not_of('-');
+    if (first == std::string::npos) return "";
+    std::string d = flag.substr(first);
     std::replace(d.begin(), d.end(), '-', '_');
     return d;
+}
+
+//! Whether `word` stands in `text` as a whole word: cuda_graph_impl, not the cuda_graph of
+//! cuda_graph_impl. (A plain search: a key such as "--a[" is no regular expression.)
+bool has_word(const std::string& text, const std::string& word) {
+    const auto inner = [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; };
+    if (word.empty()) return false;
+    for (std::size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+        const std::size_t end = at + word.size();
+        if ((at == 0 || !inner(text[at - 1])) && (end == text.size() || !inner(text[end]))) return true;
+    }
+    return false;
+}
+
+//! Every model_config.yaml below `root`, sorted, and an input with an error for each directory
+//! that cannot be read and each model_config.yaml that is no readable file (a link to nothing,
+//! say): a tree is never checked in part without saying so. Links to directories are followed,
+//! each directory read once (a link back into the tree adds nothing and cannot loop).
+void walk_tree(const fs::path& root, std::vector<std::string>& found, std::vector<input>& problems) {
+    std::set<fs::path> seen;
+    std::vector<fs::path> todo{root};
+    while (!todo.empty()) {
+        const fs::path dir = todo.back();
+        todo.pop_back();
+        std::error_code ec;
+        const fs::path real = fs::canonical(dir, ec);
+        if (!ec && !seen.insert(real).second) continue;
+        fs::directory_iterator it(dir, ec);
+        for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+            const fs::path& p = it->path();
+            std::error_code sec;
+            const fs::file_status st = fs::status(p, sec); // follows links
+            if (p.filename() == "model_config.yaml") {
+                if (fs::is_regular_file(st)) found.push_back(p.string());
+                else problems.push_back({input::kind::yaml, p.string(),
+                                         "cannot read " + p.string() + (sec ? ": " + sec.message() : ": it is not a file")});
+            } else if (fs::is_directory(st)) {
+                todo.push_back(p);
+            } else if (sec && it->is_symlink(sec)) { // a link to nothing, or a loop of links
+                problems.push_back({input::kind::yaml, p.string(),
+                                    "cannot follow the link " + p.string() + " (what it names is not checked)"});
+            }
+        }
+        if (ec)
+            problems.push_back({input::kind::yaml, dir.string(),
+                                "cannot read the directory " + dir.string() + ": " + ec.message() + " (the configs below it are not checked)"});
+    }
 }
 
 //! "a.yaml:12: ..." -> 12 (0 when the message names no line).
@@ -65,12 +114,13 @@ std::vector<input> expand_yaml_inputs(const std::vector<std::string>& values) {
         std::error_code ec;
         if (fs::is_directory(v, ec)) {
             std::vector<std::string> found;
-            for (auto it = fs::recursive_directory_iterator(v, fs::directory_options::skip_permission_denied, ec);
-                 !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-                if (it->path().filename() == "model_config.yaml" && it->is_regular_file()) found.push_back(it->path().string());
+            std::vector<input> problems;
+            walk_tree(v, found, problems);
             std::sort(found.begin(), found.end());
-            if (found.empty()) out.push_back({input::kind::yaml, v, "no model_config.yaml under the directory " + v});
+            found.erase(std::unique(found.begin(), found.end()), found.end());
+            if (found.empty() && problems.empty()) out.push_back({input::kind::yaml, v, "no model_config.yaml under the directory " + v});
             for (auto& f : found) out.push_back({input::kind::yaml, std::move(f), ""});
+            for (auto& p : problems) out.push_back(std::move(p));
         } else if (is_pattern(v) && !fs::exists(v, ec)) {
             const auto found = glob_files(v);
             if (found.empty()) out.push_back({input::kind::yaml, v, "no file matches the pattern " + v});
@@ -107,6 +157,12 @@ input_result check_input(const input& in, const std::vector<std::string>& extra,
         r.error = e.what();
         r.error_line = line_in(r.error, in.path);
         return r;
+    } catch (const std::exception& e) {
+        // Anything else (yaml-cpp's, a bad_alloc) ends this input, never the run: the other
+        // inputs of a tree are still checked, and this one counts as a usage error.
+        r.status = 2;
+        r.error = "cannot check " + in.path + ": " + e.what();
+        return r;
     }
     r.report = validate(r.line.config);
     r.status = r.report.valid() && r.line.refused_inputs.empty() ? 0 : 1;
@@ -116,10 +172,7 @@ input_result check_input(const input& in, const std::vector<std::string>& extra,
 int offending_line(const input_result& r, const finding& f) {
     const std::string about = std::string(f.rule->statement) + " " + std::string(f.rule->message);
     for (const auto& [flag, line] : r.key_lines) {
-        const std::string dest = dest_of(flag);
-        // a whole word: cuda_graph_impl, not the cuda_graph of cuda_graph_impl
-        const std::regex word("(^|[^a-z_])" + dest + "($|[^a-z_])");
-        if (std::regex_search(about, word)) return line;
+        if (has_word(about, dest_of(flag))) return line;
     }
     return r.model_args_line;
 }

@@ -28,11 +28,24 @@
 
 namespace {
 
+//! The arguments as a shell takes them back: plain words as they are, any other in single quotes.
 std::string quoted_command_line(const std::vector<std::string>& args) {
     std::string s;
-    for (const auto& a : args) s += (s.empty() ? "" : " ") + a;
+    for (const auto& a : args) {
+        const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") ==
+                                             std::string::npos;
+        std::string word = plain ? a : "'";
+        if (!plain) {
+            for (char c : a) word += c == '\'' ? std::string("'\\''") : std::string(1, c);
+            word += "'";
+        }
+        s += (s.empty() ? "" : " ") + word;
+    }
     return s;
 }
+
+//! JSON text; bytes that are not UTF-8 (a Latin-1 config) become U+FFFD instead of an abort.
+std::string json_text(const nlohmann::json& j, int indent) { return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 //! Many inputs: a verdict (or annotations, or a JSON object) per input, then a summary.
 int check_many(const std::vector<capscope::check::input>& inputs, const std::vector<std::string>& extra, bool ignore_unknown, bool json,
@@ -51,7 +64,7 @@ int check_many(const std::vector<capscope::check::input>& inputs, const std::vec
             j["input"] = r.path;
             j["status"] = r.status == 0 ? "valid" : r.status == 1 ? "invalid" : "usage";
             j["exit"] = r.status;
-            std::cout << j.dump() << "\n";
+            std::cout << json_text(j, -1) << "\n";
         } else if (github) {
             if (const std::string a = github_annotation(r); !a.empty()) std::cout << a << "\n";
         } else {
@@ -145,7 +158,7 @@ int main(int argc, char** argv) {
     if (json) {
         nlohmann::json j = capscope::check::to_json(line, report);
         if (graphs.shown) j["inference_graphs"] = capscope::check::inference_graphs_json(graphs);
-        std::cout << j.dump(2) << "\n";
+        std::cout << json_text(j, 2) << "\n";
     } else if (emit_cpp) {
         // A configuration that normalizes is emitted as Megatron runs it (migrations and
         // adjustments applied); one that does not is emitted as written, so the compiler

@@ -33,11 +33,11 @@ struct impl_named {
     using option_kind = option_kind::impl;
     static constexpr void apply(runtime_config& c) {
         if (auto i = parse_megatron_name<graph_impl>(Name.view())) c.impl = *i;
-        else c.unknown_impl = detail::short_text(Name.view());
+        else c.unknown_impl = detail::unknown_name(Name.view());
     }
     static constexpr void apply_vision(vision_settings& v) {
         if (auto i = parse_megatron_name<graph_impl>(Name.view())) v.impl = *i;
-        else v.unknown_impl = detail::short_text(Name.view());
+        else v.unknown_impl = detail::unknown_name(Name.view());
     }
 };
 

@@ -100,7 +100,7 @@ struct recompute_named {
             recompute_module_set s;
             auto add = [&](std::string_view name) {
                 if (auto m = parse_megatron_name<recompute_module>(name)) s.insert(*m);
-                else if (c.unknown_recompute_module.empty()) c.unknown_recompute_module = detail::short_text(name);
+                else if (c.unknown_recompute_module.empty()) c.unknown_recompute_module = detail::unknown_name(name);
             };
             (add(Names.view()), ...);
             c.recompute_modules = s;

@@ -26,7 +26,7 @@ template <detail::fixed_string Name>
 struct offload_module_named : detail::offload_part_base {
     static constexpr void apply(offload_settings& o) {
         if (auto m = parse_megatron_name<offload_module>(Name.view())) o.modules.insert(*m);
-        else if (o.unknown_module.empty()) o.unknown_module = detail::short_text(Name.view());
+        else if (o.unknown_module.empty()) o.unknown_module = detail::unknown_name(Name.view());
     }
 };
 //! A trainer's own offload names (`offload_tensors<"mixer_in">`): the tensors its stages save

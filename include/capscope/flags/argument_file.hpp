@@ -7,6 +7,9 @@
 
 #include <capscope/flags/from_megatron_flags.hpp>
 
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -90,10 +93,19 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
         }
         const std::string path = a.substr(1);
         if (depth >= 16) throw flag_error(path + ": argument files nest more than 16 deep (does one name itself?)");
+        std::error_code ec;
+        if (std::filesystem::is_directory(path, ec)) // an ifstream opens one and reads nothing
+            throw flag_error(path + " is a directory, not an argument file -- fix: name a file of arguments "
+                             "(a tree of model_config.yaml files is --from-yaml DIR)");
         std::ifstream in(path, std::ios::binary);
         if (!in) throw flag_error("cannot read argument file " + path);
         std::ostringstream text;
         text << in.rdbuf();
+        if (const std::string t = text.str(); t.find('\0') != std::string::npos) {
+            const auto at = t.find('\0');
+            throw flag_error(path + ":" + std::to_string(1 + std::count(t.begin(), t.begin() + std::ptrdiff_t(at), '\n')) +
+                             ": a NUL byte: an argument file is text (was a binary file named?)");
+        }
         expand_into(shell_words(text.str(), [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1);
     }
 }

@@ -172,7 +172,7 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
              c.unknown_recompute_module = {};
              for (const std::string& name : v) {
                  if (auto m = parse_megatron_name<recompute_module>(name)) s.insert(*m);
-                 else if (c.unknown_recompute_module.empty()) c.unknown_recompute_module = capscope::detail::short_text(name);
+                 else if (c.unknown_recompute_module.empty()) c.unknown_recompute_module = capscope::detail::unknown_name(name);
              }
              c.recompute_modules = s;
          }},
@@ -197,7 +197,7 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
              c.offload.unknown_module = {};
              for (const std::string& name : v) {
                  if (auto m = parse_megatron_name<offload_module>(name)) c.offload.modules.insert(*m);
-                 else if (c.offload.unknown_module.empty()) c.offload.unknown_module = capscope::detail::short_text(name);
+                 else if (c.offload.unknown_module.empty()) c.offload.unknown_module = capscope::detail::unknown_name(name);
              }
          }},
         {"--min-offloaded-tensor-size", [](runtime_config& c, pending&, R r, V v) { c.offload.min_tensor_size = r.integer(v[0]); }},
@@ -208,13 +208,13 @@ inline const std::map<std::string, handler, std::less<>>& rule_flags() {
         // Megatron-Bridge vision-encoder provider fields (spec §6), spelled as flags.
         {"--vision-cuda-graph-impl", [](runtime_config& c, pending&, R, V v) {
              if (auto i = parse_megatron_name<graph_impl>(v[0])) c.vision.impl = *i;
-             else c.vision.unknown_impl = capscope::detail::short_text(v[0]);
+             else c.vision.unknown_impl = capscope::detail::unknown_name(v[0]);
          }},
         {"--vision-cuda-graph-scope", [](runtime_config& c, pending&, R, V v) {
              c.vision.modules = capture_module_set{};
              for (const std::string& name : v) {
                  if (auto m = parse_megatron_name<capture_module>(name)) c.vision.modules.insert(*m);
-                 else if (c.vision.unknown_module.empty()) c.vision.unknown_module = capscope::detail::short_text(name);
+                 else if (c.vision.unknown_module.empty()) c.vision.unknown_module = capscope::detail::unknown_name(name);
              }
          }},
         {"--max-vision-cuda-graph-seq-length", [](runtime_config& c, pending&, R r, V v) { c.vision.max_seq_length = r.small_integer(v[0]); }},

@@ -36,6 +36,9 @@ private:
     std::string_view s_;
     std::size_t pos_ = 0;
     static constexpr std::size_t max_items = 4096;
+    static constexpr long long max_number = 1'000'000'000'000; // far past any layer count, far from overflow
+    static constexpr int max_depth = 256;                       // sum() recurses once a bracket
+    int depth_ = 0;
 
     [[noreturn]] void fail(const std::string& why) const {
         throw std::invalid_argument("invalid --moe-layer-freq pattern '" + std::string(s_) + "': " + why);
@@ -52,6 +55,7 @@ private:
             if (v.is_list) v.items.insert(v.items.end(), r.items.begin(), r.items.end());
             else v.number += r.number;
             if (v.items.size() > max_items) fail("pattern too long");
+            if (v.number > max_number) fail("number too large");
         }
         return v;
     }
@@ -60,10 +64,16 @@ private:
         while (eat('*')) {
             value r = atom();
             if (v.is_list && r.is_list) fail("cannot multiply two lists");
-            if (!v.is_list && !r.is_list) { v.number *= r.number; continue; }
+            if (!v.is_list && !r.is_list) {
+                if (r.number != 0 && v.number > max_number / r.number) fail("number too large");
+                v.number *= r.number;
+                continue;
+            }
             const value& list = v.is_list ? v : r;
             long long times = v.is_list ? r.number : v.number;
-            if (times < 0 || static_cast<std::size_t>(times) * list.items.size() > max_items) fail("pattern too long");
+            // times alone first: times * size could wrap around to a small number.
+            if (times < 0 || times > static_cast<long long>(max_items) || static_cast<std::size_t>(times) * list.items.size() > max_items)
+                fail("pattern too long");
             value out{true, 0, {}};
             for (long long i = 0; i < times; ++i) out.items.insert(out.items.end(), list.items.begin(), list.items.end());
             v = std::move(out);
@@ -71,6 +81,14 @@ private:
         return v;
     }
     value atom() {
+        const bool opens = pos_ < s_.size() && (s_[pos_] == '(' || s_[pos_] == '[');
+        if (opens && depth_ == max_depth) fail("brackets nested deeper than " + std::to_string(max_depth));
+        if (opens) ++depth_;
+        value v = opens ? bracketed() : number();
+        if (opens) --depth_;
+        return v;
+    }
+    value bracketed() {
         if (eat('(')) {
             value v = sum();
             if (!eat(')')) fail("missing ')'");
@@ -87,6 +105,9 @@ private:
             if (!eat(']')) fail("missing ']'");
             return v;
         }
+        fail("expected '(' or '['"); // atom() calls this at one only
+    }
+    value number() {
         std::size_t start = pos_;
         while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
         if (start == pos_) fail(pos_ < s_.size() ? "unexpected '" + std::string(1, s_[pos_]) + "'" : "unexpected end");

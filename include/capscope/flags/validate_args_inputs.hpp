@@ -53,6 +53,14 @@ public:
         const auto* g = line_.find(dest);
         return g && !g->values.empty() ? python_int(g->values.front()) : std::nullopt;
     }
+    //! An integer kept in an int: past int's range a usage error, as for the flags that
+    //! from_megatron_flags stores (small_integer), never a silent wrap (2^32 read as 0).
+    std::optional<int> small_integer(std::string_view dest) const {
+        const auto v = integer(dest);
+        if (v && (*v < -2147483647LL || *v > 2147483647LL))
+            throw flag_error("argument " + line_.find(dest)->flag + ": invalid int (out of range) value: '" + std::to_string(*v) + "'");
+        return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+    }
     std::optional<double> real(std::string_view dest) const {
         const auto* g = line_.find(dest);
         return g && !g->values.empty() ? python_float(g->values.front()) : std::nullopt;
@@ -150,7 +158,7 @@ inline void apply_hybrid_pattern(refusals& no, megatron_command_line& line, cons
 //! validate_args's virtual-pipeline block and the divisibility check of an even split.
 inline void apply_pipeline(refusals& no, megatron_command_line& line, const given_inputs& in, bool hybrid, int pp) {
     const auto per_stage_flag = in.integer("num_layers_per_virtual_pipeline_stage");
-    const auto stages_flag = in.integer("num_virtual_stages_per_pipeline_rank");
+    const auto stages_flag = in.small_integer("num_virtual_stages_per_pipeline_rank");
     const bool layout = in.text("pipeline_model_parallel_layout").has_value();
     no.require(int(per_stage_flag.has_value()) + int(stages_flag.has_value()) + int(layout) <= 1,
             "No more than one of the following arguments can be set at the same time: "
@@ -176,7 +184,7 @@ inline void apply_pipeline(refusals& no, megatron_command_line& line, const give
                            "use a --num-layers-per-virtual-pipeline-stage that divides the layers of one pipeline stage"))
                 vpp = static_cast<int>((layers / pp) / per_vstage);
         } else {
-            vpp = static_cast<int>(*stages_flag);
+            vpp = *stages_flag;
         }
         if (vpp == 1) vpp.reset();
     } else {
@@ -206,7 +214,7 @@ inline void check_transformer_config_inputs(refusals& no, const megatron_command
         refuse("the model has no layers (float division by zero in the init method's std / sqrt(2 * num_layers))",
                "give --hybrid-layer-pattern at least one layer symbol");
     if (c.cpu_offloading()) {
-        if (c.cpu_offloading_num_layers >= c.num_layers.value_or(1 << 30))
+        if (c.num_layers && c.cpu_offloading_num_layers >= *c.num_layers)
             refuse("CPU offloading can be done only for layers less than " + std::to_string(*c.num_layers),
                    "offload fewer layers than the model has");
         if (pp > 1) refuse("Currently there is no support for Pipeline parallelism with CPU offloading",
@@ -259,7 +267,7 @@ inline void apply_validate_args_inputs(megatron_command_line& line, const std::s
         pattern = old;
     }
     if (pattern) detail::apply_hybrid_pattern(no, line, in, *pattern, pp);
-    if (line.derived.mtp_num_layers == 0) line.derived.mtp_num_layers = static_cast<int>(in.integer("mtp_num_layers").value_or(0));
+    if (line.derived.mtp_num_layers == 0) line.derived.mtp_num_layers = in.small_integer("mtp_num_layers").value_or(0);
     if (line.derived.mtp_num_layers > 0) {
         const std::string position = in.text("position_embedding_type").value_or("learned_absolute");
         no.require(position == "rope" || position == "none",

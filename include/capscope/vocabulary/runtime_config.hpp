@@ -42,7 +42,7 @@ constexpr void add_module_name(module_request& r, std::string_view name) {
     else if (name == "full") r.full = true;
     else if (name == "full_iteration") r.full_iteration = true;
     else if (name == "full_iteration_inference") r.full_iteration_inference = true;
-    else if (r.unknown_name.empty()) r.unknown_name = detail::short_text(name);
+    else if (r.unknown_name.empty()) r.unknown_name = detail::unknown_name(name);
 }
 
 //! Fine-grained activation offloading (`--fine-grained-activation-offloading` and friends).
