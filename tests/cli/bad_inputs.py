@@ -35,6 +35,16 @@ with tempfile.TemporaryDirectory() as d:
         rc, out, err = run(["--format", "github", "--from-yaml", path], d)
         expect(f"github annotations with a key '{key}'", rc == 1 and "title=capscope rule S2::" in out and "line=4" in out, f"{rc} {out} {err}")
 
+    # A bad value in a YAML file: the annotation points at its key (it pointed at line 1).
+    path = write("badvalue/model_config.yaml", "MODEL_ARGS:\n  --num-layers: 4\n  --num-experts: abc\n")
+    rc, out, err = run(["--format", "github", "--from-yaml", path], d)
+    expect("github: a bad value's usage error is annotated at its key", rc == 2 and ",line=3,title=capscope-check%3A usage error::" in out
+           and "--num-experts: invalid int value: 'abc'" in out, f"{rc} {out} {err}")
+
+    rc, out, err = run(["--format", "github", "--num-layers", "4"], d)
+    expect("--format github without inputs: says so, not that --each found none", rc == 2 and "--format github checks --from-yaml files" in err
+           and "--each" in err and "--each found" not in err, f"{rc} {out} {err}")
+
     # Bytes that are not UTF-8 under --json (nlohmann::json threw from dump).
     rc, out, err = run(["--json", "--cuda-graph-impl", "local", "--cuda-graph-modules", "attn\udcff"], d)
     try:

@@ -93,6 +93,18 @@ int line_in(const std::string& message, const std::string& path) {
     return std::atoi(message.c_str() + prefix.size());
 }
 
+//! The line of the YAML key a usage error is about ("argument --num-experts: invalid int value:
+//! 'abc'" -> the --num-experts key's line), 0 when it names none.
+int key_line_of(const std::string& message, const std::vector<std::pair<std::string, int>>& key_lines) {
+    const std::string prefix = "argument ";
+    const std::size_t colon = message.find(':');
+    if (message.rfind(prefix, 0) != 0 || colon == std::string::npos) return 0;
+    const std::string flag = message.substr(prefix.size(), colon - prefix.size());
+    for (const auto& [key, line] : key_lines)
+        if (key == flag) return line;
+    return 0;
+}
+
 //! GitHub's annotation syntax: %, CR and LF in the message, and , : in properties, are escaped.
 std::string escaped(const std::string& s, bool property) {
     std::string out;
@@ -156,6 +168,7 @@ input_result check_input(const input& in, const std::vector<std::string>& extra,
         r.status = 2;
         r.error = e.what();
         r.error_line = line_in(r.error, in.path);
+        if (r.error_line == 0) r.error_line = key_line_of(r.error, r.key_lines);
         return r;
     } catch (const std::exception& e) {
         // Anything else (yaml-cpp's, a bad_alloc) ends this input, never the run: the other

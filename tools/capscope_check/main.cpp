@@ -134,7 +134,9 @@ int main(int argc, char** argv) {
             return 2;
         }
         if (inputs.empty()) {
-            std::cerr << "capscope-check: --each found no @file, and no --from-yaml was given: nothing to check\n";
+            std::cerr << (each ? "capscope-check: --each found no @file, and no --from-yaml was given: nothing to check\n"
+                               : "capscope-check: --format github checks --from-yaml files or --each @files, and none was given: "
+                                 "nothing to check\n");
             return 2;
         }
         return check_many(inputs, extra, ignore_unknown, json, format == "github");
