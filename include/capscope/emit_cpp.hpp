@@ -207,7 +207,8 @@ inline std::string comment_line(const std::string& text) {
             out += c;
         }
     }
-    if (out.back() == '\\') out += " (a backslash ends this line)";
+    // GCC splices at a backslash followed by spaces too.
+    if (out[out.find_last_not_of(' ')] == '\\') out += " (a backslash ends this line)";
     return out + "\n";
 }
 } // namespace detail

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <set>
 
 namespace capscope::check {
 
@@ -51,34 +50,35 @@ bool has_word(const std::string& text, const std::string& word) {
     return false;
 }
 
-//! Every model_config.yaml below `root`, sorted, and an input with an error for each directory
-//! that cannot be read and each model_config.yaml that is no readable file (a link to nothing,
-//! say): a tree is never checked in part without saying so. Links to directories are followed,
-//! each directory read once (a link back into the tree adds nothing and cannot loop).
+//! Every model_config.yaml below `root`, and an input with an error for each directory that
+//! cannot be read, each entry that cannot be looked at, and each model_config.yaml that is no
+//! readable file (a link to nothing, say): a tree is never checked in part without saying so.
+//! Links to directories are not followed, as find(1) does not: a link can lead out of the tree
+//! (a data mount) or back into it.
 void walk_tree(const fs::path& root, std::vector<std::string>& found, std::vector<input>& problems) {
-    std::set<fs::path> seen;
     std::vector<fs::path> todo{root};
     while (!todo.empty()) {
         const fs::path dir = todo.back();
         todo.pop_back();
         std::error_code ec;
-        const fs::path real = fs::canonical(dir, ec);
-        if (!ec && !seen.insert(real).second) continue;
         fs::directory_iterator it(dir, ec);
         for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
             const fs::path& p = it->path();
             std::error_code sec;
-            const fs::file_status st = fs::status(p, sec); // follows links
-            if (p.filename() == "model_config.yaml") {
+            const bool link = it->is_symlink(sec);
+            if (!sec && p.filename() == "model_config.yaml") {
+                const fs::file_status st = fs::status(p, sec); // through a link
                 if (fs::is_regular_file(st)) found.push_back(p.string());
                 else problems.push_back({input::kind::yaml, p.string(),
                                          "cannot read " + p.string() + (sec ? ": " + sec.message() : ": it is not a file")});
-            } else if (fs::is_directory(st)) {
-                todo.push_back(p);
-            } else if (sec && it->is_symlink(sec)) { // a link to nothing, or a loop of links
-                problems.push_back({input::kind::yaml, p.string(),
-                                    "cannot follow the link " + p.string() + " (what it names is not checked)"});
+                continue;
             }
+            const bool directory = !sec && !link && it->is_directory(sec);
+            if (sec)
+                problems.push_back({input::kind::yaml, p.string(), "cannot look at " + p.string() + ": " + sec.message() +
+                                                                       " (any configs below it are not checked)"});
+            else if (directory)
+                todo.push_back(p);
         }
         if (ec)
             problems.push_back({input::kind::yaml, dir.string(),
@@ -95,11 +95,14 @@ int line_in(const std::string& message, const std::string& path) {
 
 //! The line of the YAML key a usage error is about ("argument --num-experts: invalid int value:
 //! 'abc'" -> the --num-experts key's line), 0 when it names none.
-int key_line_of(const std::string& message, const std::vector<std::pair<std::string, int>>& key_lines) {
+//! Not when the command line gives the flag too: its value, which wins, may be the bad one.
+int key_line_of(const std::string& message, const std::vector<std::pair<std::string, int>>& key_lines, const std::vector<std::string>& extra) {
     const std::string prefix = "argument ";
     const std::size_t colon = message.find(':');
     if (message.rfind(prefix, 0) != 0 || colon == std::string::npos) return 0;
     const std::string flag = message.substr(prefix.size(), colon - prefix.size());
+    for (const std::string& a : extra)
+        if (a == flag || a.rfind(flag + "=", 0) == 0) return 0;
     for (const auto& [key, line] : key_lines)
         if (key == flag) return line;
     return 0;
@@ -129,7 +132,7 @@ std::vector<input> expand_yaml_inputs(const std::vector<std::string>& values) {
             std::vector<input> problems;
             walk_tree(v, found, problems);
             std::sort(found.begin(), found.end());
-            found.erase(std::unique(found.begin(), found.end()), found.end());
+            std::sort(problems.begin(), problems.end(), [](const input& a, const input& b) { return a.path < b.path; });
             if (found.empty() && problems.empty()) out.push_back({input::kind::yaml, v, "no model_config.yaml under the directory " + v});
             for (auto& f : found) out.push_back({input::kind::yaml, std::move(f), ""});
             for (auto& p : problems) out.push_back(std::move(p));
@@ -168,7 +171,7 @@ input_result check_input(const input& in, const std::vector<std::string>& extra,
         r.status = 2;
         r.error = e.what();
         r.error_line = line_in(r.error, in.path);
-        if (r.error_line == 0) r.error_line = key_line_of(r.error, r.key_lines);
+        if (r.error_line == 0) r.error_line = key_line_of(r.error, r.key_lines, extra);
         return r;
     } catch (const std::exception& e) {
         // Anything else (yaml-cpp's, a bad_alloc) ends this input, never the run: the other

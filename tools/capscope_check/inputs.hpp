@@ -20,9 +20,9 @@ struct input {
 };
 
 //! Expands --from-yaml values: a file is one input; a directory, every `model_config.yaml` below
-//! it (sorted, links to directories followed); a pattern with * ? or [ ], the files it matches
-//! (sorted). A value that names nothing, a directory below that cannot be read and a
-//! model_config.yaml that is no readable file are each an input with an error.
+//! it (sorted; links to directories are not followed); a pattern with * ? or [ ], the files it
+//! matches (sorted). A value that names nothing, a directory or entry below that cannot be read
+//! and a model_config.yaml that is no readable file are each an input with an error.
 std::vector<input> expand_yaml_inputs(const std::vector<std::string>& values);
 
 //! What checking one input gave.

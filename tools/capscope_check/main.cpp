@@ -28,7 +28,8 @@
 
 namespace {
 
-//! The arguments as a shell takes them back: plain words as they are, any other in single quotes.
+//! The arguments for a comment: plain words as they are, any other in single quotes, as a shell
+//! takes them back (but for control characters, which the comment shows as \xNN).
 std::string quoted_command_line(const std::vector<std::string>& args) {
     std::string s;
     for (const auto& a : args) {

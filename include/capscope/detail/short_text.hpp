@@ -33,9 +33,9 @@ private:
 };
 
 //! A name outside a vocabulary, kept for the message that refuses it. An empty name is kept as
-//! '' (two quotes), since an empty short_text means "no unknown name": `--cuda-graph-modules ""`
+//! "(empty name)", since an empty short_text means "no unknown name": `--cuda-graph-modules ""`
 //! names a module that does not exist, and Megatron's TransformerConfig refuses it.
-constexpr short_text unknown_name(std::string_view name) { return name.empty() ? short_text("''") : short_text(name); }
+constexpr short_text unknown_name(std::string_view name) { return name.empty() ? short_text("(empty name)") : short_text(name); }
 
 //! A string literal usable as a template argument: `module_named<"attn">`.
 template <std::size_t N>
