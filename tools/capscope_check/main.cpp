@@ -35,8 +35,9 @@ std::string quoted_command_line(const std::vector<std::string>& args) {
     for (const auto& a : args) {
         const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") ==
                                              std::string::npos;
-        std::string word = plain ? a : "'";
+        std::string word = a;
         if (!plain) {
+            word = "'";
             for (char c : a) word += c == '\'' ? std::string("'\\''") : std::string(1, c);
             word += "'";
         }

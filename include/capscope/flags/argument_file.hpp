@@ -101,12 +101,11 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
         if (!in) throw flag_error("cannot read argument file " + path);
         std::ostringstream text;
         text << in.rdbuf();
-        if (const std::string t = text.str(); t.find('\0') != std::string::npos) {
-            const auto at = t.find('\0');
+        const std::string t = text.str();
+        if (const std::size_t at = t.find('\0'); at != std::string::npos)
             throw flag_error(path + ":" + std::to_string(1 + std::count(t.begin(), t.begin() + std::ptrdiff_t(at), '\n')) +
                              ": a NUL byte: an argument file is text (was a binary file named?)");
-        }
-        expand_into(shell_words(text.str(), [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1);
+        expand_into(shell_words(t, [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1);
     }
 }
 

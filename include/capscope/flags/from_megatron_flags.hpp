@@ -63,7 +63,7 @@ struct value_reader {
     }
     int small_integer(std::string_view v) const {
         long long x = integer(v);
-        if (x < -2147483647LL || x > 2147483647LL) fail("int (out of range)", v);
+        if (!fits_int(x)) fail("int (out of range)", v);
         return static_cast<int>(x);
     }
     double real(std::string_view v) const {

@@ -11,6 +11,9 @@
 
 namespace capscope::flags::detail {
 
+//! Whether a Python int fits the int capscope keeps it in (beyond it: a usage error, never a wrap).
+constexpr bool fits_int(long long x) { return x >= -2147483647LL && x <= 2147483647LL; }
+
 //! Python's int(text): surrounding whitespace, a sign, digits with single underscores between them.
 inline std::optional<long long> python_int(std::string_view v) {
     while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);

@@ -57,7 +57,7 @@ public:
     //! from_megatron_flags stores (small_integer), never a silent wrap (2^32 read as 0).
     std::optional<int> small_integer(std::string_view dest) const {
         const auto v = integer(dest);
-        if (v && (*v < -2147483647LL || *v > 2147483647LL))
+        if (v && !fits_int(*v))
             throw flag_error("argument " + line_.find(dest)->flag + ": invalid int (out of range) value: '" + std::to_string(*v) + "'");
         return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
     }
