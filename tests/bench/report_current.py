@@ -31,8 +31,8 @@ with tempfile.TemporaryDirectory() as tmp:
         failed.append(f"report.py over {runs} failed:\n{r.stdout}")
     else:
         if not filecmp.cmp(docs, os.path.join(root, "docs", "performance.md"), shallow=False):
-            failed.append("docs/performance.md is stale: run python3 bench/report.py --out docs/bench/run_all-h100 "
-                          "--docs docs/performance.md docs/bench/runs/*, then copy results.{csv,md,svg} to docs/bench/run_all-h100.*")
+            failed.append("docs/performance.md is stale: run python3 bench/report.py --out /tmp/report "
+                          "--docs docs/performance.md docs/bench/runs/*, then copy /tmp/report/results.{csv,md,svg} to docs/bench/run_all-h100.*")
         for ext in ("csv", "md", "svg"):
             if not filecmp.cmp(os.path.join(tmp, "out", f"results.{ext}"), os.path.join(root, "docs", "bench", f"run_all-h100.{ext}"), shallow=False):
                 failed.append(f"docs/bench/run_all-h100.{ext} is not what report.py makes from docs/bench/runs")
