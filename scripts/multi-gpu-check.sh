@@ -2,7 +2,8 @@
 # The multi-GPU batch for the 2-GPU machine (device kind nvidia-h200-x2): build the data-parallel
 # test (release), run it as one rank and as two (mpirun -np 2, one process per GPU), run it under
 # compute-sanitizer (memory errors; NCCL's own probing of kernels built for other GPUs shows as
-# API errors it handles, not reported), run tutorial 08 on two ranks, the data-parallel bench on
+# API errors it handles, not reported), inject each fault into rank 1 on the GPUs, eager and captured
+# (tests/mpi/gpu_faults.py), run tutorial 08 on two ranks, the data-parallel bench on
 # one GPU and on two (table: $OUT/bench-data-parallel.md), and the fork-launcher experiment of
 # docs/multi_gpu.md with NCCL_DEBUG=INFO. Logs go to $OUT.
 #   scripts/multi-gpu-check.sh [tests] [bench] [fork]     (default: all three)
@@ -16,7 +17,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_data_parallel_no_regather tests/rank_failure_probe tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_data_parallel_no_regather tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -32,16 +33,21 @@ if is_part tests; then
   run one-rank ./build-mpi/tests/gpu_test_data_parallel
   run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel
   # Broken on purpose: a sum where the average is expected must fail on two ranks.
-  timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_sum_for_average -tc='*average*' >"$OUT/two-ranks-sum-for-average.log" 2>&1
+  # --no-colors: Open MPI gives each rank a terminal, so doctest would colour 'ERROR:' and the grep miss it.
+  timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_sum_for_average -tc='*average*' --no-colors=true >"$OUT/two-ranks-sum-for-average.log" 2>&1
   r=$?; echo "== two-ranks-sum-for-average (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-sum-for-average.log" | head -6
   # Failed by a check, not by a hang or a crash.
   [ $r -ne 0 ] && grep -q "ERROR: CHECK" "$OUT/two-ranks-sum-for-average.log" || rc=1
   # Broken on purpose: no re-gather before the backward must fail on two ranks too.
-  timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_no_regather -tc='*re-gathered*' >"$OUT/two-ranks-no-regather.log" 2>&1
+  timeout 240 "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel_no_regather -tc='*re-gathered*' --no-colors=true >"$OUT/two-ranks-no-regather.log" 2>&1
   r=$?; echo "== two-ranks-no-regather (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-no-regather.log" | head -6
   [ $r -ne 0 ] && grep -q "ERROR: CHECK" "$OUT/two-ranks-no-regather.log" || rc=1
   # A failing rank ends both, within the bound (no GPU needed, but here on the real launcher too).
   run rank-failure python3 tests/mpi/rank_failure.py ./build-mpi/tests/rank_failure_probe
+  # Each fault injected into rank 1 on the GPUs, eager and captured (23 runs; its own time limit).
+  timeout 540 python3 tests/mpi/gpu_faults.py ./build-mpi/tests/gpu_fault_probe >"$OUT/gpu-faults.log" 2>&1
+  r=$?; echo "== gpu-faults: exit $r"; grep -E "^[a-z_]+ +[a-z]+ *: exit|^    " "$OUT/gpu-faults.log" | head -120
+  [ $r -eq 0 ] || rc=1
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
 fi
