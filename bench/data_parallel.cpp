@@ -13,7 +13,8 @@
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
 // parameter and optimizer-state bytes per rank. All variants are built first and run
-// round-robin, so drift hits them alike. Exits 77 without a GPU.
+// round-robin, so drift hits them alike. `--only MODE/IMPL` builds and times one; with `--trace`, it
+// also prints where the step's time goes (bench/kernel_timeline.hpp, CUPTI). Exits 77 without a GPU.
 
 #include "arguments.hpp"
 #include "round_robin.hpp"
@@ -26,6 +27,10 @@
 #include <capscope/cuda/mpi_bootstrap.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
+
+#if defined(BENCH_WITH_CUPTI)
+#include "kernel_timeline.hpp"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -72,9 +77,17 @@ using on_demand_mode = sharded<static_double_buffer, persistent_buffer, regather
 
 //! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
 //! steps, captures), and measures what it holds.
+//! The variants, as `--only` names them.
+const std::vector<std::string> variant_names{"data parallel/none",      "data parallel/transformer_engine",
+                                             "data parallel/full_iteration", "sharded/none",
+                                             "sharded/transformer_engine", "sharded/full_iteration",
+                                             "sharded (gathers on demand)/none", "sharded (gathers on demand)/transformer_engine",
+                                             "sharded (gathers on demand)/full_iteration"};
+
 template <class Config, class Mode>
 void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
-         const char* impl, int rank, cudaStream_t s) {
+         const char* impl, int rank, cudaStream_t s, const std::string& only) {
+    if (!only.empty() && only != std::string(mode) + "/" + impl) return;
     const gpt::model_config c = bench_model();
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
@@ -99,8 +112,19 @@ void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, co
 
 int main(int argc, char** argv) {
     int rounds = 10, steps_per_round = 5;
-    std::string csv;
-    bench::arguments("data_parallel").text("--csv", csv).integer("--rounds", rounds, 1).parse_or_exit(argc, argv);
+    std::string csv, only;
+    bool trace = false;
+    bench::arguments args("data_parallel");
+    args.text("--csv", csv).integer("--rounds", rounds, 1).text("--only", only, "MODE/IMPL").flag("--trace", trace).parse_or_exit(argc, argv);
+    if (trace && only.empty()) args.refuse("--trace breaks one variant down: give --only MODE/IMPL with it");
+#if !defined(BENCH_WITH_CUPTI)
+    if (trace) args.refuse("--trace needs CUPTI, which this build did not find");
+#endif
+    if (!only.empty() && std::find(variant_names.begin(), variant_names.end(), only) == variant_names.end()) {
+        std::string names;
+        for (const auto& n : variant_names) names += (names.empty() ? "" : ", ") + ("'" + n + "'");
+        args.refuse("--only takes one variant, not '" + only + "': " + names);
+    }
     if (cuda::usable_device_count() == 0) {
         std::printf("no CUDA device: skipped\n");
         return cuda::skip_exit_code;
@@ -111,18 +135,33 @@ int main(int argc, char** argv) {
     std::vector<variant> v;
     std::vector<std::shared_ptr<void>> keep;
     const int r = mpi.rank();
-    add<none_cfg, gpt::replicated>(v, keep, comm, "data parallel", "none", r, s);
-    add<te_cfg, gpt::replicated>(v, keep, comm, "data parallel", "transformer_engine", r, s);
-    add<full_cfg, gpt::replicated>(v, keep, comm, "data parallel", "full_iteration", r, s);
-    add<none_cfg, sharded_mode>(v, keep, comm, "sharded", "none", r, s);
-    add<te_cfg, sharded_mode>(v, keep, comm, "sharded", "transformer_engine", r, s);
-    add<full_cfg, sharded_mode>(v, keep, comm, "sharded", "full_iteration", r, s);
+    add<none_cfg, gpt::replicated>(v, keep, comm, "data parallel", "none", r, s, only);
+    add<te_cfg, gpt::replicated>(v, keep, comm, "data parallel", "transformer_engine", r, s, only);
+    add<full_cfg, gpt::replicated>(v, keep, comm, "data parallel", "full_iteration", r, s, only);
+    add<none_cfg, sharded_mode>(v, keep, comm, "sharded", "none", r, s, only);
+    add<te_cfg, sharded_mode>(v, keep, comm, "sharded", "transformer_engine", r, s, only);
+    add<full_cfg, sharded_mode>(v, keep, comm, "sharded", "full_iteration", r, s, only);
     // (No comma in a mode: the CSV's fields are not quoted.)
-    add<none_cfg, on_demand_mode>(v, keep, comm, "sharded (gathers on demand)", "none", r, s);
-    add<te_cfg, on_demand_mode>(v, keep, comm, "sharded (gathers on demand)", "transformer_engine", r, s);
-    add<full_cfg, on_demand_mode>(v, keep, comm, "sharded (gathers on demand)", "full_iteration", r, s);
+    add<none_cfg, on_demand_mode>(v, keep, comm, "sharded (gathers on demand)", "none", r, s, only);
+    add<te_cfg, on_demand_mode>(v, keep, comm, "sharded (gathers on demand)", "transformer_engine", r, s, only);
+    add<full_cfg, on_demand_mode>(v, keep, comm, "sharded (gathers on demand)", "full_iteration", r, s, only);
 
+#if defined(BENCH_WITH_CUPTI)
+    // --trace: the timed rounds traced (their times then include the tracing's cost).
+    bench::kernel_timeline timeline;
+    if (trace) timeline.start();
+#endif
     bench::time_round_robin(v, rounds, steps_per_round, s);
+#if defined(BENCH_WITH_CUPTI)
+    if (trace) {
+        timeline.stop();
+        for (int rank = 0; rank < mpi.size(); ++rank) { // one rank at a time, so lines do not interleave
+            if (rank == r) timeline.print(rounds * steps_per_round, (std::to_string(mpi.size()) + " GPU(s), rank " + std::to_string(r) + ", " + only + ": ").c_str());
+            std::fflush(stdout);
+            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        }
+    }
+#endif
 
     cudaDeviceProp prop{};
     CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));

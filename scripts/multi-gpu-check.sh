@@ -5,8 +5,9 @@
 # API errors it handles, not reported), inject each fault into rank 1 on the GPUs, eager and captured
 # (tests/mpi/gpu_faults.py), run tutorial 08 on two ranks, the data-parallel bench on
 # one GPU and on two (table: $OUT/bench-data-parallel.md), and the fork-launcher experiment of
-# docs/multi_gpu.md with NCCL_DEBUG=INFO. Logs go to $OUT.
-#   scripts/multi-gpu-check.sh [tests] [bench] [fork]     (default: all three)
+# docs/multi_gpu.md with NCCL_DEBUG=INFO; `profile` traces three variants on 1 and 2 GPUs with
+# CUPTI (bench/data_parallel --trace). Logs go to $OUT.
+#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [fork]     (default: all four)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -17,7 +18,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_data_parallel_no_regather tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/gpu_test_data_parallel_sum_for_average tests/gpu_test_data_parallel_no_regather tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_fault_probe_no_watchdog tests/gpu_test_nccl examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -48,6 +49,11 @@ if is_part tests; then
   timeout 540 python3 tests/mpi/gpu_faults.py ./build-mpi/tests/gpu_fault_probe >"$OUT/gpu-faults.log" 2>&1
   r=$?; echo "== gpu-faults: exit $r"; grep -E "^[a-z_]+ +[a-z]+ *: exit|^    " "$OUT/gpu-faults.log" | head -120
   [ $r -eq 0 ] || rc=1
+  # Broken on purpose: without the watchdog, a rank that stops must hang the other (killed at 30 s).
+  timeout 120 python3 tests/mpi/gpu_faults.py ./build-mpi/tests/gpu_fault_probe_no_watchdog --only stop:full_iteration --hang-s 30 \
+    >"$OUT/gpu-faults-no-watchdog.log" 2>&1
+  r=$?; echo "== gpu-faults-no-watchdog (must fail): exit $r"; grep -E "^[a-z_]+ +[a-z]+ *:" "$OUT/gpu-faults-no-watchdog.log" | head -4
+  [ $r -eq 1 ] && grep -q "a hang" "$OUT/gpu-faults-no-watchdog.log" || rc=1
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
 fi
@@ -56,6 +62,19 @@ if is_part bench; then
   run bench-1gpu mpirun --allow-run-as-root -np 1 -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   run bench-2gpu "${mpi2[@]}" ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   python3 bench/data_parallel_table.py "$OUT/bench-data-parallel.csv" >"$OUT/bench-data-parallel.md" && cat "$OUT/bench-data-parallel.md"
+fi
+if is_part profile; then
+  # Where the 2-GPU step loses to the 1-GPU one: three variants traced with CUPTI on 1 and 2 GPUs
+  # (bench/data_parallel --trace: NCCL time no compute kernel overlaps, device idle time, the
+  # host's longest CUDA calls). PROFILE_VARIANTS picks others ("MODE/IMPL,..." as --only takes).
+  IFS=, read -ra variants <<<"${PROFILE_VARIANTS:-sharded/transformer_engine,sharded/full_iteration,data parallel/full_iteration}"
+  for v in "${variants[@]}"; do
+    for np in 1 2; do
+      timeout 240 mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --only "$v" --trace >"$OUT/profile.log" 2>&1
+      echo "== profile $v, $np GPU(s): exit $?"
+      grep -E "GPU\(s\)" "$OUT/profile.log"
+    done
+  done
 fi
 if is_part fork; then
   g++ -std=c++20 -O1 -I/usr/local/cuda/include tools/launch_probe/fork_probe.cpp -L/usr/local/cuda/lib64 -lcudart -lnccl -o build-mpi/fork_probe

@@ -27,8 +27,9 @@ def main():
         if rc != 2 or f"{name}: unknown option '--no-such-option'" not in err or not usage:
             failures.append(f"{name} --no-such-option: exit {rc}, stderr {err!r}")
             continue
-        # "[--rounds ROUNDS]", "[--mixed]", and a required "--out DIR" without brackets.
-        options = re.findall(r"\[?(--[a-z-]+)(?: ([A-Z,_]+))?\]?", usage.group(1) or "")
+        # "[--rounds ROUNDS]", "[--mixed]", a required "--out DIR" without brackets, and a name
+        # from a list, "[--only MODE/IMPL]".
+        options = re.findall(r"\[?(--[a-z-]+)(?: ([A-Z,_/]+))?\]?", usage.group(1) or "")
         cases = []
         for option, metavar in options:
             if not metavar:
@@ -37,6 +38,8 @@ def main():
             cases.append(([option, "--no-such-option"], "needs a value"))  # an option where the value should be
             if metavar in ("FILE", "DIR"):
                 cases.append(([option, ""], "takes a non-empty value"))
+            elif "/" in metavar:
+                cases.append(([option, "no-such-name"], "not 'no-such-name'"))
             elif "," in metavar:
                 cases.append(([option, "1,x"], "positive numbers"))
                 cases.append(([option, "1,-2"], "positive numbers"))
@@ -44,7 +47,7 @@ def main():
                 cases.append(([option, "x"], "takes an integer"))
                 cases.append(([option, "12x"], "takes an integer"))
                 cases.append(([option, "-1"], "takes an integer"))
-        if not any(metavar not in ("", "FILE", "DIR") for _, metavar in options):
+        if not any(metavar not in ("", "FILE", "DIR") and "/" not in metavar for _, metavar in options):
             failures.append(f"{name}: its usage lists no number to check ({usage.group(0)!r})")
         for args, words in cases:
             checked += 1

@@ -123,7 +123,12 @@ int run(cuda::mpi_session& mpi, const std::string& fault) {
             const scope_label doing("the trainer, growing a buffer between steps");
             cuda::device_buffer<std::byte> huge(std::size_t{1} << 50);
         }
+#if defined(CAPSCOPE_TEST_NO_WATCHDOG) // broken on purpose: a rank that stops then hangs the other
+        r.step(s);
+        (void)dog;
+#else
         dog.step(r, s);
+#endif
         for (int l = 0; l < data_parallel_model::layers; ++l) { // waits for the step: rank 0 waits here for a rank that failed
             std::vector<int> got(n);
             CAPSCOPE_CHECK(cudaMemcpyAsync(got.data(), m.param[l].data(), n * sizeof(int), cudaMemcpyDeviceToHost, s));

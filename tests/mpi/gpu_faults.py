@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """A fault on one GPU rank ends both ranks within the bound, naming the rank and what it was doing.
 
-usage: gpu_faults.py PROBE
+usage: gpu_faults.py PROBE [--only FAULT:IMPL] [--hang-s SECONDS]
 Runs PROBE (tests/mpi/gpu_fault_probe.cpp) under `mpirun -np 2` for each fault on rank 1 and each
 impl, eager and captured, while rank 0 waits in a collective. The time is taken from the moment
 rank 1 prints that it injects the fault to the end of mpirun (start-up, MPI and NCCL set-up are
-not the failing rank's doing). A hang is killed at 90 s and fails. Skipped (77) without mpirun
-or with fewer than 2 GPUs.
+not the failing rank's doing). A hang is killed at 90 s (--hang-s) and fails. Skipped (77) without
+mpirun or with fewer than 2 GPUs. --only runs one case (a broken probe, scripts/multi-gpu-check.sh).
 """
-import os, re, shutil, signal, subprocess, sys, time
+import argparse, os, re, shutil, signal, subprocess, sys, time
 
 BOUND_S = 10.0  # what docs/multi_gpu.md promises for a failing rank
-probe = sys.argv[1]
+parser = argparse.ArgumentParser()
+parser.add_argument("probe")
+parser.add_argument("--only", help="FAULT:IMPL, one case")
+parser.add_argument("--hang-s", type=float, default=90.0, help="a job still running then is a hang")
+options = parser.parse_args()
+probe = options.probe
 mpirun = shutil.which("mpirun")
 if not mpirun:
     print("no mpirun: skipped")
@@ -42,11 +47,13 @@ for impl in ["none", "local", "transformer_engine", "full_iteration"]:
     for fault in ["none", "plan", "capture", "oom", "throw", "stop"]:
         if fault == "capture" and impl == "none":
             continue  # nothing is captured
+        if options.only and options.only != f"{fault}:{impl}":
+            continue
         cmd = [mpirun, "--allow-run-as-root", "-np", "2", "-x", "NCCL_NVLS_ENABLE", probe, fault, impl]
         # Its own process group, so that a hang is killed with every rank it started.
         job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         try:
-            out, _ = job.communicate(timeout=90)
+            out, _ = job.communicate(timeout=options.hang_s)
             rc = job.returncode
         except subprocess.TimeoutExpired:
             for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -57,6 +64,7 @@ for impl in ["none", "local", "transformer_engine", "full_iteration"]:
                 except subprocess.TimeoutExpired:
                     out = ""
             rc = None
+            print(f"{impl:18} {fault:7}: still running after {options.hang_s:.0f} s, killed: a hang")
         ended = time.time()
         injected = re.search(r"fault injected at ([0-9.]+)", out)
         took = ended - float(injected.group(1)) if injected else None

@@ -1,0 +1,170 @@
+#pragma once
+// Where a step's time goes, from CUPTI while tracing is on (bench/data_parallel --trace): every
+// kernel's start and end on the device (activity API), NCCL's told from the compute kernels by
+// name, and the host's time in each CUDA call made on the tracing thread (callback API; driver
+// calls made inside a runtime call are the runtime's own and are not counted again). The summary
+// says how much of NCCL's time no compute kernel overlaps (what a step waits for the link or the
+// other rank), how long the device idles, and which calls the host spent the step in.
+// Tracing costs time itself: use it for the breakdown, and time the steps without it.
+
+#include "api_counter.hpp" // BENCH_CUPTI
+
+#include <cupti.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+struct kernel_span {
+    std::uint64_t start, end;
+    bool nccl;
+};
+
+class kernel_timeline {
+public:
+    //! Starts tracing kernels, and the calling thread's CUDA calls. One timeline at a time.
+    void start() {
+        active() = this;
+        kernels_.clear();
+        host_.clear();
+        depth_ = 0;
+        thread_ = std::this_thread::get_id();
+        BENCH_CUPTI(cuptiActivityRegisterCallbacks(&kernel_timeline::buffer_requested, &kernel_timeline::buffer_completed));
+        BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+        BENCH_CUPTI(cuptiSubscribe(&subscriber_, &kernel_timeline::callback, this));
+        BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API));
+        BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API));
+    }
+    //! Stops tracing; every kernel record is in once this returns.
+    void stop() {
+        BENCH_CUPTI(cuptiUnsubscribe(subscriber_));
+        BENCH_CUPTI(cuptiActivityFlushAll(1));
+        BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+        BENCH_CUPTI(cuptiActivityFlushAll(1));
+        active() = nullptr;
+    }
+
+    //! The breakdown per step, over `steps` traced steps, as lines prefixed by `prefix`.
+    void print(int steps, const char* prefix) const {
+        if (kernels_.empty()) {
+            std::printf("%sno kernels traced\n", prefix);
+            return;
+        }
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> compute, nccl, all;
+        for (const auto& k : kernels_) {
+            (k.nccl ? nccl : compute).emplace_back(k.start, k.end);
+            all.emplace_back(k.start, k.end);
+        }
+        compute = merged(std::move(compute));
+        nccl = merged(std::move(nccl));
+        all = merged(std::move(all));
+        const double per = 1e6 * steps; // ns in all steps -> ms per step
+        const std::uint64_t span = all.back().second - all.front().first;
+        std::uint64_t nccl_time = 0, exposed = 0;
+        for (const auto& [s, e] : nccl) {
+            nccl_time += e - s;
+            exposed += (e - s) - covered(compute, s, e);
+        }
+        std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels %.3f ms, of which no compute "
+                    "kernel overlaps %.3f ms; device idle %.3f ms\n",
+                    prefix, steps, span / per, length(compute) / per, nccl_time / per, exposed / per, (span - length(all)) / per);
+        std::vector<std::pair<std::uint64_t, std::string>> calls;
+        for (const auto& [name, t] : host_) calls.emplace_back(t.first, name + " x" + std::to_string(t.second / steps));
+        std::sort(calls.rbegin(), calls.rend());
+        std::printf("%shost, per step, the CUDA calls that took longest:", prefix);
+        for (std::size_t i = 0; i < calls.size() && i < 6; ++i) std::printf(" %s %.3f ms;", calls[i].second.c_str(), calls[i].first / per);
+        std::printf("\n");
+    }
+
+private:
+    using spans = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+    static spans merged(spans v) {
+        std::sort(v.begin(), v.end());
+        spans out;
+        for (const auto& [s, e] : v)
+            if (!out.empty() && s <= out.back().second)
+                out.back().second = std::max(out.back().second, e);
+            else
+                out.emplace_back(s, e);
+        return out;
+    }
+    static std::uint64_t length(const spans& v) {
+        std::uint64_t t = 0;
+        for (const auto& [s, e] : v) t += e - s;
+        return t;
+    }
+    //! How much of [s, e) the merged spans cover.
+    static std::uint64_t covered(const spans& v, std::uint64_t s, std::uint64_t e) {
+        auto it = std::upper_bound(v.begin(), v.end(), std::make_pair(s, UINT64_MAX));
+        if (it != v.begin()) --it;
+        std::uint64_t t = 0;
+        for (; it != v.end() && it->first < e; ++it) {
+            const std::uint64_t a = std::max(s, it->first), b = std::min(e, it->second);
+            if (b > a) t += b - a;
+        }
+        return t;
+    }
+
+    static kernel_timeline*& active() {
+        static kernel_timeline* t = nullptr;
+        return t;
+    }
+    static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+        *size = 8 << 20;
+        *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+        *max_records = 0;
+    }
+    static void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+        kernel_timeline* t = active();
+        CUpti_Activity* record = nullptr;
+        while (t && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+            if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+            const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+            const std::string name = k->name ? k->name : "";
+            const std::lock_guard<std::mutex> lock(t->mutex_);
+            t->kernels_.push_back({k->start, k->end, name.find("nccl") != std::string::npos});
+        }
+        std::free(buffer);
+    }
+    static void CUPTIAPI callback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
+        auto& t = *static_cast<kernel_timeline*>(self);
+        if (std::this_thread::get_id() != t.thread_) return; // NCCL's and CUPTI's own threads
+        const auto* info = static_cast<const CUpti_CallbackData*>(data);
+        const bool enter = info->callbackSite == CUPTI_API_ENTER;
+        const bool runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
+        if (!runtime && t.depth_ > 0) return; // the runtime's own driver calls
+        std::uint64_t now = 0;
+        cuptiGetTimestamp(&now);
+        if (enter) {
+            if (runtime) ++t.depth_;
+            t.entered_[info->correlationId] = now;
+            return;
+        }
+        if (runtime) --t.depth_;
+        const auto it = t.entered_.find(info->correlationId);
+        if (it == t.entered_.end()) return;
+        auto& [total, count] = t.host_[info->functionName];
+        total += now - it->second;
+        ++count;
+        t.entered_.erase(it);
+    }
+
+    std::mutex mutex_;
+    std::vector<kernel_span> kernels_;
+    std::map<std::string, std::pair<std::uint64_t, long>> host_; // function -> (ns, calls)
+    std::map<std::uint32_t, std::uint64_t> entered_;             // correlation id -> entry time
+    int depth_ = 0;
+    std::thread::id thread_;
+    CUpti_SubscriberHandle subscriber_{};
+};
+
+} // namespace bench
