@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -75,19 +76,22 @@ using full_cfg = config<impl::whole_iteration, no_nan_check, warmup_steps<1>>;
 using sharded_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward>; // gathers prefetched one layer ahead
 using on_demand_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward, gather_on_demand>;
 
-//! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
-//! steps, captures), and measures what it holds.
-//! The variants, as `--only` names them.
+//! The variants, as `--only` names them (main() adds them in this order).
 const std::vector<std::string> variant_names{"data parallel/none",      "data parallel/transformer_engine",
                                              "data parallel/full_iteration", "sharded/none",
                                              "sharded/transformer_engine", "sharded/full_iteration",
                                              "sharded (gathers on demand)/none", "sharded (gathers on demand)/transformer_engine",
                                              "sharded (gathers on demand)/full_iteration"};
 
+//! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
+//! steps, captures), and measures what it holds.
 template <class Config, class Mode>
 void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
          const char* impl, int rank, cudaStream_t s, const std::string& only) {
-    if (!only.empty() && only != std::string(mode) + "/" + impl) return;
+    const std::string name = std::string(mode) + "/" + impl;
+    if (std::find(variant_names.begin(), variant_names.end(), name) == variant_names.end())
+        throw std::logic_error("bench/data_parallel: variant '" + name + "' is missing from variant_names, so --only cannot pick it");
+    if (!only.empty() && only != name) return;
     const gpt::model_config c = bench_model();
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
@@ -117,6 +121,7 @@ int main(int argc, char** argv) {
     bench::arguments args("data_parallel");
     args.text("--csv", csv).integer("--rounds", rounds, 1).text("--only", only, "MODE/IMPL").flag("--trace", trace).parse_or_exit(argc, argv);
     if (trace && only.empty()) args.refuse("--trace breaks one variant down: give --only MODE/IMPL with it");
+    if (trace && !csv.empty()) args.refuse("--trace slows the steps it traces: time them without it for --csv");
 #if !defined(BENCH_WITH_CUPTI)
     if (trace) args.refuse("--trace needs CUPTI, which this build did not find");
 #endif

@@ -4,7 +4,8 @@
 // name, and the host's time in each CUDA call made on the tracing thread (callback API; driver
 // calls made inside a runtime call are the runtime's own and are not counted again). The summary
 // says how much of NCCL's time no compute kernel overlaps (what a step waits for the link or the
-// other rank), how long the device idles, and which calls the host spent the step in.
+// other rank), how long no kernel runs (copies and memsets are not traced: they count there),
+// and which calls the host spent the step in.
 // Tracing costs time itself: use it for the breakdown, and time the steps without it.
 
 #include "api_counter.hpp" // BENCH_CUPTI
@@ -12,6 +13,7 @@
 #include <cupti.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,10 +36,14 @@ class kernel_timeline {
 public:
     //! Starts tracing kernels, and the calling thread's CUDA calls. One timeline at a time.
     void start() {
-        active() = this;
-        kernels_.clear();
+        {
+            const std::lock_guard<std::mutex> lock(mutex_);
+            kernels_.clear();
+            dropped_ = 0;
+        }
         host_.clear();
         depth_ = 0;
+        active().store(this);
         thread_ = std::this_thread::get_id();
         BENCH_CUPTI(cuptiActivityRegisterCallbacks(&kernel_timeline::buffer_requested, &kernel_timeline::buffer_completed));
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
@@ -50,11 +57,13 @@ public:
         BENCH_CUPTI(cuptiActivityFlushAll(1));
         BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
         BENCH_CUPTI(cuptiActivityFlushAll(1));
-        active() = nullptr;
+        active().store(nullptr);
     }
 
     //! The breakdown per step, over `steps` traced steps, as lines prefixed by `prefix`.
-    void print(int steps, const char* prefix) const {
+    void print(int steps, const char* prefix) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        if (dropped_ > 0) std::printf("%sCUPTI dropped %zu kernel records: the figures below are incomplete\n", prefix, dropped_);
         if (kernels_.empty()) {
             std::printf("%sno kernels traced\n", prefix);
             return;
@@ -75,10 +84,20 @@ public:
             exposed += (e - s) - covered(compute, s, e);
         }
         std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels %.3f ms, of which no compute "
-                    "kernel overlaps %.3f ms; device idle %.3f ms\n",
+                    "kernel overlaps %.3f ms; no kernel running %.3f ms\n",
                     prefix, steps, span / per, length(compute) / per, nccl_time / per, exposed / per, (span - length(all)) / per);
+        std::map<std::string, std::pair<std::uint64_t, long>> by_name; // the same function may come by two name pointers
+        for (const auto& [name, t] : host_) {
+            auto& [ns, count] = by_name[name];
+            ns += t.first;
+            count += t.second;
+        }
         std::vector<std::pair<std::uint64_t, std::string>> calls;
-        for (const auto& [name, t] : host_) calls.emplace_back(t.first, name + " x" + std::to_string(t.second / steps));
+        for (const auto& [name, t] : by_name) {
+            char calls_per_step[32];
+            std::snprintf(calls_per_step, sizeof calls_per_step, " x%.1f", double(t.second) / steps);
+            calls.emplace_back(t.first, name + calls_per_step);
+        }
         std::sort(calls.rbegin(), calls.rend());
         std::printf("%shost, per step, the CUDA calls that took longest:", prefix);
         for (std::size_t i = 0; i < calls.size() && i < 6; ++i) std::printf(" %s %.3f ms;", calls[i].second.c_str(), calls[i].first / per);
@@ -114,17 +133,24 @@ private:
         return t;
     }
 
-    static kernel_timeline*& active() {
-        static kernel_timeline* t = nullptr;
+    //! The timeline being filled: CUPTI's buffer callbacks run on a thread of its own.
+    static std::atomic<kernel_timeline*>& active() {
+        static std::atomic<kernel_timeline*> t{nullptr};
         return t;
     }
     static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
         *size = 8 << 20;
-        *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+        *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size)); // null: CUPTI drops the records, and counts them
+        if (!*buffer) *size = 0;
         *max_records = 0;
     }
-    static void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-        kernel_timeline* t = active();
+    static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+        kernel_timeline* t = active().load();
+        std::size_t dropped = 0;
+        if (t && cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS && dropped > 0) {
+            const std::lock_guard<std::mutex> lock(t->mutex_);
+            t->dropped_ += dropped;
+        }
         CUpti_Activity* record = nullptr;
         while (t && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
             if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
@@ -144,24 +170,21 @@ private:
         if (!runtime && t.depth_ > 0) return; // the runtime's own driver calls
         std::uint64_t now = 0;
         cuptiGetTimestamp(&now);
-        if (enter) {
+        if (enter) { // CUPTI keeps a word per call for its entry and exit callbacks
             if (runtime) ++t.depth_;
-            t.entered_[info->correlationId] = now;
+            *info->correlationData = now;
             return;
         }
         if (runtime) --t.depth_;
-        const auto it = t.entered_.find(info->correlationId);
-        if (it == t.entered_.end()) return;
-        auto& [total, count] = t.host_[info->functionName];
-        total += now - it->second;
+        auto& [total, count] = t.host_[info->functionName]; // a static name: its pointer is the key
+        total += now - *info->correlationData;
         ++count;
-        t.entered_.erase(it);
     }
 
-    std::mutex mutex_;
+    std::mutex mutex_; // kernels_ and dropped_, filled on CUPTI's thread
     std::vector<kernel_span> kernels_;
-    std::map<std::string, std::pair<std::uint64_t, long>> host_; // function -> (ns, calls)
-    std::map<std::uint32_t, std::uint64_t> entered_;             // correlation id -> entry time
+    std::size_t dropped_ = 0;
+    std::unordered_map<const char*, std::pair<std::uint64_t, long>> host_; // the tracing thread's: function -> (ns, calls)
     int depth_ = 0;
     std::thread::id thread_;
     CUpti_SubscriberHandle subscriber_{};

@@ -65,15 +65,27 @@ if is_part bench; then
 fi
 if is_part profile; then
   # Where the 2-GPU step loses to the 1-GPU one: three variants traced with CUPTI on 1 and 2 GPUs
-  # (bench/data_parallel --trace: NCCL time no compute kernel overlaps, device idle time, the
-  # host's longest CUDA calls). PROFILE_VARIANTS picks others ("MODE/IMPL,..." as --only takes).
+  # (bench/data_parallel --trace: NCCL time no compute kernel overlaps, time with no kernel
+  # running, the host's longest CUDA calls). PROFILE_VARIANTS picks others ("MODE/IMPL,..." as
+  # --only takes); PROFILE_CTAS="16 8 4" also times the first variant on 2 GPUs with NCCL held to
+  # that many CTAs (NCCL_MAX_CTAS), untraced.
   IFS=, read -ra variants <<<"${PROFILE_VARIANTS:-sharded/transformer_engine,sharded/full_iteration,data parallel/full_iteration}"
   for v in "${variants[@]}"; do
     for np in 1 2; do
-      timeout 240 mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --only "$v" --trace >"$OUT/profile.log" 2>&1
-      echo "== profile $v, $np GPU(s): exit $?"
-      grep -E "GPU\(s\)" "$OUT/profile.log"
+      log="$OUT/profile-$(echo "$v" | tr -c 'a-z_\n' '-')-np$np.log"
+      timeout 240 mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --only "$v" --trace >"$log" 2>&1
+      r=$?; echo "== profile $v, $np GPU(s): exit $r"
+      grep -E "GPU\(s\)" "$log"
+      [ $r -eq 0 ] || { tail -5 "$log"; rc=1; }
     done
+  done
+  for ctas in ${PROFILE_CTAS:-}; do
+    log="$OUT/profile-ctas-$ctas.log"
+    timeout 240 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x NCCL_MAX_CTAS=$ctas -x NCCL_MIN_CTAS=1 ./build-mpi/bench/data_parallel \
+      --only "${variants[0]}" >"$log" 2>&1
+    r=$?; echo "== ${variants[0]}, 2 GPUs, NCCL_MAX_CTAS=$ctas: exit $r"
+    grep -E "GPU\(s\)" "$log"
+    [ $r -eq 0 ] || rc=1
   done
 fi
 if is_part fork; then

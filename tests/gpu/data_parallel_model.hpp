@@ -6,6 +6,7 @@
 #include "engine_kernels.hpp"
 
 #include <capscope/cuda/buffer.hpp>
+#include <capscope/cuda/error.hpp>
 #include <capscope/hooks/hook_context.hpp>
 #include <capscope/stage/stage.hpp>
 #include <capscope/stage/program.hpp>
@@ -109,7 +110,7 @@ struct dp_model {
 //! The parameters every rank must hold after `steps` steps: over steps k, the sum over ranks r and
 //! microbatches mb of 2 (k + 10 l + 100 r + 1000 mb), divided by the rank count when the
 //! reduction averages (each step's sum is even, so on 1 or 2 ranks the average is exact).
-int expected_param(int l, int steps, int ranks, bool average) {
+inline int expected_param(int l, int steps, int ranks, bool average) {
     int total = 0;
     for (int step = 1; step <= steps; ++step) {
         int sum = 0;
@@ -119,6 +120,18 @@ int expected_param(int l, int steps, int ranks, bool average) {
         total += average ? sum / ranks : sum;
     }
     return total;
+}
+
+//! Layer `l`'s parameters after `steps` steps, checked on the host: "" when every element is
+//! expected_param's, else what differs (the test CHECKs it, the fault probe throws it).
+inline std::string wrong_params(const dp_model& m, int l, int steps, int ranks, bool average, cudaStream_t s) {
+    std::vector<int> got(n);
+    m.param[l].copy_to_host(got, s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const int want = expected_param(l, steps, ranks, average);
+    for (int v : got)
+        if (v != want) return "step " + std::to_string(steps) + ", layer " + std::to_string(l) + ": " + std::to_string(v) + " != " + std::to_string(want);
+    return {};
 }
 
 } // namespace data_parallel_model

@@ -40,6 +40,7 @@ using data_parallel_model::layers;
 using data_parallel_model::microbatches;
 using data_parallel_model::n;
 using data_parallel_model::synthetic_program;
+using data_parallel_model::wrong_params;
 using support::comm;
 using support::mpi;
 
@@ -61,10 +62,8 @@ void check_data_parallel(const char* impl, ncclRedOp_t op = ncclSum) {
     for (int step = 1; step <= Config::warmup_steps + 4; ++step) {
         r.step(s);
         for (int l = 0; l < layers; ++l) {
-            const auto got = support::download(m.param[l].data(), n, s);
-            const int want = expected_param(l, step, mpi().size(), op == ncclAvg);
-            CHECK_MESSAGE(std::count(got.begin(), got.end(), want) == n, std::string(impl), ", rank ", mpi().rank(), ", step ", step, ", layer ", l,
-                          ": ", got.front(), " != ", want);
+            const std::string wrong = wrong_params(m, l, step, mpi().size(), op == ncclAvg, s);
+            CHECK_MESSAGE(wrong.empty(), std::string(impl), ", rank ", mpi().rank(), ", ", wrong);
         }
     }
     if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);

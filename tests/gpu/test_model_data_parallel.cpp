@@ -141,7 +141,14 @@ TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's
     const gpt::model_config c = model_for_data_parallel("DEMD");
     const trained<float> rep = train<float, te_config, gpt::replicated>(c);
     const trained<float> sh = train<float, te_config, regather>(c);
-    CHECK(support::same_bits(sh.losses, rep.losses));
+    // On two ranks every element of either reduction is one sum of two values, so the bits must
+    // agree; on more, the all-reduce and the reduce-scatter add in other orders, and round apart.
+    const bool bitwise = mpi().size() <= 2;
+    double loss_error = 0, master_error = 0;
+    for (std::size_t i = 0; i < rep.losses.size(); ++i)
+        loss_error = std::max(loss_error, std::abs(double(sh.losses[i]) - double(rep.losses[i])) / std::abs(double(rep.losses[i])));
+    if (bitwise) CHECK(support::same_bits(sh.losses, rep.losses));
+    else CHECK(loss_error <= 1e-5);
 
     // Where each parameter of the replicated arena went: the sharded store's layout, rebuilt here.
     comm();
@@ -154,22 +161,33 @@ TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's
         for (std::size_t i = 0; i < p.count; ++i) {
             const float want = rep.masters[0][p.offset + i];
             if (p.layer < 0) {
-                differing += std::memcmp(&sh.masters[0][p.in_group + i], &want, sizeof want) != 0;
+                const float got = sh.masters[0][p.in_group + i];
+                differing += std::memcmp(&got, &want, sizeof want) != 0;
+                master_error = std::max(master_error, double(std::abs(got - want)));
                 ++compared;
                 continue;
             }
             const sharded_parameter& g = layout.parameters[std::size_t(p.layer)];
             const std::size_t at = p.in_group + i, first = std::size_t(mpi().rank()) * g.shard;
             if (at < first || at >= first + g.shard) continue; // another rank's
-            differing += std::memcmp(&sh.masters[1][g.offset_in_shard + at - first], &want, sizeof want) != 0;
+            const float got = sh.masters[1][g.offset_in_shard + at - first];
+            differing += std::memcmp(&got, &want, sizeof want) != 0;
+            master_error = std::max(master_error, double(std::abs(got - want)));
             ++compared;
         }
     }
-    CHECK(differing == 0);
+    // Stated tolerance past two ranks: the losses within 1e-5 relative, every master weight within
+    // 1e-5 absolute (AdamW moves a weight by about the learning rate, 1e-3, a step, so a reduction
+    // left out or doubled is far outside it; 4 ranks on 2026-11-26 differed bitwise in 9313 of
+    // 46464 masters on rank 0, by amounts that run did not print).
+    if (bitwise) CHECK(differing == 0);
+    else CHECK(master_error <= 1e-5);
     CHECK(compared >= store.total() / std::size_t(mpi().size()));
     if (mpi().rank() == 0)
-        std::printf("  sharded vs data parallel: rank 0 holds %zu of %zu parameters; masters after %d steps: %zu differ\n", compared,
-                    store.total(), steps, differing);
+        std::printf("  sharded vs data parallel: rank 0 holds %zu of %zu parameters; masters after %d steps: %zu differ, by at most %.2e; "
+                    "losses by at most %.2e relative (%d ranks: %s)\n",
+                    compared, store.total(), steps, differing, master_error, loss_error, mpi().size(),
+                    bitwise ? "bitwise required" : "within 1e-5 required");
 }
 
 TEST_CASE("two ranks on half batches match one rank on the whole batch, within the stated tolerance") {
