@@ -160,8 +160,9 @@ int main(int argc, char** argv) {
 #if defined(BENCH_WITH_CUPTI)
     if (trace) {
         timeline.stop();
+        const std::string prefix = std::to_string(mpi.size()) + " GPU(s), rank " + std::to_string(r) + ", " + only + ": ";
         for (int rank = 0; rank < mpi.size(); ++rank) { // one rank at a time, so lines do not interleave
-            if (rank == r) timeline.print(rounds * steps_per_round, (std::to_string(mpi.size()) + " GPU(s), rank " + std::to_string(r) + ", " + only + ": ").c_str());
+            if (rank == r) timeline.print(rounds * steps_per_round, prefix.c_str());
             std::fflush(stdout);
             CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         }

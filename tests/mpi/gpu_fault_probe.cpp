@@ -34,6 +34,7 @@
 #include <capscope/engine.hpp>
 #include <capscope/parallel/data_parallel.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -153,9 +154,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     const auto known = [](const std::vector<std::string_view>& names, std::string_view name) {
-        for (auto n : names)
-            if (n == name) return true;
-        return false;
+        return std::ranges::find(names, name) != names.end();
     };
     if (argc != 3 || !known(faults, argv[1]) || !known(impls, argv[2])) {
         std::fprintf(stderr, "usage: gpu_fault_probe gpus | gpu_fault_probe {none|plan|capture|oom|throw|stop} "
