@@ -24,7 +24,7 @@
 #include <capscope/capscope.hpp>
 #include <capscope/cuda/device.hpp>
 #include <capscope/cuda/event.hpp>
-#include <capscope/cuda/mpi_bootstrap.hpp>
+#include <capscope/parallel/mpi_bootstrap.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 

@@ -1,27 +1,56 @@
 #!/usr/bin/env bash
-# From a fresh Debian machine (with the CUDA Toolkit) to green tests.
+# From a fresh Debian machine (with the CUDA Toolkit) to green tests, timed by phase.
+#
+# Phases: the packages, the g++ build, its suites (unit, compile-fail, then the rest), the clang++
+# build and its suites, and last the budget check: the unit and compile-fail phases may take at
+# most so many times a reference compile timed in the same run (tests/ci_budget.py), so a suite
+# that grows past its share fails here, on any machine, before CI's hard limit does. Each
+# phase's wall time is printed at the end and kept in build/phase-times.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh --tests
 export PATH="/usr/local/cuda/bin:$PATH"
+times_file=$(mktemp)
+started=$(date +%s)
+phase() { # name, command...: runs it and records its wall time
+  local name=$1; shift
+  local t0; t0=$(date +%s%N)
+  echo "== phase: $name"
+  "$@"
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  printf '%s %d.%d\n' "$name" $(( ms / 1000 )) $(( ms % 1000 / 100 )) >>"$times_file"
+}
+
+phase packages scripts/install-deps.sh --tests
+# CPU CI builds at -O1 without debug information (3x cheaper than -O2 -g to compile); without a
+# GPU the GPU tests are built only to check they compile and link (meson.build: gpu_tests).
+options=(-Drequire_test_deps=true -Doptimization=1 -Ddebug=false)
 # Reconfigure a build directory that exists (scripts/demo.sh makes one before the test packages
 # are in), so every dependency installed just now is found; the test dependencies are required.
 if [ -d build ]; then
-  meson setup --reconfigure build -Drequire_test_deps=true
+  phase "g++ configure" meson setup --reconfigure build "${options[@]}"
 else
-  meson setup build --buildtype=debugoptimized -Drequire_test_deps=true
+  phase "g++ configure" meson setup build "${options[@]}"
 fi
-meson compile -C build
-meson test -C build --print-errorlogs --num-processes "$(nproc)"
+phase "g++ build" meson compile -C build
+run_suites() { meson test -C "$1" --print-errorlogs --num-processes "$(nproc)" "${@:2}"; }
+phase "g++ unit" run_suites build --suite unit
+phase "g++ compile-fail" run_suites build --suite compile-fail
+phase "g++ other suites" run_suites build --no-suite unit --no-suite compile-fail
 
 # The host-side library a second time, with clang++ (Debian 12's is 14), in its own build
-# directory with CUDA off: the rules, flags, plan, hooks, offload plan, capscope-check and
-# tutorial 01, warnings as errors; its unit, cli, compile-fail, examples and headers suites.
+# directory with CUDA off, warnings as errors: what compiles differently under clang (the rules'
+# diagnostics, every header, the unit tests, capscope-check and tutorial 01) is built and run.
 if [ -d build-clang ]; then
-  meson setup --reconfigure build-clang -Drequire_test_deps=true
+  phase "clang++ configure" meson setup --reconfigure build-clang "${options[@]}"
 else
-  CXX=clang++ meson setup build-clang --buildtype=debugoptimized -Dcuda=disabled -Dwerror=true -Drequire_test_deps=true
+  phase "clang++ configure" env CXX=clang++ meson setup build-clang -Dcuda=disabled -Dwerror=true "${options[@]}"
 fi
-meson compile -C build-clang
-meson test -C build-clang --print-errorlogs --num-processes "$(nproc)" \
-  --suite unit --suite cli --suite compile-fail --suite examples --suite headers
+phase "clang++ build" meson compile -C build-clang
+phase "clang++ suites" run_suites build-clang --suite unit --suite compile-fail --suite examples --suite headers --suite cli
+
+echo
+echo "wall time by phase (s):"
+cp "$times_file" build/phase-times.txt
+awk '{ name = $0; sub(/ [^ ]+$/, "", name); printf "  %-22s %7.1f\n", name, $NF }' build/phase-times.txt
+echo "  total                  $(( $(date +%s) - started )).0"
+python3 tests/ci_budget.py build/phase-times.txt

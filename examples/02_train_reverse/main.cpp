@@ -31,6 +31,7 @@ namespace {
 
 template <class T> int train(const gpt::model_config& cfg, int steps) {
     capscope::cuda::stream s;
+    // [snippet loop]
     gpt::gpt_model<T> model(cfg, s);
     std::printf("model: %zu parameters, layers \"%s\" (D dense, E MoE, M Mamba), %d stages:", model.parameters().total(),
                 cfg.layer_pattern.c_str(), int(model.stages().size()));
@@ -52,6 +53,7 @@ template <class T> int train(const gpt::model_config& cfg, int steps) {
             std::printf("step %4d  loss %.4f\n", step, last);
         }
     }
+    // [snippet loop]
     const bool learnt = last < 0.5f * first;
     std::printf("loss %.4f -> %.4f: %s\n", first, last, learnt ? "the model learnt to reverse" : "LOSS DID NOT FALL ENOUGH");
     return learnt ? 0 : 1;

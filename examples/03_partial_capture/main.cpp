@@ -21,9 +21,11 @@
 
 using namespace capscope;
 
+// [snippet config]
 // attn + mlp: the attention and MLP stages of each dense layer. They are consecutive, so each
 // layer becomes one forward graph and one backward graph.
 using partial = config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>, model<layers<6>>>;
+// [snippet config]
 using eager_cfg = config<impl::eager, model<layers<6>>>;
 
 int main(int argc, char** argv) {
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
     }
     try {
         cuda::stream s;
+        // [snippet train]
         gpt::gpt_model<float> model(tutorial::reverse_task_model("DDDDDD", 128, 64, 1), s);
         model.set_optimizer({3e-3f}, s);
         runner<partial, gpt::schemas::drop_and_pad_model> graphed(model.training_program());
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
                 std::printf("step %4d  loss %.4f  (graphs alive: %d)\n", step, last, graphed.graphs_alive());
             }
         }
+        // [snippet train]
         tutorial::print_counters("attn+mlp, local", graphed.counters());
 
         runner<eager_cfg> eager(model.training_program());

@@ -22,6 +22,7 @@
 
 using namespace capscope;
 
+// [snippet configs]
 using moe_facts = model<experts<4>, moe_pattern<0, 1, 0, 1>, capacity_factor<1.5>, pad_to_capacity>;
 using dropless_facts = model<experts<4>, moe_pattern<0, 1, 0, 1>>;
 // transformer_engine: every graph captured ahead of time, in schedule order.
@@ -30,8 +31,11 @@ using router_and_preprocess = config<impl::ahead_of_time_per_layer,
 using dropless_router_and_preprocess = config<impl::ahead_of_time_per_layer,
                                               modules<capture::attention, capture::moe_router, capture::moe_preprocess>, dropless_facts>;
 using dropless_router_only = config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::moe_router>, dropless_facts>;
+// [snippet configs]
+// [snippet static_capacity_config]
 using dropless_static_capacity =
     config<impl::ahead_of_time_per_layer, modules<capture::attention, capture::moe>, dropless_facts, static_expert_capacity>;
+// [snippet static_capacity_config]
 
 template <class Config, class Schemas>
 float train(gpt::gpt_model<float>& model, cudaStream_t s, const char* what, const std::string& dot, float* first) {
@@ -95,11 +99,13 @@ int main(int argc, char** argv) {
         ok = ok && last < 0.5f * first;
 
         std::puts("== dropless with a static capacity (1.5 x the mean): attn + moe, a step past it rerun ==");
+        // [snippet static_capacity_run]
         cfg.dropless_capacity_factor = 1.5;
         gpt::gpt_model<float> static_capacity(cfg, s);
         static_capacity.set_optimizer({3e-3f}, s);
         last = train<dropless_static_capacity, gpt::schemas::dropless_static_model>(static_capacity, s, "dropless, static capacity",
                                                                                     args.dot.size() > 2 ? args.dot[2] : "", &first);
+        // [snippet static_capacity_run]
         ok = ok && last < 0.5f * first;
         std::printf("%s\n", ok ? "the three models learnt" : "FAILED");
         return ok ? 0 : 1;

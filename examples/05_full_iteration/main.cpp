@@ -23,9 +23,11 @@
 
 using namespace capscope;
 
+// [snippet config]
 // full_iteration needs Megatron's NaN check off (rule A1: it would synchronize inside the graph);
 // tutorial 12 keeps a check on the device instead (nan_check_on_device).
 using whole_step = config<impl::whole_iteration, no_nan_check, model<experts<4>, moe_pattern<0, 1, 0, 0>, capacity_factor<1.5>, pad_to_capacity>>;
+// [snippet config]
 
 //! Linear warmup over 20 steps, then cosine decay to 10% at step 300.
 float learning_rate(int step) {
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
     try {
         cuda::stream s;
         gpt::gpt_model<__nv_bfloat16> model(tutorial::reverse_task_model("DEMD", 128, 32, 2), s);
+        // [snippet loop]
         runner<whole_step, gpt::schemas::drop_and_pad_model> graphed(model.training_program());
         std::fputs(graphed.plan_text().c_str(), stdout);
         tutorial::write_dot(args.dot.empty() ? "" : args.dot[0], graphed.plan_dot());
@@ -61,6 +64,7 @@ int main(int argc, char** argv) {
                             graphed.counters().replays > 0 ? "replayed graph" : "eager warmup");
             }
         }
+        // [snippet loop]
         tutorial::print_counters("full_iteration", graphed.counters());
         runner<config<impl::eager>> eager(model.training_program());
         const double eager_ms = tutorial::median_step_ms(model, rng, s, 50, [&] { eager.step(s); });

@@ -30,11 +30,13 @@ using T = __nv_bfloat16;
 
 using moe_facts = model<experts<4>, moe_pattern<0, 1, 0, 0>, capacity_factor<1.5>, pad_to_capacity>;
 using training = config<impl::lazy_per_layer, modules<capture::attention, capture::mlp, capture::moe>, moe_facts>;
+// [snippet configs]
 using sizes = buckets<1, 2, 4, 8>;
 using serve_layers = config<impl::lazy_per_layer, inference::per_layer, moe_facts, warmup_steps<1>, sizes,
                             oversize_requests<oversize::run_eagerly>>;
 using serve_block = config<impl::lazy_per_layer, inference::per_block, moe_facts, warmup_steps<1>, sizes,
                            oversize_requests<oversize::run_eagerly>>;
+// [snippet configs]
 
 //! n reverse-task sequences (symbols, separator, the symbols reversed), and the 8 answers per
 //! sequence: position symbols + i predicts the (i+1)-th symbol of the reversed half.
@@ -72,6 +74,7 @@ int main() {
         }
         std::printf("trained 300 steps, loss %.4f\n", trained.loss(s));
 
+        // [snippet serve]
         // 2. Serve: a forward-only model with capacity 16 sequences, loaded with the weights.
         cfg.batch = 16;
         gpt::inference_model<T> served(cfg, s);
@@ -80,6 +83,7 @@ int main() {
         inference_runner<serve_block> by_block(served.inference_program(serve_block::engine.batch_buckets.view()));
         std::fputs(by_layer.plan_text().c_str(), stdout);
         std::fputs(by_block.plan_text().c_str(), stdout);
+        // [snippet serve]
 
         const std::size_t row = std::size_t(cfg.seq_len) * cfg.vocab;
         int right = 0, asked = 0;
@@ -87,6 +91,7 @@ int main() {
         for (int n : {1, 3, 8, 2, 5, 12, 4, 7, 1, 6}) {
             std::vector<int> answers;
             const auto tokens = requests(n, rng, answers);
+            // [snippet request]
             const bucket_choice c = by_layer.choose(n);
             served.set_request(tokens, n, c.eager() ? n : c.size, s);
             by_layer.run(c, s);
@@ -94,6 +99,7 @@ int main() {
             by_block.run(by_block.choose(n), s);
             const auto block_logits = served.copy_logits(n, s);
             scopes_agree &= std::memcmp(layer_logits.data(), block_logits.data(), layer_logits.size() * sizeof(float)) == 0;
+            // [snippet request]
             int ok = 0;
             for (int r = 0; r < n; ++r)
                 for (int i = 0; i < tutorial::symbols; ++i) { // argmax at the separator and after

@@ -28,9 +28,11 @@
 using namespace capscope;
 using T = __nv_bfloat16;
 
+// [snippet configs]
 using pad_to_max = config<impl::eager, vision<impl::ahead_of_time_per_layer, modules<>, max_seq_length<256>>, warmup_steps<1>>;
 using bucketed = config<impl::eager, vision<impl::ahead_of_time_per_layer, modules<>, max_seq_length<256>>, length_buckets<64, 144, 256>,
                         warmup_steps<1>>;
+// [snippet configs]
 
 std::vector<float> random_patches(int count, int patch_dim, std::mt19937& rng) {
     std::normal_distribution<float> d(0.f, 1.f);
@@ -39,6 +41,7 @@ std::vector<float> random_patches(int count, int patch_dim, std::mt19937& rng) {
     return p;
 }
 
+// [snippet run]
 template <class Runner>
 double run_ms(Runner& r, gpt::vision_encoder<T>& enc, const std::vector<float>& patches, const std::vector<int>& lengths, cudaStream_t s,
               std::vector<float>* out) {
@@ -53,6 +56,7 @@ double run_ms(Runner& r, gpt::vision_encoder<T>& enc, const std::vector<float>& 
     if (out) *out = enc.copy_outputs(lengths, c.size, s);
     return cuda::event::elapsed_ms(t0, t1) / 50.0;
 }
+// [snippet run]
 
 int main() {
     if (cuda::usable_device_count() == 0) {
@@ -73,10 +77,12 @@ int main() {
         vc.training = false; // forward only
         gpt::vision_encoder<T> enc(vc, s);
 
+        // [snippet runners]
         const int bucket_list[] = {64, 144, 256}, max_only[] = {256};
         vision_runner<bucketed> by_bucket(enc.inference_program(bucket_list));
         vision_runner<pad_to_max> padded(enc.inference_program(max_only));
         std::fputs(by_bucket.plan_text().c_str(), stdout);
+        // [snippet runners]
 
         std::mt19937 rng(11);
         bool identical = true;

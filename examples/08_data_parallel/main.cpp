@@ -19,7 +19,7 @@
 
 #include <capscope/capscope.hpp>
 #include <capscope/cuda/device.hpp>
-#include <capscope/cuda/mpi_bootstrap.hpp>
+#include <capscope/parallel/mpi_bootstrap.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 
@@ -28,10 +28,12 @@
 
 using namespace capscope;
 
+// [snippet configs]
 // Per-layer graphs (Megatron's transformer_engine), the collectives captured with the layers.
 using per_layer = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<2>>;
 // Sharded: gathers land in a static double buffer (rules F1/F2 hold), gathered again for backward.
 using sharded_policy = sharded<static_double_buffer, persistent_buffer, regather_for_backward>;
+// [snippet configs]
 
 //! Whether every rank holds the same numbers in `data` (a hash, its min and max over the ranks).
 bool same_on_every_rank(const std::vector<float>& data) {
@@ -44,6 +46,7 @@ bool same_on_every_rank(const std::vector<float>& data) {
 
 template <class Mode>
 bool train(const char* title, const cuda::nccl_communicator& comm, int rank, int ranks, const std::string& dot, cudaStream_t s) {
+    // [snippet train]
     gpt::data_parallel_trainer<__nv_bfloat16, per_layer, Mode> trainer(tutorial::reverse_task_model("DEMD", 128, 32, 2), comm, s);
     auto& model = trainer.model();
     if (rank == 0) {
@@ -63,6 +66,7 @@ bool train(const char* title, const cuda::nccl_communicator& comm, int rank, int
             if (rank == 0) std::printf("step %4d  loss %.4f (rank 0's batch)\n", step + 1, last);
         }
     }
+    // [snippet train]
     const double ms = tutorial::median_step_ms(model, rng, s, 50, [&] { trainer.step(s); });
     // Data parallel: every rank holds every weight, and they must agree. Sharded: the ranks hold
     // different shards; what they share (embeddings, final norm, head) must agree.
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
         std::puts("no usable CUDA device: skipped");
         return cuda::skip_exit_code;
     }
+    // [snippet ranks]
     // An error on one rank is printed with the rank, and ends every rank (MPI_Abort) instead of
     // leaving the others waiting in a collective.
     return cuda::run_ranks([&](cuda::mpi_session& mpi) {
@@ -95,4 +100,5 @@ int main(int argc, char** argv) {
         const bool sh = train<sharded_policy>("sharded", comm, mpi.rank(), mpi.size(), "", s);
         return dp && sh ? 0 : 1;
     });
+    // [snippet ranks]
 }

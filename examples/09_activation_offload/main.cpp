@@ -30,6 +30,7 @@
 using namespace capscope;
 using om = offload_module;
 
+// [snippet config]
 // Whole layers, captured ahead of time. The copies out of a layer are a graph of their own,
 // launched right after the layer's (delay_offload_until_cuda_graph), so they overlap the next
 // layer. Megatron's default min_offloaded_tensor_size (2^20 elements) applies; every tensor this
@@ -38,6 +39,7 @@ using te = impl::ahead_of_time_per_layer;
 using attention_set = offload_modules<om::qkv_linear, om::core_attn, om::attn_proj, om::mlp_norm>;
 using offloaded = config<te, modules<>, model<layers<6>>, offload<attention_set, delay_offload_until_cuda_graph>>;
 using on_device = config<te, modules<>, model<layers<6>>>;
+// [snippet config]
 
 struct run_result {
     std::vector<float> losses;
@@ -51,11 +53,13 @@ template <class Config> run_result train(cudaStream_t s, bool show_plan, const s
     std::size_t free_before = 0, free_after = 0, total = 0;
     CAPSCOPE_CHECK(cudaDeviceSynchronize());
     CAPSCOPE_CHECK(cudaMemGetInfo(&free_before, &total));
+    // [snippet runner]
     // Tokens 256 x 16 = 4096 rows of width 256: each kept tensor is 2^20 elements (the packed QKV 3 x 2^20).
     gpt::gpt_model<float> model(tutorial::reverse_task_model("DDDDDD", 256, 256, 1), s, std::nullopt,
                                 {Config::normalized.offload, offload_ring{}});
     model.set_optimizer({3e-3f}, s);
     runner<Config, gpt::schemas::drop_and_pad_model> r(model.training_program(capture_scope_of<Config>));
+    // [snippet runner]
     if (show_plan) {
         std::fputs(r.plan_text().c_str(), stdout);
         tutorial::write_dot(dot, r.plan_dot());

@@ -28,12 +28,14 @@
 
 using namespace capscope;
 
+// [snippet configs]
 // Capture the "down" part of each block, lazily; "up" stays eager.
 using down_only = config<impl::lazy_per_layer, capture_regions<"down">, warmup_steps<2>>;
 // Both parts: each block is one forward and one backward graph, captured ahead of time.
 using both_parts = config<impl::ahead_of_time_per_layer, capture_regions<"up", "down">, warmup_steps<2>>;
 // The whole step, SGD included, as one graph.
 using whole_step = config<impl::whole_iteration, no_nan_check, warmup_steps<2>>;
+// [snippet configs]
 
 namespace {
 
@@ -65,8 +67,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 template <class Config>
 bool run(const char* title, const custom::shape& sh, int steps, const trace& by_hand, cudaStream_t s) {
+    // [snippet runner]
     custom::residual_mlp m(sh, s);
     runner<Config, layer_schemas<custom::residual_block>> r(m.training_program());
+    // [snippet runner]
     std::printf("\n== %s\n%s", title, r.plan_text().c_str());
     const trace t = train(m, steps, s, [&](cudaStream_t st) { r.step(st); });
     const runner_counters& k = r.counters();

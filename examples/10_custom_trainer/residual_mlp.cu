@@ -74,12 +74,14 @@ capscope::training_program residual_mlp::training_program() {
     p.step_begin.push_back(zero);
     p.microbatches.emplace_back();
     for (int l = 0; l < sh_.blocks; ++l) {
+        // [snippet stages]
         const std::string b = "block" + std::to_string(l);
         block_fns* f = &fns_[std::size_t(l)];
         // stage_decl::make: kind, regions and facts as the schema declares them.
         stage up = up_part::make(b + ".up", l, stream_fn::of<&block_fns::up_forward>(f), stream_fn::of<&block_fns::up_backward>(f));
         stage down = down_part::make(b + ".down", l, stream_fn::of<&block_fns::down_forward>(f), stream_fn::of<&block_fns::down_backward>(f));
         up.buffers_declared = down.buffers_declared = true; // one set of buffers, bound for the program's life
+        // [snippet stages]
         p.microbatches[0].push_back(std::move(up));
         p.microbatches[0].push_back(std::move(down));
     }

@@ -14,11 +14,13 @@
 
 namespace custom {
 
+// [snippet schema]
 // The block's two parts as a layer schema: the runner checks the plan of each config against it
 // at compile time, and the program against it at construction.
 using up_part = capscope::stage_decl<capscope::kind<"up">, capscope::regions<capscope::region<"up">>>;
 using down_part = capscope::stage_decl<capscope::kind<"down">, capscope::regions<capscope::region<"down">>>;
 using residual_block = capscope::layer_schema<"residual_mlp", up_part, down_part>;
+// [snippet schema]
 
 struct shape {
     int rows = 512, features = 256, hidden = 1024, blocks = 4;

@@ -20,6 +20,7 @@ block_stack::block_stack(const shape& sh, const capscope::offload_settings& poli
     : sh_(sh), master_(std::size_t(sh.blocks) * 2 * sh.features * sh.hidden), params_(master_.size()), grads_(master_.size()),
       xs_(std::size_t(sh.blocks + 1) * sh.rows * sh.features), dxs_(xs_.size()), dh_(std::size_t(sh.rows) * sh.hidden), dpre_(dh_.size()),
       target_(std::size_t(sh.rows) * sh.features), loss_(1), lr_(1) {
+    // [snippet store]
     // The activations each block keeps, under the trainer's own names.
     for (int l = 0; l < sh.blocks; ++l) {
         const std::string b = "block" + std::to_string(l);
@@ -27,6 +28,7 @@ block_stack::block_stack(const shape& sh, const capscope::offload_settings& poli
         hidden_ids_.push_back(store_.declare(l, "hidden", b + ".hidden", row_bytes(sh.hidden), sizeof(float)));
     }
     store_.allocate(policy);
+    // [snippet store]
     std::mt19937_64 rng(sh.seed);
     master_.copy_from_host(normal(master_.size(), 0.02f, rng), s);
     const auto input = normal(std::size_t(sh.rows) * sh.features, 1.f, rng);

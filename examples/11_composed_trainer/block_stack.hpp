@@ -19,6 +19,7 @@
 
 namespace composed {
 
+// [snippet schema]
 // The block's parts and what they keep, as a layer schema: "up" keeps pre_act and writes hidden,
 // which "down" keeps. The runner checks every config's plan against it at compile time (an
 // offloaded tensor whose writer and keeper a graph boundary separates is rule P11).
@@ -26,6 +27,7 @@ using up_part = capscope::stage_decl<capscope::kind<"up">, capscope::regions<cap
                                      capscope::makes_named<"hidden">>;
 using down_part = capscope::stage_decl<capscope::kind<"down">, capscope::regions<capscope::region<"down">>, capscope::saves_named<"hidden">>;
 using block = capscope::layer_schema<"offloaded_block", up_part, down_part>;
+// [snippet schema]
 
 struct shape {
     int rows = 512, features = 256, hidden = 1024, blocks = 6;

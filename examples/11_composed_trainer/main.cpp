@@ -37,6 +37,7 @@
 
 using namespace capscope;
 
+// [snippet configs]
 // The trainer's own tensors, offloaded by its own names: Megatron's offload rules (made for
 // Megatron's modules) pass over them; plan rule P11 checks where their copies go.
 using own_offload = offload<offload_tensors<"pre_act", "hidden">, min_offloaded_tensor_size<1>>;
@@ -44,6 +45,7 @@ using no_graphs = config<impl::eager, own_offload>;
 using local_graphs = config<impl::lazy_per_layer, capture_regions<"up", "down">, own_offload, warmup_steps<2>>;
 using ahead_of_time = config<impl::ahead_of_time_per_layer, capture_regions<"up", "down">, own_offload, warmup_steps<2>>;
 using whole_step = config<impl::whole_iteration, no_nan_check, own_offload, warmup_steps<2>>;
+// [snippet configs]
 
 namespace {
 
@@ -68,6 +70,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 template <class Config>
 bool run(const char* title, const composed::shape& sh, int steps, const trace& by_hand, cudaStream_t s) {
+    // [snippet hooks]
     composed::block_stack m(sh, Config::normalized.offload, s);
     int captured_forwards = 0;
     std::vector<float> logged;
@@ -75,16 +78,22 @@ bool run(const char* title, const composed::shape& sh, int steps, const trace& b
         "gather", [&m](forward_pre_context& c) { m.gather(c.layer(), c.stream()); });
     auto clip = hook<hook_phase::backward, capturable, on_lane<4>>("clip", [&m](backward_context& c) { m.clip_gradients(c.layer(), c.stream()); });
     auto count = hook<hook_phase::forward, capture_time>("count captures", [&captured_forwards](forward_context&) { ++captured_forwards; });
+    // [snippet step_hook]
     auto log = on_step<step_point::after_optimizer, boundary>("loss log", [&](step_context& c) { logged.push_back(m.loss(c.stream())); });
+    // [snippet step_hook]
+    // [snippet hooks]
 
+    // [snippet composition]
     // One declaration: the program, its hooks (with what each block reads and writes) and its
     // offload. Hook rules H0, H1, H2, H4 and plan rules P1-P13 are checked here and when the runner plans; the order in
     // which the parts are named does not matter.
-    composition<Config> parts(m.training_program());
-    if constexpr (Config::impl == graph_impl::whole_iteration) parts.hooks(hook_pipeline{gather, clip, count}, m.layer_buffers());
-    else parts.hooks(hook_pipeline{gather, clip, count, log}, m.layer_buffers());
-    parts.offload(m.store());
-    runner<Config, layer_schemas<composed::block>> r(parts.program());
+    // (The whole step is one graph: no boundary for the step hook's host work, rule H2.)
+    const auto hooks = [&] {
+        if constexpr (Config::impl == graph_impl::whole_iteration) return hook_pipeline{gather, clip, count};
+        else return hook_pipeline{gather, clip, count, log};
+    }();
+    runner<Config, layer_schemas<composed::block>> r(composition<Config>(m.training_program()).hooks(hooks, m.layer_buffers()).offload(m.store()).program());
+    // [snippet composition]
 
     std::printf("\n== %s\n%s", title, r.plan_text().c_str());
     const trace t = train(m, steps, s, [&](cudaStream_t st) { r.step(st); });

@@ -53,10 +53,12 @@ struct trained {
 
 template <class T, class Config> trained train(const char* name, const std::string& dot_path, cudaStream_t s) {
     constexpr bool fp16 = std::is_same_v<T, __half>;
+    // [snippet loss_scale]
     gpt::model_config cfg = tutorial::reverse_task_model("DEMD", 128, 32, 2);
     cfg.check_finite_on_device = true; // the check stage, and the optimizer guarded by its flag
     if (fp16) cfg.loss_scale = {.dynamic = true, .initial = 1024.f, .growth_interval = 50};
     gpt::gpt_model<T> model(cfg, s);
+    // [snippet loss_scale]
     overflow_injector inject{model.parameters().grads()};
     inject.count.fill_bytes(0, s);
 

@@ -62,10 +62,12 @@ int main(int argc, char**) {
         gpt::inference_model<T> served(cfg, s);
         served.load_parameters(trained, s);
 
+        // [snippet generation]
         // 3. Prompts: 8 symbols and the separator; 8 tokens to generate, no end token (the
         //    reversed half is always 8 long). Positions used: 9 + 8 - 1 = 16 = seq_len.
         const int n = 4;
         const gpt::generation g{tutorial::symbols + 1, tutorial::symbols, -1};
+        // [snippet generation]
         std::uniform_int_distribution<int> sym(tutorial::first_symbol, tutorial::first_symbol + 13);
         std::vector<int> prompts, answers;
         for (int r = 0; r < n; ++r) {
@@ -75,6 +77,7 @@ int main(int argc, char**) {
             prompts.push_back(tutorial::separator);
             answers.insert(answers.end(), seq.rbegin(), seq.rend());
         }
+        // [snippet one_graph]
         const std::vector<int> bucket_list{1, 4, 16};
         inference_runner<serve_block> one_graph(served.generate_program(bucket_list, g));
         std::fputs(one_graph.plan_text().c_str(), stdout);
@@ -86,6 +89,7 @@ int main(int argc, char**) {
             one_graph.run(one_graph.choose(n), s);
         }
         const std::vector<int> graphed = served.copy_generated(n, g, s);
+        // [snippet one_graph]
 
         // 5. The same program eagerly: the runner reads the loop's flag on the host before each pass.
         inference_runner<serve_eager> eager(served.generate_program(bucket_list, g));

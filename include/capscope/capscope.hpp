@@ -21,15 +21,7 @@
 #include <capscope/rules/evaluate.hpp>
 #include <capscope/rules/table.hpp>
 
-#include <capscope/config/capture_options.hpp>
-#include <capscope/config/config.hpp>
-#include <capscope/config/engine_options.hpp>
-#include <capscope/config/inference_options.hpp>
-#include <capscope/config/model_options.hpp>
-#include <capscope/config/offload_options.hpp>
-#include <capscope/config/select.hpp>
-#include <capscope/config/training_options.hpp>
-#include <capscope/config/vision_options.hpp>
+#include <capscope/config.hpp>
 
 #include <capscope/flags/argument_file.hpp>
 #include <capscope/flags/from_megatron_flags.hpp>
@@ -40,3 +32,4 @@
 #include <capscope/plan.hpp>
 #include <capscope/hooks.hpp>
 #include <capscope/offload.hpp>
+#include <capscope/compose.hpp> // last: a diagnostic's include chain stays short

@@ -9,4 +9,3 @@
 #include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/hooks/hooks_fit.hpp>
 #include <capscope/hooks/with_hooks.hpp>
-#include <capscope/hooks/composition.hpp> // last: a diagnostic's include chain stays short

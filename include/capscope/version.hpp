@@ -5,9 +5,9 @@
 //! minor number moves with every batch of breaking changes (CHANGELOG.md lists them).
 
 #define CAPSCOPE_VERSION_MAJOR 0
-#define CAPSCOPE_VERSION_MINOR 2
+#define CAPSCOPE_VERSION_MINOR 3
 #define CAPSCOPE_VERSION_PATCH 0
-#define CAPSCOPE_VERSION_STRING "0.2.0"
+#define CAPSCOPE_VERSION_STRING "0.3.0"
 
 namespace capscope {
 

@@ -5,7 +5,8 @@ value, a value given to a switch, and a wrong-typed int or float value each give
 
 usage: every_megatron_flag.py CAPSCOPE_CHECK FLAGS.jsonl
 """
-import json, subprocess, sys
+import json, os, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
 
 check, data = sys.argv[1], sys.argv[2]
 rows = [json.loads(l) for l in open(data) if l.strip()]
@@ -17,7 +18,7 @@ def run(args):
     return p.returncode, p.stderr.strip()
 
 
-failures, checked = [], 0
+invocations = []  # (args, None) must give a verdict; (args, text) must be argparse's error naming text
 for r in rows:
     flag, nargs, typ, choices = r["flag"], r["nargs"], r["type"], r["choices"]
     if r["action"] == "_HelpAction":
@@ -39,16 +40,20 @@ for r in rows:
         wrong = list(good[0])
         wrong[1] = "1.5x"  # the first value, in an otherwise valid invocation
         bad.append((wrong, f"invalid {typ} value: '1.5x'"))
-    for args in good:
-        code, err = run(args)
-        checked += 1
-        if code == 2:
-            failures.append(f"{' '.join(args)}: exit 2: {err}")
-    for args, want in bad:
-        code, err = run(args)
-        checked += 1
-        if code != 2 or want not in err:
-            failures.append(f"{' '.join(args)}: expected exit 2 with '{want}', got exit {code}: {err}")
+    invocations += [(args, None) for args in good] + bad
+
+
+def failure(invocation):
+    args, want = invocation
+    code, err = run(args)
+    if want is None:
+        return f"{' '.join(args)}: exit 2: {err}" if code == 2 else None
+    return None if code == 2 and want in err else f"{' '.join(args)}: expected exit 2 with '{want}', got exit {code}: {err}"
+
+
+with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # each invocation on its own: side by side
+    failures = [f for f in pool.map(failure, invocations) if f]
+checked = len(invocations)
 for f in failures[:40]:
     print("FAIL", f)
 print(f"{len(rows)} option strings, {checked} invocations: {checked - len(failures)} passed, {len(failures)} failed")

@@ -3,6 +3,7 @@
 values. With "-- COMPILER ARGS...", also checks that --emit-cpp compiles iff the configuration is valid
 and that a rejected TU names the first violated rule: the two enforcers must agree."""
 import argparse, json, os, subprocess, sys, tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 def run(cmd):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -20,19 +21,21 @@ def main():
     a = ap.parse_args(argv)
     a.compiler = compiler
     cases = json.load(open(a.cases))
-    failures = []
-    for case in cases:
+
+    def check_case(case):
+        """The failures of one case (each case is independent: they run side by side)."""
+        failures = []
         name, flags = case["name"], case["flags"]
         def fail(msg):
             failures.append(f"[{name}] {msg}")
         rc, out, err = run([a.check, "--json"] + flags)
         if rc != case["exit"]:
             fail(f"exit {rc}, expected {case['exit']}; stderr: {err.strip()}")
-            continue
+            return failures
         if rc == 2:
             if case.get("stderr", "") not in err:
                 fail(f"stderr lacks {case.get('stderr')!r}: {err.strip()}")
-            continue
+            return failures
         verdict = json.loads(out)
         got_v = [v["rule"] for v in verdict["violations"]]
         got_n = [n["rule"] for n in verdict["notes"]]
@@ -60,6 +63,10 @@ def main():
                 first = next((l for l in text.splitlines() if "error" in l), "")
                 if f"capscope rule {got_v[0]}:" not in first:
                     fail(f"emitted C++ failed, but its first error does not name {got_v[0]}: {first}")
+        return failures
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        failures = [f for case_failures in pool.map(check_case, cases) for f in case_failures]
     print(f"{len(cases) - len({f.split(']')[0] for f in failures})} passed, {len({f.split(']')[0] for f in failures})} failed")
     for f in failures:
         print("FAIL", f)

@@ -2,10 +2,14 @@
 // phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
 // whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook, two
 // lanes, a boundary hook on a lane, one_layer_ahead on a hook that is not a layer's pre hook); and
-// of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static). As
+// of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static); and of
+// a composition (C1-C3: each part named once). As
 // is, every valid twin must compile; with -DCASE_<ID>[__variant] the first error must read
 // "capscope hook rule <ID>:" and say the fix (check.py).
-#include <capscope/capscope.hpp>
+// The configuration and the hook pipelines, not the whole of capscope.hpp.
+#include <capscope/config.hpp>
+#include <capscope/compose.hpp>
+#include <capscope/hooks.hpp>
 #include <capscope/parallel/sharding.hpp>
 
 using namespace capscope;
@@ -62,6 +66,28 @@ inline training_program composed_per_layer() {
 #ifdef CASE_H2__composition
 inline training_program composed_whole_step() {
     return composition<whole_step>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).program();
+}
+#endif
+// C1-C3: each part of a composition is named once (its type holds it).
+struct no_store {
+    training_program with_offload(const training_program& p, const capture_scope&) const { return p; }
+};
+inline training_program composed_once(const no_store& store) {
+    return composition<per_layer>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).offload(store).sharded<sharded<>>().program();
+}
+#ifdef CASE_C1
+inline training_program hooks_twice() {
+    return composition<per_layer>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).hooks(hook_pipeline<decltype(gather), decltype(log_boundary)>{gather, log_boundary}, {}).program();
+}
+#endif
+#ifdef CASE_C2
+inline training_program offload_twice(const no_store& store) {
+    return composition<per_layer>(training_program{}).offload(store).offload(store).program();
+}
+#endif
+#ifdef CASE_C3
+inline training_program sharded_twice() {
+    return composition<per_layer>(training_program{}).sharded<sharded<>>().sharded<sharded<>>().program();
 }
 #endif
 

@@ -1,5 +1,5 @@
 """Consumers of capscope, built against it as its users would (issue 32, item 4): installed into a
-temporary prefix, then found by CMake (find_package(capscope 0.2), target capscope::capscope; a
+temporary prefix, then found by CMake (find_package(capscope 0.3), target capscope::capscope; a
 too-new request must be refused), by pkg-config, and used as a Meson subproject. Each consumer
 compiles tests/consumers/consumer.cpp and runs it.
 
@@ -28,24 +28,24 @@ def main():
         options = json.loads(subprocess.run(["meson", "introspect", "--buildoptions", build], capture_output=True, text=True, check=True).stdout)
         prefix = stage + next(o["value"] for o in options if o["name"] == "prefix")
 
-        # CMake: find_package(capscope 0.2), and a request for a version newer than this one refused.
+        # CMake: find_package(capscope 0.3), and a request for a version newer than this one refused.
         out = os.path.join(tmp, "cmake")
         run(["cmake", "-S", os.path.join(here, "cmake"), "-B", out, f"-DCMAKE_PREFIX_PATH={prefix}"])
         run(["cmake", "--build", out])
         print(run([os.path.join(out, "consumer")]).strip(), "(CMake)")
         newer = run(["cmake", "-S", os.path.join(here, "cmake"), "-B", os.path.join(tmp, "cmake-new"), f"-DCMAKE_PREFIX_PATH={prefix}",
                      "-DCAPSCOPE_REQUEST=9.0"], expect_ok=False)
-        if "compatible with requested version" not in newer or "0.2.0" not in newer:
+        if "compatible with requested version" not in newer or "0.3.0" not in newer:
             sys.exit("a too-new find_package(capscope 9.0) was refused without saying which version is installed:\n" + newer)
         print("find_package(capscope 9.0): refused, naming the installed version")
-        # 0.x: a minor bump may break, so a request for 0.1 is refused too; no version asked: found.
+        # 0.x: a minor bump may break, so a request for 0.2 is refused too; no version asked: found.
         older = run(["cmake", "-S", os.path.join(here, "cmake"), "-B", os.path.join(tmp, "cmake-old"), f"-DCMAKE_PREFIX_PATH={prefix}",
-                     "-DCAPSCOPE_REQUEST=0.1"], expect_ok=False)
+                     "-DCAPSCOPE_REQUEST=0.2"], expect_ok=False)
         if "compatible with requested version" not in older:
-            sys.exit("find_package(capscope 0.1) against 0.2 was not refused as incompatible:\n" + older)
+            sys.exit("find_package(capscope 0.2) against 0.3 was not refused as incompatible:\n" + older)
         run(["cmake", "-S", os.path.join(here, "cmake"), "-B", os.path.join(tmp, "cmake-any"), f"-DCMAKE_PREFIX_PATH={prefix}",
              "-DCAPSCOPE_REQUEST="])
-        print("find_package(capscope 0.1): refused (0.x minor versions may break); find_package(capscope): found")
+        print("find_package(capscope 0.2): refused (0.x minor versions may break); find_package(capscope): found")
 
         # pkg-config: the .pc file's flags compile it (the staged install seen through a sysroot).
         pc_dir = os.path.join(prefix, "share", "pkgconfig")

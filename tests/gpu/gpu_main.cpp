@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "breakage.hpp"
+
 #include <capscope/cuda/device.hpp>
 
 #include <cstdio>
@@ -12,6 +14,7 @@ int main(int argc, char** argv) {
         std::puts("no usable CUDA device: GPU tests skipped");
         return capscope::cuda::skip_exit_code;
     }
+    breakage::install_from_environment();
     doctest::Context context(argc, argv);
     return context.run();
 }

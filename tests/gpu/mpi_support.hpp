@@ -2,7 +2,7 @@
 // The multi-GPU tests' one MPI session and one NCCL communicator, shared by their files: made on
 // first use (the communicator takes this rank's GPU, so make it before any stream or buffer).
 
-#include <capscope/cuda/mpi_bootstrap.hpp>
+#include <capscope/parallel/mpi_bootstrap.hpp>
 #include <capscope/cuda/nccl.hpp>
 
 namespace support {

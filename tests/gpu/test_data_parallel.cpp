@@ -7,6 +7,7 @@
 // every rank, under every impl (eager, warmup, captured), and a skipped or misplaced collective
 // gives other numbers. Ranks with different plans get the same clear error, not a hang.
 
+#include "breakage.hpp"
 #include "data_parallel_model.hpp"
 #include "engine_kernels.hpp"
 #include "mpi_support.hpp"
@@ -51,11 +52,8 @@ void check_data_parallel(const char* impl, ncclRedOp_t op = ncclSum) {
     comm(); // takes this rank's GPU before any stream or buffer is made
     cuda::stream s;
     dp_model m(mpi().rank(), s);
-#if defined(CAPSCOPE_TEST_SUM_FOR_AVERAGE)
-    hook_pipeline hooks{gradient_all_reduce(comm(), ncclInt32, ncclSum)}; // broken on purpose: a sum where an average is expected
-#else
+    if (breakage::broken("sum_for_average")) op = ncclSum; // broken on purpose: a sum where an average is expected
     hook_pipeline hooks{op == ncclAvg ? gradient_all_reduce(comm(), ncclInt32) : gradient_all_reduce(comm(), ncclInt32, op)};
-#endif
     static_assert(hooks_fit<Config, decltype(hooks)>);
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
@@ -197,11 +195,8 @@ void check_sharded(const char* impl, ncclRedOp_t op = ncclSum) {
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     sharded_model m(mpi().rank(), mpi().size(), s);
-#if defined(CAPSCOPE_TEST_SUM_FOR_AVERAGE)
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)}; // broken on purpose
-#else
+    if (breakage::broken("sum_for_average")) op = ncclSum; // broken on purpose: a sum where an average is expected
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, op)};
-#endif
     static_assert(hooks_fit<Config, decltype(hooks)>);
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
@@ -271,6 +266,9 @@ std::vector<std::vector<long long>> regather_expected(int steps, int ranks) {
     return p;
 }
 
+template <class Config, class Gather, class Hooks>
+void run_regather(regather_model& m, const Hooks& hooks, const char* impl, cudaStream_t s);
+
 template <class Config, class Gather = prefetch_next_layer>
 void check_regather(const char* impl) {
     comm();
@@ -278,12 +276,18 @@ void check_regather(const char* impl) {
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     regather_model m(mpi().rank(), mpi().size(), s, /*reads_parameters=*/true);
-#if defined(CAPSCOPE_TEST_NO_REGATHER) // broken on purpose: layer 0's backward reads layer 2's parameters
-    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
-#else
+    if (breakage::broken("no_regather")) { // broken on purpose: layer 0's backward reads layer 2's parameters
+        hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
+        run_regather<Config, Gather>(m, hooks, impl, s);
+        return;
+    }
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), parameter_regather(comm(), m.buffers, Gather{}),
                         gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
-#endif
+    run_regather<Config, Gather>(m, hooks, impl, s);
+}
+
+template <class Config, class Gather, class Hooks>
+void run_regather(regather_model& m, const Hooks& hooks, const char* impl, cudaStream_t s) {
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     cuda::require_same_plan(comm(), plan_fingerprint(r.plan(), r.program()), s);
     const int steps = Config::warmup_steps + 4;

@@ -4,6 +4,7 @@
 // reads the flag on the host. Every impl must give the values worked out below, step by step,
 // which are the eager ones; integer kernels, so any difference is a wrong decision.
 
+#include "breakage.hpp"
 #include "engine_kernels.hpp"
 #include "support.hpp"
 #include "synthetic_stages.hpp"
@@ -133,9 +134,8 @@ using w1 = warmup_steps<1>;
 } // namespace
 
 TEST_CASE("guarded stages: IF skips the optimizer and WHILE loops inside a layer, captured as conditional nodes, as eager under every impl") {
-#if defined(CAPSCOPE_TEST_IGNORE_GUARDS)
-    std::printf("  broken on purpose: the runner ignores every guard (the guarded stages always run once)\n");
-#endif
+    if (capscope::detail::installed_breakage().ignore_guards)
+        std::printf("  broken on purpose: the runner ignores every guard (the guarded stages always run once)\n");
     check_guards<config<impl::eager>>("none (the flags read on the host)", 0);
     // Per layer: layer 1's forward graph and its backward graph hold a WHILE node each; step_end
     // is eager (a host read).
@@ -193,10 +193,8 @@ template <class Config, class T> checked_run run_checked(int inf_at, int steps, 
     st.inputs = {ref(counter, "inject.counter")};
     st.outputs = {{"grads", m.parameters().grads(), sizeof(float)}, ref(counter, "inject.counter")};
     p.step_end.insert(p.step_end.begin(), std::move(st));
-#if defined(CAPSCOPE_TEST_DROP_LOSS_SCALE_UPDATE)
-    // Broken on purpose (a must-fail build): the stage that halves and grows the scale is gone.
-    std::erase_if(p.step_end, [](const stage& x) { return x.name == "update_loss_scale"; });
-#endif
+    if (breakage::broken("drop_loss_scale_update")) // broken on purpose: the stage that halves and grows the scale is gone
+        std::erase_if(p.step_end, [](const stage& x) { return x.name == "update_loss_scale"; });
     runner<Config> r(std::move(p));
     checked_run out;
     for (int step = 0; step < steps; ++step) {

@@ -2,7 +2,7 @@
 
 #include <capscope/cuda.hpp>
 #include <capscope/cuda/nccl.hpp>
-#include <capscope/cuda/nccl_watchdog.hpp>
+#include <capscope/parallel/nccl_watchdog.hpp>
 
 #include "engine_kernels.hpp"
 

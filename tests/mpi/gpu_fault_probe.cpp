@@ -23,13 +23,14 @@
 //   stop     it stops taking part before step 5 (sleeps): rank 0's watchdog must end the job
 // Before the fault, rank 1 prints `fault injected at <seconds since the epoch>`.
 
+#include "../gpu/breakage.hpp"
 #include "../gpu/data_parallel_model.hpp"
 
 #include <capscope/capscope.hpp>
 #include <capscope/cuda/device.hpp>
-#include <capscope/cuda/mpi_bootstrap.hpp>
+#include <capscope/parallel/mpi_bootstrap.hpp>
 #include <capscope/cuda/nccl.hpp>
-#include <capscope/cuda/nccl_watchdog.hpp>
+#include <capscope/parallel/nccl_watchdog.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/engine.hpp>
 #include <capscope/parallel/data_parallel.hpp>
@@ -127,12 +128,8 @@ int run(cuda::mpi_session& mpi, const std::string& fault) {
             const scope_label doing("the trainer, growing a buffer between steps");
             cuda::device_buffer<std::byte> huge(std::size_t{1} << 50);
         }
-#if defined(CAPSCOPE_TEST_NO_WATCHDOG) // broken on purpose: a rank that stops then hangs the other
-        r.step(s);
-        (void)dog;
-#else
-        dog.step(r, s);
-#endif
+        if (breakage::broken("no_watchdog")) r.step(s); // broken on purpose: a rank that stops then hangs the other
+        else dog.step(r, s);
         for (int l = 0; l < data_parallel_model::layers; ++l) { // waits for the step: rank 0 waits here for a rank that failed
             const std::string wrong = wrong_params(m, l, step, mpi.size(), false, s);
             if (!wrong.empty()) throw std::runtime_error("parameters not the sum over the ranks: " + wrong);
@@ -156,6 +153,7 @@ int main(int argc, char** argv) {
     const auto known = [](const std::vector<std::string_view>& names, std::string_view name) {
         return std::ranges::find(names, name) != names.end();
     };
+    breakage::install_from_environment();
     if (argc != 3 || !known(faults, argv[1]) || !known(impls, argv[2])) {
         std::fprintf(stderr, "usage: gpu_fault_probe gpus | gpu_fault_probe {none|plan|capture|oom|throw|stop} "
                              "{none|local|transformer_engine|full_iteration}\n");

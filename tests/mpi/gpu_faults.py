@@ -54,7 +54,9 @@ expected = {
 }
 failed = False
 for fault, impl in cases:
-    cmd = [mpirun, "--allow-run-as-root", "-np", "2", "-x", "NCCL_NVLS_ENABLE", probe, fault, impl]
+    # A breakage on purpose (tests/gpu/breakage.hpp) reaches every rank.
+    passed = ["-x", "CAPSCOPE_BREAK"] if "CAPSCOPE_BREAK" in env else []
+    cmd = [mpirun, "--allow-run-as-root", "-np", "2", "-x", "NCCL_NVLS_ENABLE", *passed, probe, fault, impl]
     rc, out = run_job(cmd, options.hang_s, env)
     ended = time.time()
     injected = re.search(r"fault injected at ([0-9.]+)", out)

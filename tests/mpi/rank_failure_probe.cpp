@@ -5,7 +5,7 @@
 //   rank_failure_probe throw    rank 1 throws inside run_ranks: "rank 1 of 2 failed: ..."
 //   rank_failure_probe scope    rank 1 throws out of an mpi_session's scope, caught further out
 
-#include <capscope/cuda/mpi_bootstrap.hpp>
+#include <capscope/parallel/mpi_bootstrap.hpp>
 
 #include <cstdio>
 #include <stdexcept>

@@ -4,7 +4,7 @@
 //! which carries the call as written, the library's error string, file:line and the capture
 //! scope that was active (see `scope_label`), so a failure inside a graph capture says where.
 
-#include <capscope/stage/scope_label.hpp>
+#include <capscope/detail/scope_label.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -5,7 +5,7 @@
 //! collective for ever, and so does its host at the next synchronization. The watchdog gives each
 //! step a deadline, and polls a probe for asynchronous errors (NCCL's), between steps too. When
 //! either fires, it calls the fault handler once, on its own thread; that handler ends the job
-//! (cuda/nccl_watchdog.hpp ends the process). A handler must not throw (that terminates) and
+//! (parallel/nccl_watchdog.hpp ends the process). A handler must not throw (that terminates) and
 //! should not block: the destructor joins the thread.
 //!
 //! A step's deadline counts from its begin_step, and its end is an event after its work, which

@@ -10,6 +10,7 @@
 //! reuses that graph; otherwise it gets its own, and the plan says which stage kept it apart.
 //! Everything that cannot work is found here, before any capture (`plan_error`).
 
+#include <capscope/detail/breakage.hpp>
 #include <capscope/plan/capture_region.hpp>
 #include <capscope/plan/guards.hpp>
 #include <capscope/plan/plan_calls.hpp>
@@ -72,10 +73,10 @@ inline void check_program_shape(const training_program& p) {
     check_fns(p.step_end, true);
 }
 
-#if defined(CAPSCOPE_TEST_DROP_WAITS_FROM)
-//! Broken on purpose, for the tests that must go red without a derived wait: drops every wait for
-//! calls of stages whose name contains `producer`, and says on stderr what the verifier finds.
-inline void drop_waits_from(training_plan& plan, const training_program& program, const char* producer) {
+//! Broken on purpose, for the tests that must go red without a derived wait (detail::breakage):
+//! drops every wait for calls of stages whose name contains `producer`, and says on stderr what
+//! the verifier finds.
+inline void drop_waits_from(training_plan& plan, const training_program& program, const std::string& producer) {
     int dropped = 0;
     for (int i = int(plan.waits.size()) - 1; i >= 0; --i)
         if (stage_of(program, plan.calls[std::size_t(plan.waits[std::size_t(i)].producer)]).name.find(producer) != std::string::npos) {
@@ -83,10 +84,9 @@ inline void drop_waits_from(training_plan& plan, const training_program& program
             ++dropped;
         }
     const auto v = find_order_violation(plan, program);
-    std::fprintf(stderr, "capscope, broken on purpose: dropped %d waits for '%s'; the verifier: %s\n", dropped, producer,
+    std::fprintf(stderr, "capscope, broken on purpose: dropped %d waits for '%s'; the verifier: %s\n", dropped, producer.c_str(),
                  v ? ("P12: " + v->message).c_str() : "no violation found");
 }
-#endif
 
 //! P13: a capture-time call (a `capture_time` hook) runs only while its segment is captured, so
 //! one in an eager segment of a capturing impl would never run, silently.
@@ -201,11 +201,10 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
     detail::check_guards(plan, program);
     detail::check_rerun(plan, program);
     derive_stream_order(plan, program);
-#if defined(CAPSCOPE_TEST_DROP_WAITS_FROM)
-    detail::drop_waits_from(plan, program, CAPSCOPE_TEST_DROP_WAITS_FROM); // a test build, broken on purpose
-#else
-    verify_stream_order(plan, program); // every plan, at set-up (milliseconds for a large model)
-#endif
+    if (const std::string& broken = detail::installed_breakage().drop_waits_from; !broken.empty())
+        detail::drop_waits_from(plan, program, broken); // a test, broken on purpose
+    else
+        verify_stream_order(plan, program); // every plan, at set-up (milliseconds for a large model)
     return plan;
 }
 

@@ -20,6 +20,7 @@
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/detail/breakage.hpp>
 #include <capscope/hooks/hook_pipeline.hpp>
 #include <capscope/plan/layer_plan.hpp>
 #include <capscope/plan/match_schemas.hpp>
@@ -57,7 +58,8 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
         std::span<const derived_wait> waits;
         if constexpr (requires { plan.waits_of(c.waits); }) waits = plan.waits_of(c.waits); // inference plans have no lanes
         calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only,
-                         st.guard ? &st.guard : nullptr, &c}); // c lives in the plan, as the waits do
+                         // a test may break the guards on purpose: every guarded stage then runs once, unconditionally
+                         st.guard && !installed_breakage().ignore_guards ? &st.guard : nullptr, &c}); // c lives in the plan, as the waits do
     }
     return calls;
 }
@@ -89,6 +91,7 @@ public:
             const plan_segment& s = plan_.segments[i];
             if (s.graphed && first_segment_[std::size_t(s.graph)] < 0) first_segment_[std::size_t(s.graph)] = int(i);
         }
+        if (detail::installed_breakage().skip_rerun) program_.rerun = {}; // a test, broken on purpose: a refused step stays refused
     }
     runner(runner&&) noexcept = default;
     // Members move in order: the old scratch arena is freed (cudaFree synchronizes) before the old
@@ -124,9 +127,7 @@ public:
             executor_.record(seg.record, on);
         }
         executor_.wait(plan_.waits_of(plan_.end_waits), s); // every lane's last work, before step() returns
-#if !defined(CAPSCOPE_TEST_SKIP_RERUN) // a test build, broken on purpose: a refused step stays refused
         if (program_.rerun && refused(s)) rerun_eagerly(s);
-#endif
         detail::count_one(executor_.counters().steps);
         if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
     }

@@ -264,12 +264,7 @@ private:
                 on = lanes_.fork(c.lane, origin);
                 forked_here_ |= std::uint32_t{1} << c.lane;
             }
-#if defined(CAPSCOPE_TEST_IGNORE_GUARDS) // a test build, broken on purpose: every guarded stage runs once, unconditionally
-            constexpr bool guards_on = false;
-#else
-            constexpr bool guards_on = true;
-#endif
-            if (guards_on && c.guard) {
+            if (c.guard) {
                 std::size_t end = i + 1;
                 while (end < calls.size() && detail::same_guarded_run(c, calls[end])) ++end;
                 execute_guarded(calls.subspan(i, end - i), i, on, running, capturing);

@@ -20,7 +20,7 @@
 
 #include <capscope/vocabulary/region.hpp>
 #include <capscope/stage/saved_tensor.hpp>
-#include <capscope/stage/scope_label.hpp>
+#include <capscope/detail/scope_label.hpp>
 #include <capscope/stage/stage_guard.hpp>
 #include <capscope/stage/stage_kind.hpp>
 #include <capscope/stage/stream_fn.hpp>

@@ -17,7 +17,7 @@
 #include <gpt/model.hpp>
 
 #include <capscope/cuda/nccl.hpp>
-#include <capscope/cuda/nccl_watchdog.hpp>
+#include <capscope/parallel/nccl_watchdog.hpp>
 #include <capscope/hooks.hpp>
 #include <capscope/parallel/data_parallel.hpp>
 #include <capscope/parallel/sharded.hpp>
@@ -101,7 +101,7 @@ public:
     static_assert(capscope::hooks_fit<Config, hooks_type>);
 
     //! `watchdog`: how long a step may take before the watchdog ends the process
-    //! (capscope/cuda/nccl_watchdog.hpp); it watches every step. `on_fault`, if given, runs
+    //! (capscope/parallel/nccl_watchdog.hpp); it watches every step. `on_fault`, if given, runs
     //! instead of ending the process, after the communicator is aborted. `comm` must not move
     //! while the trainer lives.
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,

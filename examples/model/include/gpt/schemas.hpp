@@ -28,6 +28,7 @@ using moe_drop_and_pad =
                            stage_decl<stage_kind::moe_preprocess, regions<capture::moe, capture::moe_preprocess>, capscope::makes<om::expert_fc1>>,
                            stage_decl<stage_kind::moe_experts, regions<capture::moe>, capscope::saves<om::expert_fc1, om::moe_act>>>;
 
+// [snippet moe_dropless]
 //! Dropless: the preprocess reads the per-expert counts back to the host, and the expert GEMMs
 //! are sized by them.
 using moe_dropless =
@@ -37,6 +38,7 @@ using moe_dropless =
                                       capscope::synchronizes_with_host, capscope::makes<om::expert_fc1>>,
                            stage_decl<stage_kind::moe_experts, regions<capture::moe>, capscope::shapes_depend_on_data,
                                       capscope::saves<om::expert_fc1, om::moe_act>>>;
+// [snippet moe_dropless]
 
 //! Dropless with a static capacity per expert (model_config::dropless_capacity_factor): the same
 //! stages as drop-and-pad, all capturable; a step past the capacity is rerun eagerly.

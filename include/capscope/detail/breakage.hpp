@@ -1,0 +1,25 @@
+#pragma once
+//! @file
+//! The one seam through which tests break the engine on purpose, to watch a test go red without
+//! a derived wait, a guard or a rerun. Nothing in the library sets it, so a user's program leaves
+//! it empty; only the test suites install it (tests/support/breakage.hpp, from CAPSCOPE_BREAK).
+//! It is read while a plan is made and while a runner binds its calls, never on the replay path.
+
+#include <string>
+
+namespace capscope::detail {
+
+struct breakage {
+    //! Drop every derived wait for calls of stages whose name contains this, and report what the
+    //! verifier then finds instead of refusing the plan.
+    std::string drop_waits_from;
+    bool ignore_guards = false; //!< every guarded stage runs once, unconditionally
+    bool skip_rerun = false;    //!< a refused step stays refused
+};
+
+inline breakage installed_breakage_v{};
+
+//! What the tests installed; empty in every other program.
+inline breakage& installed_breakage() noexcept { return installed_breakage_v; }
+
+} // namespace capscope::detail

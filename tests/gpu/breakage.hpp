@@ -1,0 +1,62 @@
+#pragma once
+// Breakages on purpose, chosen at run time: the environment variable CAPSCOPE_BREAK names them
+// (comma-separated), so a must-fail test is the same executable run with another environment,
+// not another build. The library's own seam is capscope::detail::breakage; the rest are the
+// tests' own.
+//   drop_waits_from=NAME   the plan drops the derived waits for stages whose name contains NAME
+//   ignore_guards          every guarded stage runs once, unconditionally
+//   skip_rerun             a refused step stays refused
+//   sum_for_average, no_regather, drop_loss_scale_update, no_watchdog   (tests/gpu, tests/mpi)
+// An unknown name ends the test with exit 99, which Meson reports as an error even where the
+// test must fail: a typo may not pass for a breakage.
+
+#include <capscope/detail/breakage.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <string_view>
+
+namespace breakage {
+
+inline constexpr std::string_view test_own[] = {"sum_for_average", "no_regather", "drop_loss_scale_update", "no_watchdog"};
+
+inline std::set<std::string, std::less<>>& tests_broken() {
+    static std::set<std::string, std::less<>> names;
+    return names;
+}
+
+//! Whether the test's own breakage `name` is installed.
+inline bool broken(std::string_view name) { return tests_broken().count(name) != 0; }
+
+//! Reads CAPSCOPE_BREAK and installs what it names; call once, first thing in main.
+inline void install_from_environment() {
+    const char* text = std::getenv("CAPSCOPE_BREAK");
+    if (!text || !*text) return;
+    capscope::detail::breakage& library = capscope::detail::installed_breakage();
+    std::string_view rest = text;
+    while (!rest.empty()) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+        constexpr std::string_view drop = "drop_waits_from=";
+        bool known = true;
+        if (item.starts_with(drop) && item.size() > drop.size()) library.drop_waits_from = std::string(item.substr(drop.size()));
+        else if (item == "ignore_guards") library.ignore_guards = true;
+        else if (item == "skip_rerun") library.skip_rerun = true;
+        else {
+            known = false;
+            for (std::string_view own : test_own)
+                if (item == own) known = true, tests_broken().emplace(item);
+        }
+        if (!known) {
+            std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, "
+                                 "sum_for_average, no_regather, drop_loss_scale_update or no_watchdog\n", int(item.size()), item.data());
+            std::exit(99);
+        }
+    }
+    std::fprintf(stderr, "broken on purpose (CAPSCOPE_BREAK=%s)\n", text);
+}
+
+} // namespace breakage
