@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The README's test command stays within its time: the unit and compile-fail phases may take at
-most BUDGET reference compiles each, the reference compile being timed here, in the same run, on
+"""The README's test command stays within its time: the g++ build, the unit and compile-fail phases
+and the whole command may take at most BUDGET reference compiles each, the reference compile being timed here, in the same run, on
 the same machine (the best of three), so the budget holds on a slow machine and a fast one alike.
 
 usage: ci_budget.py PHASE_TIMES   (scripts/test.sh writes it: one line per phase, "NAME SECONDS")
@@ -13,8 +13,11 @@ import sys
 import tempfile
 import time
 
-# Phase -> its budget, in reference compiles. Measured on the two-core CI machine: see README.md.
-BUDGETS = {"g++ unit": 0, "g++ compile-fail": 0}
+# Phase -> its budget, in reference compiles. Measured on the two-core machine CI runs on, a fresh
+# clone (README.md, "CI time"): the g++ build 98, its unit phase 2.4, its compile-fail phase 50,
+# the whole command 256 reference compiles of 2.38 s. The budgets leave about half again for noise;
+# the total's is 16 minutes there, under the 20 the README promises.
+BUDGETS = {"g++ build": 150, "g++ unit": 8, "g++ compile-fail": 75, "total": 400}
 
 # The reference: the standard library alone, at the phase builds' -O1, so it tracks the machine and
 # the compiler but not capscope's own headers (which the budget is there to watch).

@@ -220,8 +220,11 @@ inline std::string emit_cpp_translation_unit(const runtime_config& c, const std:
     tu += "#include <capscope/config.hpp>\n\nusing namespace capscope;\n\nusing megatron_config = config<\n";
     auto opts = cpp_options(c);
     for (std::size_t i = 0; i < opts.size(); ++i) tu += "    " + opts[i] + (i + 1 < opts.size() ? ",\n" : ">;\n");
+    // Naming the normalized configuration as a constant runs every rule; comparing it with itself
+    // did too, but a NaN value (--attention-dropout nan, which Megatron's parser takes) is unequal
+    // to itself, so a valid configuration's file did not compile.
     tu += "\n// Instantiating the config runs every rule at compile time.\n"
-          "static_assert(megatron_config::normalized == megatron_config::normalized);\n\n"
+          "[[maybe_unused]] constexpr const auto& megatron_normalized = megatron_config::normalized;\n\n"
           "int main() { return 0; }\n";
     return tu;
 }

@@ -10,6 +10,7 @@ usage: arguments_refused.py BENCH_EXECUTABLE...
 import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 import sys
 
 
@@ -49,9 +50,11 @@ def main():
                 cases.append(([option, "-1"], "takes an integer"))
         if not any(metavar not in ("", "FILE", "DIR") and "/" not in metavar for _, metavar in options):
             failures.append(f"{name}: its usage lists no number to check ({usage.group(0)!r})")
-        for args, words in cases:
+        # Each command line on its own: side by side (each run loads cuBLAS).
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            results = list(pool.map(lambda case: run(exe, case[0]), cases))
+        for (args, words), (rc, out, err) in zip(cases, results):
             checked += 1
-            rc, out, err = run(exe, args)
             first = err.splitlines()[0] if err else ""
             ok = rc == 2 and first.startswith(f"{name}: {args[0]} ") and words in first and f"usage: {name}" in err
             print(f"{name} {' '.join(repr(a) if not a or ' ' in a else a for a in args)}: exit {rc}, {first!r}" + ("" if ok else "  <-- FAIL"))

@@ -120,11 +120,20 @@ with tempfile.TemporaryDirectory() as d:
     gxx = shutil.which("g++")
     if not gxx:
         print("note: no g++ on PATH: the emitted file is not compiled here")
+    include = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
     if gxx and rc == 0:
         src = write("emitted.cpp", out)
-        include = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
         p = subprocess.run([gxx, "-std=c++20", "-fsyntax-only", "-I" + include, src], capture_output=True, text=True)
         expect("--emit-cpp: the file compiles", p.returncode == 0, p.stderr[:600])
+    # A NaN dropout is a value Megatron's parser takes, and the verdict is valid: the emitted file
+    # must compile too (its self-comparison failed: NaN is unequal to itself).
+    rc, out, err = run(["--emit-cpp", "--attention-dropout", "nan"], d)
+    if gxx and rc == 0:
+        src = write("emitted_nan.cpp", out)
+        p = subprocess.run([gxx, "-std=c++20", "-fsyntax-only", "-I" + include, src], capture_output=True, text=True)
+        expect("--emit-cpp --attention-dropout nan: valid, and the file compiles", p.returncode == 0, p.stderr[:600])
+    else:
+        expect("--emit-cpp --attention-dropout nan: valid", rc == 0, f"{rc} {err}")
 
     # Links in a tree: a model_config.yaml that is a link to nothing is named, never skipped;
     # links to directories are not followed (as find does: they may lead out of the tree or
@@ -146,6 +155,57 @@ with tempfile.TemporaryDirectory() as d:
            "links/gone/model_config.yaml: USAGE ERROR: cannot read links/gone/model_config.yaml" in out, out)
     expect("a tree with links: directory links are not followed, other links are not inputs",
            rc == 2 and "capscope-check: 2 inputs: 1 valid, 0 invalid, 1 usage error" in out and "outside" not in out, out)
+
+    # Python-style ints in the inference derivation (std::stoi read '1_000' as 1), and one past
+    # the int range (an uncaught std::out_of_range aborted, ending a whole --json tree too).
+    inference = ["--inference-dynamic-batching", "--cuda-graph-impl", "local", "--inference-dynamic-batching-max-requests"]
+    rc1, out1, err1 = run(["--json"] + inference + ["1_000"], d)
+    rc2, out2, err2 = run(["--json"] + inference + ["1000"], d)
+    graphs1 = json.loads(out1).get("inference_graphs") if rc1 in (0, 1) else None
+    graphs2 = json.loads(out2).get("inference_graphs") if rc2 in (0, 1) else None
+    expect("--inference-dynamic-batching-max-requests 1_000 derives the graphs of 1000", rc1 == rc2 and graphs1 == graphs2 and
+           graphs1 is not None and "not_known" not in json.dumps(graphs1), f"{rc1} {graphs1} {graphs2} {err1}")
+    rc, out, err = run(inference + ["99999999999"], d)
+    expect("an int past 2^31 - 1 in the inference derivation: a verdict, the graphs not derived, saying why",
+           rc in (0, 1) and "not derived: --inference-dynamic-batching-max-requests 99999999999 is past the int range" in out, f"{rc} {out} {err}")
+    rc, out, err = run(["--tensor-model-parallel-size", "99999999999"] + inference + ["64"], d)
+    expect("--tensor-model-parallel-size past the int range with the inference derivation: no abort", rc in (0, 1, 2), f"{rc} {out} {err}")
+    write("big/model_config.yaml", "MODEL_ARGS:\n  --inference-dynamic-batching: true\n  --cuda-graph-impl: local\n"
+          "  --inference-dynamic-batching-max-requests: 99999999999\n")
+    rc, out, err = run(["--json", "--from-yaml", "big/model_config.yaml", "t/a/model_config.yaml"], d)
+    expect("--json over a tree with such a file: every input still checked", len(out.splitlines()) == 2, f"{rc} {out} {err}")
+
+    # A negative layer count: Megatron's TransformerConfig fails on it as on 0 (math.sqrt of a
+    # negative number), so it is refused before the graph rules, not passed.
+    rc, out, err = run(["--num-layers", "-1"], d)
+    expect("--num-layers -1: refused as Megatron's TransformerConfig refuses it", rc == 1 and "math domain error" in out, f"{rc} {out} {err}")
+    # YAML 1.1's booleans, as Python's yaml reads them: TRUE and on are the flag given, OFF not given.
+    write("bools/model_config.yaml", "MODEL_ARGS:\n  --num-layers: 4\n  --cuda-graph-impl: local\n  --inference-dynamic-batching: TRUE\n"
+          "  --inference-dynamic-batching-max-requests: 64\n  --decode-only-cuda-graphs: OFF\n")
+    rc, out, err = run(["--json", "--from-yaml", "bools/model_config.yaml"], d)
+    expect("YAML TRUE and OFF are booleans (Python's yaml), not text", rc in (0, 1) and '"inference_graphs"' in out, f"{rc} {out[:300]} {err}")
+
+    # Argument files that fan out (each naming the next three times: 3^15 reads), that never end
+    # (/dev/zero) or block (a FIFO): refused before they are read, naming the file.
+    for i in range(15):
+        write(f"fan/{i}.txt", " ".join([f"@fan/{i + 1}.txt"] * 3) + "\n")
+    write("fan/15.txt", "--num-layers 4\n")
+    rc, out, err = run(["@fan/0.txt"], d)
+    expect("argument files that name each other 3^15 times: refused at the cap", rc == 2 and "more than 1000 argument files read" in err,
+           f"{rc} {out} {err}")
+    rc, out, err = run(["@/dev/zero"], d)
+    expect("@/dev/zero: not a regular file, refused before reading", rc == 2 and "/dev/zero is not a regular file" in err, f"{rc} {err}")
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    rc, out, err = run(["@fifo"], d)
+    expect("a FIFO as @file: refused, not read (it would block)", rc == 2 and "fifo is not a regular file" in err, f"{rc} {err}")
+    rc, out, err = run(["--from-yaml", "fifo"], d)
+    expect("a FIFO as --from-yaml: refused, not read", rc == 2 and "fifo is not a regular file" in (out + err), f"{rc} {out} {err}")
+    with open(os.path.join(d, "huge.txt"), "wb") as f:
+        f.truncate(17 << 20)
+    rc, out, err = run(["@huge.txt"], d)
+    expect("an argument file past 16 MiB: refused before it is read", rc == 2 and "huge.txt is 17825792 bytes, more than the 16 MiB" in err,
+           f"{rc} {err}")
 
     # A directory that cannot be read, and one whose names can be read but whose entries cannot
     # be looked at (r--): as an unprivileged user where this runs as root.

@@ -8,6 +8,9 @@
 #include <capscope/capscope.hpp>
 #include <capscope/emit_cpp.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include <doctest/doctest.h>
 
 #include <string>
@@ -252,6 +255,14 @@ TEST_CASE("a policy that is on but moves nothing is refused, with the reason") {
                          doctest::Contains("no layer declared a tensor of those module inputs"), std::invalid_argument);
     CHECK_NOTHROW(require_moves_something(plan_offload(policy({om::qkv_linear}), dense_tensors(4))));
     CHECK_NOTHROW(require_moves_something(plan_offload({}, dense_tensors(4)))); // off: nothing to say
+}
+
+TEST_CASE("an offload fraction outside [0, 1], or NaN, is refused where it enters, naming it") {
+    for (const double f : {-0.5, 1.5, std::nan(""), std::numeric_limits<double>::infinity()})
+        CHECK_THROWS_WITH_AS(plan_offload(policy({om::qkv_linear}, f), dense_tensors(4)), doctest::Contains("outside [0, 1]"),
+                             std::invalid_argument);
+    CHECK_NOTHROW(plan_offload(policy({om::qkv_linear}, 0.0), dense_tensors(4)));
+    CHECK_NOTHROW(plan_offload(policy({om::qkv_linear}, 1.0), dense_tensors(4)));
 }
 
 // A trainer's own names: regions "mixer"/"ffn" and an activation "mixer_in" that no Megatron rule knows.

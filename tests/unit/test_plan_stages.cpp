@@ -7,6 +7,9 @@
 
 #include <capscope/capscope.hpp>
 
+#include <cstdint>
+#include <utility>
+
 #include <doctest/doctest.h>
 
 #include <string>
@@ -41,6 +44,46 @@ TEST_CASE("graphs are shared across microbatches only for stages that declare th
     CHECK_FALSE(a.same_binding(b)); // identical functions and declared buffers, but undeclared
     a.buffers_declared = b.buffers_declared = true;
     CHECK(a.same_binding(b));
+}
+
+TEST_CASE("a declared buffer that covers no memory (no address, 0 bytes, an end past the address space) is refused, naming it") {
+    // It would overlap nothing, so a lane-1 writer and a later step-stream reader of it would get no wait.
+    fake::model m;
+    training_program p = m.program("DD", false, 1);
+    int g = 0;
+    p.microbatches[0].back().outputs.push_back({"G.ok", &g, sizeof g});
+    CHECK(plan_error_text(capture_scope_of<config<impl::eager>>, p) == "(no error)");
+    const std::pair<tensor_ref, const char*> wrong[] = {{tensor_ref{"G", &g}, "has 0 bytes"},
+                                                        {tensor_ref{"G", nullptr, 4}, "has no address"},
+                                                        {tensor_ref{"G", &g, SIZE_MAX}, "ends past the address space"}};
+    for (const auto& [bad, why] : wrong) {
+        training_program q = p;
+        q.microbatches[0].back().outputs.push_back(bad);
+        const std::string text = plan_error_text(capture_scope_of<config<impl::eager>>, q);
+        CHECK_MESSAGE(text.find("capscope plan rule P3: stage '" + q.microbatches[0].back().name + "' declares buffer 'G' (an output), which " +
+                                why) != std::string::npos, text);
+        training_program r = p; // the layers' parameters and gradients too
+        r.layers = {layer_buffers{{bad}, {}}, layer_buffers{}};
+        CHECK(plan_error_text(capture_scope_of<config<impl::eager>>, r).find("training_program::layers[0] declares buffer 'G' (a parameter)") !=
+              std::string::npos);
+    }
+}
+
+TEST_CASE("a branch stage on lane 0 is refused at plan time (the runner could not fork onto the step's stream)") {
+    fake::model m;
+    training_program p = m.program("DD", false, 1);
+    auto& list = p.microbatches[0];
+    list[1].lane = 1; // a side-lane segment ...
+    list[2].layer = list[1].layer;
+    list[2].lane = 1;
+    list[2].branch = false;
+    stage branch = m.make("layer0.copy", list[1].layer, stage_kind::other, {}, &m.buffers[50]);
+    branch.branch = true; // ... holding a branch on lane 0
+    list.insert(list.begin() + 2, branch);
+    const std::string text = plan_error_text(capture_scope_of<config<impl::eager>>, p);
+    CHECK_MESSAGE(text.find("capscope plan rule P3: branch stage 'layer0.copy' is on lane 0, the step's stream") != std::string::npos, text);
+    p.microbatches[0][2].lane = 2;
+    CHECK(plan_error_text(capture_scope_of<config<impl::eager>>, p) == "(no error)");
 }
 
 TEST_CASE("P8: a stage that passes host values to its kernels at launch stays out of graphs") {

@@ -151,6 +151,16 @@ TEST_CASE("a step the device may refuse (training_program::rerun) is checked whe
     reduce.backward = {};
     with_collective.step_end.insert(with_collective.step_end.begin(), reduce);
     CHECK(rule_of([&] { runner<moe_local> r(with_collective); }).find("the ranks' collectives would no longer match") != std::string::npos);
+    // ... and so would a hook on the step's own stream that declares collective calls (an all-reduce
+    // on lane 0): refused by what it declares, not by where it runs.
+    struct all_reduce_on_lane_0 {
+        void operator()(backward_context&) const {}
+        std::string collective_calls(int) const { return "all-reduce float32 avg"; }
+    };
+    const hook_pipeline reduce_here{hook<hook_phase::backward, capturable>("grad all-reduce", all_reduce_on_lane_0{})};
+    const std::vector<layer_tensors> two(2);
+    CHECK(rule_of([&] { runner<moe_local> r(with_hooks(p, reduce_here, two)); }).find("the ranks' collectives would no longer match") !=
+          std::string::npos);
 
     for (auto& list : p.microbatches)
         for (stage& s : list)

@@ -1,5 +1,6 @@
 #include "from_yaml.hpp"
 
+#include <capscope/flags/argument_file.hpp>
 #include <capscope/flags/from_megatron_flags.hpp>
 
 #include <yaml-cpp/yaml.h>
@@ -8,9 +9,20 @@ namespace capscope::check {
 
 namespace {
 std::string where(const std::string& path, const YAML::Mark& mark) { return path + ":" + std::to_string(mark.line + 1); }
+
+//! The booleans of YAML 1.1, as Python's yaml.safe_load reads them (Megatron's functional tests
+//! load their model_config.yaml with it): TRUE and on are true there, not text.
+bool is_yaml11_bool(const std::string& text, bool value) {
+    static constexpr const char* truths[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
+    static constexpr const char* falsehoods[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
+    for (const char* w : value ? truths : falsehoods)
+        if (text == w) return true;
+    return false;
+}
 } // namespace
 
 yaml_model_args read_model_args(const std::string& path) {
+    flags::detail::require_regular_file(path, "YAML file"); // a FIFO would block, /dev/zero never end
     std::vector<YAML::Node> documents;
     try {
         documents = YAML::LoadAllFromFile(path);
@@ -55,8 +67,8 @@ yaml_model_args read_model_args(const std::string& path) {
         if (!value.IsScalar()) throw flags::flag_error(where(path, value.Mark()) + ": " + flag + ": a value must be a scalar or a list");
         const std::string& text = value.Scalar();
         const bool plain = value.Tag() != "!"; // quoted scalars are strings, never booleans
-        if (plain && (text == "true" || text == "True")) out.push_back(flag);
-        else if (plain && (text == "false" || text == "False")) continue;
+        if (plain && is_yaml11_bool(text, true)) out.push_back(flag);
+        else if (plain && is_yaml11_bool(text, false)) continue;
         else {
             out.push_back(flag);
             out.push_back(text);

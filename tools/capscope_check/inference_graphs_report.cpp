@@ -1,7 +1,12 @@
 #include "inference_graphs_report.hpp"
 
+#include <capscope/flags/python_values.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
+#include <string>
 
 namespace capscope::check {
 
@@ -12,21 +17,23 @@ constexpr const char* inputs_dests[] = {
     "inference_dynamic_batching_cuda_graph_mixed_prefill_count", "inference_dynamic_batching_cuda_graph_sizing_distribution",
     "decode_only_cuda_graphs"};
 
+//! A value past the int the derivation works in (Python's ints have no bound).
+struct beyond_int {
+    std::string_view dest;
+    std::string value;
+};
+
+//! The flag's value read as Python's int() reads it ("1_000" is 1000), as the flag parser checked it.
 std::optional<int> int_of(const flags::megatron_command_line& line, std::string_view dest) {
     const auto* g = line.find(dest);
     if (!g || g->values.empty()) return std::nullopt;
-    return std::stoi(g->values.front()); // checked as an int by the flag parser
+    const std::optional<long long> v = flags::detail::python_int(g->values.front());
+    if (!v || !flags::detail::fits_int(*v)) throw beyond_int{dest, g->values.front()};
+    return int(*v);
 }
 bool given(const flags::megatron_command_line& line, std::string_view dest) { return line.find(dest) != nullptr; }
-const char* sizing_name(bucket_sizing s) { return s == bucket_sizing::linear ? "linear" : "exponential"; }
-} // namespace
 
-inference_graph_section derive_inference_graphs(const flags::megatron_command_line& line, const validation_report& report) {
-    inference_graph_section s;
-    s.shown = given(line, "inference_dynamic_batching");
-    for (const char* d : inputs_dests) s.shown = s.shown || given(line, d);
-    if (!s.shown) return s;
-    inference_graph_inputs& in = s.inputs;
+void read_inputs(const flags::megatron_command_line& line, inference_graph_inputs& in) {
     in.tp_size = int_of(line, "tensor_model_parallel_size").value_or(1);
     in.num_cuda_graphs = int_of(line, "inference_dynamic_batching_num_cuda_graphs").value_or(16);
     in.cuda_graph_max_tokens = int_of(line, "inference_cuda_graph_max_tokens").value_or(512);
@@ -39,6 +46,25 @@ inference_graph_section derive_inference_graphs(const flags::megatron_command_li
     in.decode_only = given(line, "decode_only_cuda_graphs");
     if (const auto* g = line.find("inference_dynamic_batching_cuda_graph_sizing_distribution"); g && !g->values.empty())
         in.sizing = g->values.front() == "linear" ? bucket_sizing::linear : bucket_sizing::exponential;
+}
+
+const char* sizing_name(bucket_sizing s) { return s == bucket_sizing::linear ? "linear" : "exponential"; }
+} // namespace
+
+inference_graph_section derive_inference_graphs(const flags::megatron_command_line& line, const validation_report& report) {
+    inference_graph_section s;
+    s.shown = given(line, "inference_dynamic_batching");
+    for (const char* d : inputs_dests) s.shown = s.shown || given(line, d);
+    if (!s.shown) return s;
+    inference_graph_inputs& in = s.inputs;
+    try {
+        read_inputs(line, in);
+    } catch (const beyond_int& b) {
+        std::string flag = "--" + std::string(b.dest);
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        s.not_known = "not derived: " + flag + " " + b.value + " is past the int range (2^31 - 1) capscope derives the graphs in";
+        return s;
+    }
     // Megatron captures them only with an inference CUDA-graph scope (megatron/inference/utils.py).
     if (report.later_stages_skipped) {
         s.not_known = "the configuration does not normalize, so its inference scope is not known";

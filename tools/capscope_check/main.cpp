@@ -77,9 +77,7 @@ int check_many(const std::vector<capscope::check::input>& inputs, const std::vec
     return worst;
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
     CLI::App app{"capscope-check: validate Megatron-LM CUDA-graph flags with capscope's rule table.\n"
                  "Pass the Megatron flags verbatim after the options below.",
                  "capscope-check"};
@@ -177,4 +175,17 @@ int main(int argc, char** argv) {
         std::cout << capscope::check::to_text(line, report, verbose) << capscope::check::inference_graphs_text(graphs);
     }
     return report.valid() && line.refused_inputs.empty() ? 0 : 1;
+}
+
+} // namespace
+
+//! Anything thrown past the checks above (a bad_alloc, a filesystem error) is this input's usage
+//! error, said as such, never an abort (a tree's inputs each catch their own in check_input).
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::cerr << "capscope-check: error: " << e.what() << "\n";
+        return 2;
+    }
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -85,7 +86,31 @@ std::vector<std::string> shell_words(const std::string& text, Where&& where) {
     return words;
 }
 
-inline void expand_into(const std::vector<std::string>& args, std::vector<std::string>& out, int depth) {
+//! The most an input file may hold, and the most argument files one command line may read
+//! (counting a file each time it is named): a config is kilobytes, and a file that names the
+//! next one three times, 15 deep, would otherwise be read 3^15 times.
+inline constexpr std::uintmax_t max_input_file_bytes = std::uintmax_t(16) << 20;
+inline constexpr int max_argument_file_reads = 1000;
+
+//! Refuses, before reading it, a path that is no regular file (a directory, a FIFO that would
+//! block forever, a device such as /dev/zero that never ends) or that is larger than any config.
+//! `what` names it in the message ("argument file", "YAML file").
+inline void require_regular_file(const std::string& path, const char* what) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec) return; // missing or unreachable: opening it says so, as for any file that cannot be read
+    if (std::filesystem::is_directory(status)) // an ifstream opens one and reads nothing
+        throw flag_error(path + " is a directory, not an " + what + " -- fix: name a file of arguments "
+                         "(a tree of model_config.yaml files is --from-yaml DIR)");
+    if (!std::filesystem::is_regular_file(status))
+        throw flag_error(path + " is not a regular file (a FIFO, a socket or a device), so it is not read as an " + what +
+                         " -- fix: name a file on disk");
+    if (const std::uintmax_t bytes = std::filesystem::file_size(path, ec); !ec && bytes > max_input_file_bytes)
+        throw flag_error(path + " is " + std::to_string(bytes) + " bytes, more than the " + std::to_string(max_input_file_bytes >> 20) +
+                         " MiB an " + what + " may hold -- fix: name the config's own file");
+}
+
+inline void expand_into(const std::vector<std::string>& args, std::vector<std::string>& out, int depth, int& reads) {
     for (const std::string& a : args) {
         if (a.size() < 2 || a[0] != '@') {
             out.push_back(a);
@@ -93,10 +118,10 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
         }
         const std::string path = a.substr(1);
         if (depth >= 16) throw flag_error(path + ": argument files nest more than 16 deep (does one name itself?)");
-        std::error_code ec;
-        if (std::filesystem::is_directory(path, ec)) // an ifstream opens one and reads nothing
-            throw flag_error(path + " is a directory, not an argument file -- fix: name a file of arguments "
-                             "(a tree of model_config.yaml files is --from-yaml DIR)");
+        if (++reads > max_argument_file_reads)
+            throw flag_error(path + ": more than " + std::to_string(max_argument_file_reads) +
+                             " argument files read for one command line (do files name others several times each?)");
+        require_regular_file(path, "argument file");
         std::ifstream in(path, std::ios::binary);
         if (!in) throw flag_error("cannot read argument file " + path);
         std::ostringstream text;
@@ -105,7 +130,7 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
         if (const std::size_t at = t.find('\0'); at != std::string::npos)
             throw flag_error(path + ":" + std::to_string(1 + std::count(t.begin(), t.begin() + std::ptrdiff_t(at), '\n')) +
                              ": a NUL byte: an argument file is text (was a binary file named?)");
-        expand_into(shell_words(t, [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1);
+        expand_into(shell_words(t, [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1, reads);
     }
 }
 
@@ -114,7 +139,8 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
 //! The arguments with every `@FILE` replaced by the arguments it holds (recursively).
 inline std::vector<std::string> expand_argument_files(const std::vector<std::string>& args) {
     std::vector<std::string> out;
-    detail::expand_into(args, out, 0);
+    int reads = 0;
+    detail::expand_into(args, out, 0, reads);
     return out;
 }
 

@@ -213,6 +213,10 @@ inline void check_transformer_config_inputs(refusals& no, const megatron_command
     if (c.num_layers && *c.num_layers == 0)
         refuse("the model has no layers (float division by zero in the init method's std / sqrt(2 * num_layers))",
                "give --hybrid-layer-pattern at least one layer symbol");
+    // A negative count fails in the same place: math.sqrt of a negative number ("math domain error").
+    if (c.num_layers && *c.num_layers < 0)
+        refuse("the model has " + std::to_string(*c.num_layers) + " layers (math domain error: the init method's std / sqrt(2 * num_layers))",
+               "give --num-layers a positive count");
     if (c.cpu_offloading()) {
         if (c.num_layers && c.cpu_offloading_num_layers >= *c.num_layers)
             refuse("CPU offloading can be done only for layers less than " + std::to_string(*c.num_layers),

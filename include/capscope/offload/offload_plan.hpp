@@ -105,6 +105,10 @@ inline offload_plan plan_offload(const offload_settings& policy, std::vector<off
                                     std::to_string(ring.first_lane) + " needs lanes " + std::to_string(ring.first_lane) + ".." +
                                     std::to_string(ring.first_lane + ring.slots - 1) + ", outside 1.." + std::to_string(max_lanes) +
                                     " -- fix: use 1 to " + std::to_string(max_lanes) + " slots from a lane that leaves room for them");
+    // NaN fails both comparisons: it is refused too (a cast of it, or of a value past [0, 1], to a count is undefined).
+    if (!(policy.fraction >= 0.0 && policy.fraction <= 1.0))
+        throw std::invalid_argument("capscope offload: the offload fraction is " + std::to_string(policy.fraction) +
+                                    ", outside [0, 1] -- fix: give the share of the eligible groups to copy out, from 0 (none) to 1 (all)");
     offload_plan plan;
     plan.policy = policy;
     plan.ring = ring;

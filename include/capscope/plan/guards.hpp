@@ -152,14 +152,17 @@ inline void require_safe_rerun(const training_program& p, bool config_asks) {
         throw plan_error("P18", "",
                          "no step_begin stage writes the rerun flag '" + flag + "', so once set it would stay set and every later step would be refused",
                          "clear the flag in a step_begin stage and declare it among that stage's outputs");
+    // A stage that declares collective calls is a collective wherever it runs: on the step's own
+    // stream (lane 0) too, a hook's all-reduce would run again on one rank only, and the ranks hang.
     auto refuse_collectives = [](const std::vector<stage>& list) {
         for (const stage& s : list)
-            if (s.kind == stage_kind_id("collective") || (s.kind == stage_kind_id("hook") && s.lane != 0))
+            if (s.kind == stage_kind_id("collective") || !s.collective_calls.empty() || (s.kind == stage_kind_id("hook") && s.lane != 0))
                 throw plan_error("P18", s.name,
-                                 "stage '" + s.name + "' is a collective or a hook on a side lane, and a refused step runs every call again on the rank "
+                                 "stage '" + s.name + "' is a collective (or a hook on a side lane), and a refused step runs every call again on the rank "
                                  "whose flag was set, and only there, so the ranks' collectives would no longer match",
                                  "keep collectives out of a program whose steps may be refused (each rank decides its rerun alone)");
     };
+    refuse_collectives(p.step_begin);
     for (const auto& list : p.microbatches) refuse_collectives(list);
     refuse_collectives(p.step_end);
     for (std::size_t i = 0; i < p.step_end.size(); ++i) {

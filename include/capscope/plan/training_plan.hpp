@@ -36,6 +36,41 @@ inline std::vector<stage_facts> facts_of(const std::vector<stage>& list) {
     return out;
 }
 
+//! A declared buffer orders work only if it covers memory: one with no address, no bytes, or an
+//! end past the address space (SIZE_MAX meant as "the whole arena") overlaps nothing, so the plan
+//! would derive no wait from it, silently. Refused, naming the stage and the buffer.
+inline void check_declared_buffers(const training_program& p) {
+    auto check = [](const tensor_ref& t, const std::string& who, const char* as) {
+        const char* wrong = !t.data ? "has no address" : t.bytes == 0 ? "has 0 bytes"
+                          : std::uintptr_t(t.data) + t.bytes < std::uintptr_t(t.data) ? "ends past the address space" : nullptr;
+        if (wrong)
+            throw plan_error("P3", who,
+                             who + " declares buffer '" + name_of(t) + "' (" + as + "), which " + wrong +
+                                 ", so it would order nothing against the other streams",
+                             "declare the buffer's device address and its size in bytes (tensor_ref{name, data, bytes}); a stage that "
+                             "touches memory it cannot name leaves buffers_declared false and is ordered against all other work");
+    };
+    auto check_stage = [&](const stage& s) {
+        const std::string who = "stage '" + s.name + "'";
+        if (s.guard && s.guard.predicate.data) check(s.guard.predicate, who, "its guard's flag"); // no flag at all: P15 says so
+        if (!s.buffers_declared) return;
+        for (const tensor_ref& t : s.inputs) check(t, who, "an input");
+        for (const tensor_ref& t : s.outputs) check(t, who, "an output");
+        for (const tensor_ref& t : s.backward_inputs) check(t, who, "a backward input");
+        for (const tensor_ref& t : s.backward_outputs) check(t, who, "a backward output");
+        for (const saved_tensor& t : s.saves) check(t.tensor, who, "a saved tensor");
+    };
+    for (const auto& list : p.microbatches)
+        for (const stage& s : list) check_stage(s);
+    for (const stage& s : p.step_begin) check_stage(s);
+    for (const stage& s : p.step_end) check_stage(s);
+    for (std::size_t l = 0; l < p.layers.size(); ++l) {
+        const std::string who = "training_program::layers[" + std::to_string(l) + "]";
+        for (const tensor_ref& t : p.layers[l].parameters) check(t, who, "a parameter");
+        for (const tensor_ref& t : p.layers[l].gradients) check(t, who, "a gradient");
+    }
+}
+
 inline void check_program_shape(const training_program& p) {
     if (p.microbatches.empty())
         throw plan_error("P3", "", "the training program has no microbatch", "give training_program::microbatches one stage list per microbatch");
@@ -66,11 +101,18 @@ inline void check_program_shape(const training_program& p) {
             if (s.lane < 0 || s.lane > max_lanes)
                 throw plan_error("P3", s.name, "stage '" + s.name + "' is on lane " + std::to_string(s.lane) + ", outside 0.." + std::to_string(max_lanes),
                                  "use lane 0 (the step's stream) or a side lane 1.." + std::to_string(max_lanes));
+            // A branch is forked from the segment around it onto its own lane: the step's stream is no
+            // lane to fork onto (inside a side-lane segment the runner could not place it at all).
+            if (s.branch && s.lane == 0)
+                throw plan_error("P3", s.name, "branch stage '" + s.name + "' is on lane 0, the step's stream, but a branch is forked onto a side lane "
+                                 "from the segment around it and joined at that segment's end",
+                                 "put the branch on a side lane 1.." + std::to_string(max_lanes) + ", or make it an ordinary stage (branch = false)");
         }
     };
     for (const auto& list : p.microbatches) check_fns(list, false);
     check_fns(p.step_begin, true);
     check_fns(p.step_end, true);
+    check_declared_buffers(p);
 }
 
 //! Broken on purpose, for the tests that must go red without a derived wait (detail::breakage):

@@ -65,6 +65,7 @@ public:
     //! Runs one forward in `c`'s bucket on `s` (a stream of its own). The inputs must already be
     //! padded to `c.size` rows; an eager choice runs `inference_program::eager_forward`.
     void run(const bucket_choice& c, cudaStream_t s) {
+        executor_.follow_previous_step(s); // a run on another stream than the last waits for it
         if (c.eager()) {
             run_oversize(c, s);
             return;

@@ -103,6 +103,7 @@ public:
     //! legacy default stream cannot be captured, which is said at the first step.
     void step(cudaStream_t s) {
         if (plan_.graph_count > 0) detail::require_capturable_stream(s);
+        executor_.follow_previous_step(s); // a step on another stream than the last waits for it
         if (!warmup_started_) {
             warmup_started_ = true;
             run_warmup_hooks(warmup_point::before, s);

@@ -233,6 +233,19 @@ public:
         while (events_.size() < count) events_.emplace_back();
     }
 
+    //! Orders a step after the one before it when it comes on another stream: consecutive steps
+    //! share the scratch arena, the lanes and the plan's events, which one stream orders by itself.
+    //! On the same stream (the common case) it is one comparison and no CUDA call.
+    void follow_previous_step(cudaStream_t s) {
+        if (previous_ && *previous_ == s) return;
+        if (previous_) {
+            if (!handover_) handover_.emplace();
+            handover_->record(*previous_);
+            handover_->wait_on(s);
+        }
+        previous_ = s;
+    }
+
     scratch_pool& scratch() noexcept { return scratch_; }
     const scratch_pool& scratch() const noexcept { return scratch_; }
     lane_streams& lanes() noexcept { return lanes_; }
@@ -393,6 +406,8 @@ private:
     std::string last_failure_;
     std::uint32_t forked_here_ = 0; //!< lanes forked by the execution in progress
     std::optional<cuda::stream> body_stream_; //!< captures conditional nodes' bodies (created at the first)
+    std::optional<cudaStream_t> previous_; //!< the stream of the last step or run (none before the first)
+    std::optional<cuda::event> handover_;  //!< orders a step after the last, on another stream (created at the first change)
     cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;
 };
 
