@@ -12,6 +12,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -244,6 +245,19 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
                 const auto v = find_order_violation(tp, q);
                 CHECK_MESSAGE(!v, (v ? v->message : std::string()));
                 ++verified;
+                // The verifier checks what a hook declares; every hook's context exposes its layer's
+                // parameters (a trust ratio in a backward hook reads them), so what it declares must
+                // cover them, or a body that reads them races and still verifies.
+                for (const auto& list : q.microbatches)
+                    for (const stage& s : list) {
+                        if (s.kind != stage_kind_id("hook") || s.layer < 0) continue;
+                        const call_access a = access_of(s, s.forward ? phase::forward : phase::backward, step_part::microbatch, q);
+                        for (const tensor_ref& t : tensors[std::size_t(s.layer)].parameters) {
+                            const bool declared = std::find(a.reads.begin(), a.reads.end(), t) != a.reads.end() ||
+                                                  std::find(a.writes.begin(), a.writes.end(), t) != a.writes.end();
+                            CHECK_MESSAGE(declared, "hook stage '" << s.name << "' can read " << t.name << " through its context but does not declare it");
+                        }
+                    }
                 waits += int(tp.waits.size());
                 if (trial % 5) continue; // mutate every fifth composition: each of its waits, one at a time
                 for (int i = 0; i < int(tp.waits.size()); ++i) {

@@ -31,7 +31,8 @@
 //! that lane. What a hook touches follows from its phase, as its context gives it: a pre hook
 //! (forward_pre, backward_pre) writes its layer's parameters (it brings what the layer reads: an
 //! all-gather), a forward hook reads them, a backward hook reads and writes the layer's gradients
-//! (a reduction). The plan orders the other stages against that
+//! (a reduction) and reads its parameters: what a hook declares covers all that its context lets
+//! it touch, so a hook body that reads more than its kind usually does is still ordered. The plan orders the other stages against that
 //! (capscope/plan/stream_order.hpp): the layer's stages wait for its pre hook's lane, the
 //! optimizer (which touches every layer's parameters and gradients) for every backward hook.
 
@@ -81,7 +82,10 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
     case hook_phase::forward_pre: s.outputs = parameters; break;
     case hook_phase::backward_pre: s.backward_outputs = parameters; break;
     case hook_phase::forward: s.inputs = parameters; break;
-    case hook_phase::backward: s.backward_outputs.assign(tensors->gradients.begin(), tensors->gradients.end()); break;
+    case hook_phase::backward: // its context gives the parameters too (a trust ratio, weight decay): read, declared as read
+        s.backward_inputs = parameters;
+        s.backward_outputs.assign(tensors->gradients.begin(), tensors->gradients.end());
+        break;
     }
     s.buffers_declared = true;
     if (Hook::lane != 0 && s.inputs.empty() && s.outputs.empty() && s.backward_outputs.empty())
