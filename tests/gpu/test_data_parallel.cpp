@@ -276,11 +276,6 @@ void check_regather(const char* impl) {
     static_assert(sharding_fits<Config, policy>);
     cuda::stream s;
     regather_model m(mpi().rank(), mpi().size(), s, /*reads_parameters=*/true);
-    if (breakage::broken("no_regather")) { // broken on purpose: layer 0's backward reads layer 2's parameters
-        hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
-        run_regather<Config, Gather>(m, hooks, impl, s);
-        return;
-    }
     hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, Gather{}), parameter_regather(comm(), m.buffers, Gather{}),
                         gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
     run_regather<Config, Gather>(m, hooks, impl, s);
@@ -311,6 +306,34 @@ void run_regather(regather_model& m, const Hooks& hooks, const char* impl, cudaS
 }
 
 } // namespace
+
+//! Without the re-gather, layer 0's backward would read layer 2's weights from the double buffer
+//! (wrong bits, no race: the must-fail test of issue 34 showed it): the plan refuses it (P19).
+template <class Config>
+std::string refused_without_regather() {
+    cuda::stream s;
+    regather_model m(mpi().rank(), mpi().size(), s, /*reads_parameters=*/true);
+    hook_pipeline hooks{parameter_all_gather(comm(), m.buffers, gather_on_demand{}), gradient_reduce_scatter(comm(), m.buffers, ncclSum)};
+    try {
+        runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
+    } catch (const plan_error& e) {
+        return e.what();
+    }
+    return "accepted";
+}
+
+TEST_CASE("sharded data parallel: gathered weights kept for the backward in a double buffer are refused (P19), under every impl") {
+    comm();
+    const std::string texts[] = {refused_without_regather<config<impl::eager>>(),
+                                 refused_without_regather<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>(),
+                                 refused_without_regather<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>()};
+    for (const std::string& text : texts) {
+        const bool names_both = text.find("capscope plan rule P19: ") == 0 && text.find("reads layer 0's parameters") != std::string::npos &&
+                                text.find("layer 2's") != std::string::npos;
+        CHECK_MESSAGE(names_both, text);
+    }
+    if (mpi().rank() == 0) std::printf("  sharded, no re-gather, 3 layers on a double buffer: %s\n", texts[0].substr(0, 160).c_str());
+}
 
 TEST_CASE("sharded data parallel: 3 layers on a double buffer, re-gathered before each backward that reads them, under every impl") {
     check_regather<config<impl::eager>>("none");

@@ -204,6 +204,30 @@ TEST_CASE("the verifier names the two calls, the buffer and the missing edge") {
     CHECK_THROWS_WITH_AS(verify_stream_order(without_wait(tp, 0), q), doctest::Contains("capscope plan rule P12"), plan_error);
 }
 
+TEST_CASE("P19: layers that share parameter memory read their own weights, or the plan is refused naming both calls") {
+    // A double buffer of gathered weights (layers 0 and 2 in one half) kept for the backward: in the
+    // plan's own order, layer 0's backward would read layer 2's weights. No race: no wait mends it.
+    fake::model m;
+    memory mem;
+    const training_program three = m.program("DDD", false, 1), two = m.program("DD", false, 1);
+    std::vector<tensor_ref> params, grads, own_params, own_grads;
+    const auto shared = tensors_of(mem, params, grads, 3, true);
+    const capture_scope eager{graph_impl::eager, {}};
+    const hook_pipeline keep{gather, reduce};
+    const hook_pipeline bring_back{gather, regather, reduce};
+    const std::string text = plan_helpers::plan_error_text(eager, with_hooks(three, keep, shared));
+    CHECK_MESSAGE(text.find("capscope plan rule P19: 'layer0.mlp' (backward) reads layer 0's parameters layer0.params, but the last call to "
+                            "write them is layer 2's 'layer2.hook.gather'") != std::string::npos, text);
+    // Brought back before each backward (a re-gather): accepted, under every impl.
+    for (graph_impl impl : {graph_impl::eager, graph_impl::lazy_per_layer, graph_impl::ahead_of_time_per_layer, graph_impl::whole_iteration})
+        CHECK(plan_helpers::plan_error_text({impl, {}}, with_hooks(three, bring_back, shared)) == "(no error)");
+    // Two layers in two halves need no re-gather; memory of their own neither.
+    const auto halves = std::span(shared).first(2);
+    CHECK(plan_helpers::plan_error_text(eager, with_hooks(two, keep, halves)) == "(no error)");
+    const auto own = tensors_of(mem, own_params, own_grads, 3, false);
+    CHECK(plan_helpers::plan_error_text(eager, with_hooks(three, keep, own)) == "(no error)");
+}
+
 TEST_CASE("random compositions verify in both orders, and dropping any derived wait is caught") {
     std::mt19937 rng(30);
     auto pick = [&](int n) { return int(rng() % unsigned(n)); };
@@ -332,7 +356,7 @@ TEST_CASE("composition: one declaration, any order of its parts, the same progra
     auto layers = [&] { // the buffers, as values: the composition keeps its own copy
         std::vector<layer_buffers> out;
         for (int l = 0; l < 4; ++l)
-            out.push_back({{{"layer" + std::to_string(l) + ".params", mem.params.data() + 4 * (l % 2), 4}},
+            out.push_back({{{"layer" + std::to_string(l) + ".params", mem.params.data() + 4 * l, 4}},
                            {{"layer" + std::to_string(l) + ".grads", mem.grads.data() + 4 * l, 4}}});
         return out;
     };

@@ -139,7 +139,7 @@ When a rule is checked:
 | F2 | sharding | compile time (`sharding_fits`, `composition::sharded<Policy>()`) | per-layer graphs with `sharded<..., dynamic_buffer>` (a pool miss gets a fresh address) | `parallel/sharding.hpp` |
 | P1 | plan | compile time (layer schemas); plan time | a captured stage that synchronizes with the host | `plan/misplaced_stage.hpp`, `plan/plan_error.hpp` |
 | P2 | plan | compile time (layer schemas); plan time | a captured stage whose launch shapes depend on data | `plan/misplaced_stage.hpp`, `plan/plan_error.hpp` |
-| P3 | plan | plan time | a malformed program: no stages, microbatches or buckets that differ, a stage without a function, a lane out of range | `plan/training_plan.hpp`, `plan/inference_plan.hpp`, `run/bucket_runner.hpp` |
+| P3 | plan | plan time | a malformed program: no stages, microbatches or buckets that differ, a stage without a function, a lane out of range, a branch on lane 0, a declared buffer with no address, no bytes or an end past the address space | `plan/training_plan.hpp`, `plan/inference_plan.hpp`, `run/bucket_runner.hpp` |
 | P4 | plan (inference) | compile time (`buckets<...>`, `length_buckets<...>`, `megatron_buckets<...>`); plan time | bucket lists that are not positive and strictly increasing | `config/inference_options.hpp`, `plan/inference_plan.hpp` |
 | P5 | plan (inference) | compile time (where the runner type is named) | an inference runner without buckets; a vision runner without a length to pad to | `plan/inference_settings.hpp` |
 | P6 | plan (inference) | request time | a request larger than the largest bucket, unless `oversize::run_eagerly` | `plan/buckets.hpp` |
@@ -150,6 +150,13 @@ When a rule is checked:
 | P11 | plan (offload) | compile time (layer schemas); plan time (when the copies are added) | an offloaded tensor whose producer and keeper a graph boundary separates | `plan/offload_placement.hpp`, `offload/with_offload.hpp` |
 | P12 | plan (verifier) | plan time (every plan) | two calls that touch one buffer, one writing, left unordered | `plan/verify.hpp` |
 | P13 | plan (hooks) | plan time | a capture-time stage (a `capture_time` hook) in an eager segment, which would never run | `plan/training_plan.hpp` |
+| P14 | plan (guards) | compile time (layer schemas); plan time | a guarded stage that synchronizes with the host (guarded stages run inside a conditional node) | `plan/guards.hpp` |
+| P15 | plan (guards) | compile time (layer schemas); plan time | a guard's flag that no earlier call writes, or a WHILE run that never writes it | `plan/guards.hpp` |
+| P16 | plan (guards) | plan time | a guarded run split between segments or lanes | `plan/guards.hpp` |
+| P17 | plan (NaN check) | construction (a `runner` with `nan_check_on_device`) | an optimizer not guarded by a finite check's flag | `plan/guards.hpp` |
+| P18 | plan (rerun) | construction (a `runner`) | a step that may be refused without a sound rerun: no rerun where the config asks for one, no `before`, a flag never cleared, an unguarded optimizer, a collective in the step | `plan/guards.hpp` |
+| P19 | plan (parameters) | plan time | a call that reads layer L's parameters after another layer's writer overwrote them (layers sharing a double buffer of gathered weights, without a re-gather) | `plan/training_plan.hpp` |
+| C1–C3 | composition | compile time (`composition<Config>`) | a part named twice: hooks (C1), an activation store (C2), a sharding policy (C3) | `compose/composition.hpp` |
 | H0 | hooks | compile time | a pipeline entry that is not a hook; an unknown placement or option; two lanes; a lane on a boundary hook | `hooks/hook.hpp`, `hooks/hook_pipeline.hpp` |
 | H1 | hooks | compile time | a callable that does not take its declared phase's context (`warmup_context&` for a warmup hook) | `hooks/hook.hpp` |
 | H2 | hooks | compile time (`hooks_fit`, `composition::hooks`) | a boundary hook under `impl::whole_iteration` | `hooks/hooks_fit.hpp` |

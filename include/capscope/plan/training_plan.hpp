@@ -130,6 +130,53 @@ inline void drop_waits_from(training_plan& plan, const training_program& program
                  v ? ("P12: " + v->message).c_str() : "no violation found");
 }
 
+//! P19: a call that reads layer L's parameters must find there what layer L's own writer (its
+//! gather hook) put last. Where layers' parameters share memory (gathered weights in a double
+//! buffer), the layers' writers take turns; in the order the plan issues its calls, a read of
+//! layer L's parameters after layer M's writer overwrote them gets layer M's weights. No wait can
+//! mend that: the reads are ordered, just wrong (a sharded policy that keeps gathered weights for
+//! the backward in a double buffer, with three layers or more).
+inline void check_parameter_owners(const training_plan& plan, const training_program& program) {
+    const auto& layers = program.layers;
+    bool shared = false; // only layers whose parameters overlap can take each other's
+    for (std::size_t l = 0; l < layers.size() && !shared; ++l)
+        for (std::size_t m = l + 1; m < layers.size() && !shared; ++m)
+            for (const tensor_ref& p : layers[l].parameters)
+                for (const tensor_ref& q : layers[m].parameters) shared = shared || overlaps(p, q);
+    if (!shared) return;
+    // Per layer and parameter tensor: the layer whose writer wrote it last this step, and that call (-1: none known).
+    struct last_write {
+        int layer = -1, call = -1;
+    };
+    std::vector<std::vector<last_write>> last(layers.size());
+    for (std::size_t l = 0; l < layers.size(); ++l) last[l].resize(layers[l].parameters.size());
+    for (std::size_t c = 0; c < plan.calls.size(); ++c) {
+        const stage_call& call = plan.calls[c];
+        const stage& s = stage_of(program, call);
+        const call_access a = access_of(s, call.direction, call.part, program);
+        if (a.everything) continue; // undeclared: ordered against everything, and nothing known of it
+        const bool of_a_layer = call.part == step_part::microbatch && s.layer >= 0 && std::size_t(s.layer) < layers.size();
+        if (of_a_layer)
+            for (std::size_t i = 0; i < layers[std::size_t(s.layer)].parameters.size(); ++i) {
+                const tensor_ref& mine = layers[std::size_t(s.layer)].parameters[i];
+                const last_write& w = last[std::size_t(s.layer)][i];
+                if (w.layer < 0 || w.layer == s.layer || std::find(a.reads.begin(), a.reads.end(), mine) == a.reads.end()) continue;
+                const stage& writer = stage_of(program, plan.calls[std::size_t(w.call)]);
+                throw plan_error("P19", s.name,
+                                 "'" + s.name + "' (" + std::string(phase_name(call.direction)) + ") reads layer " + std::to_string(s.layer) +
+                                     "'s parameters " + name_of(mine) + ", but the last call to write them is layer " + std::to_string(w.layer) +
+                                     "'s '" + writer.name + "': the layers share that memory, so it would compute with layer " +
+                                     std::to_string(w.layer) + "'s weights",
+                                 "bring layer " + std::to_string(s.layer) + "'s parameters back before it reads them (sharded<..., "
+                                 "regather_for_backward>: a backward_pre gather), or give the layers memory of their own (persistent_buffer)");
+            }
+        for (const tensor_ref& t : a.writes)
+            for (std::size_t l = 0; l < layers.size(); ++l)
+                for (std::size_t i = 0; i < layers[l].parameters.size(); ++i)
+                    if (overlaps(t, layers[l].parameters[i])) last[l][i] = of_a_layer ? last_write{s.layer, int(c)} : last_write{};
+    }
+}
+
 //! P13: a capture-time call (a `capture_time` hook) runs only while its segment is captured, so
 //! one in an eager segment of a capturing impl would never run, silently.
 inline void check_capture_time_calls(const training_plan& plan, const training_program& program) {
@@ -242,6 +289,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
     detail::check_capture_time_calls(plan, program);
     detail::check_guards(plan, program);
     detail::check_rerun(plan, program);
+    detail::check_parameter_owners(plan, program);
     derive_stream_order(plan, program);
     if (const std::string& broken = detail::installed_breakage().drop_waits_from; !broken.empty())
         detail::drop_waits_from(plan, program, broken); // a test, broken on purpose
