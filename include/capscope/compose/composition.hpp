@@ -91,7 +91,7 @@ public:
     //! The hooks of `pipeline` (copied), on layers 0..layers.size()-1 with these parameters and
     //! gradients (copied): rule H2 is checked against `Config` here.
     template <class... H>
-    composition<Config, detail::composed_hooks<H...>, Offload, Sharding> hooks(hook_pipeline<H...> pipeline, std::vector<layer_buffers> layers) const {
+    [[nodiscard("a part is kept in the composition the call returns: chain the parts")]] composition<Config, detail::composed_hooks<H...>, Offload, Sharding> hooks(hook_pipeline<H...> pipeline, std::vector<layer_buffers> layers) const {
         static_assert(!detail::is_named<Hooks>, "capscope composition rule C1: a composition's hooks are named once, and these are the second "
                                                 "-- fix: put every hook in one pipeline");
         static_assert(hooks_fit<Config, hook_pipeline<H...>>);
@@ -104,16 +104,22 @@ public:
         requires requires(const Store& s, const training_program& p, const capture_scope& c) {
             { s.with_offload(p, c) } -> std::same_as<training_program>;
         }
-    composition<Config, Hooks, detail::composed_offload<Store>, Sharding> offload(const Store& store) const {
+    [[nodiscard("a part is kept in the composition the call returns: chain the parts")]] composition<Config, Hooks, detail::composed_offload<Store>, Sharding>
+    offload(const Store& store) const {
         static_assert(!detail::is_named<Offload>, "capscope composition rule C2: a composition offloads through one activation store, and "
                                                   "this is the second -- fix: name one activation store");
         return {program_, hooks_, {&store}};
     }
 
+    //! The composition keeps a pointer to the store: a temporary would dangle.
+    template <class Store>
+    void offload(const Store&&) const = delete;
+
     //! Sharded data parallelism under `Policy`: rules F1 and F2 are checked against `Config` here.
     //! (The gathers and reductions are hooks: name them with `hooks`.)
     template <class Policy>
-    composition<Config, Hooks, Offload, detail::composed_sharding<Policy>> sharded() const {
+    [[nodiscard("a part is kept in the composition the call returns: chain the parts")]] composition<Config, Hooks, Offload, detail::composed_sharding<Policy>>
+    sharded() const {
         static_assert(!detail::is_named<Sharding>, "capscope composition rule C3: a composition has one sharding policy, and this is the "
                                                    "second -- fix: name one sharded<...>");
         static_assert(sharding_fits<Config, Policy>);

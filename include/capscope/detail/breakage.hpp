@@ -2,7 +2,7 @@
 //! @file
 //! The one seam through which tests break the engine on purpose, to watch a test go red without
 //! a derived wait, a guard or a rerun. Nothing in the library sets it, so a user's program leaves
-//! it empty; only the test suites install it (tests/support/breakage.hpp, from CAPSCOPE_BREAK).
+//! it empty; only the test suites install it (tests/gpu/breakage.hpp, from CAPSCOPE_BREAK).
 //! It is read while a plan is made and while a runner binds its calls, never on the replay path.
 
 #include <string>

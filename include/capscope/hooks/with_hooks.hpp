@@ -319,7 +319,7 @@ training_program with_hooks(const training_program& program, const hook_pipeline
 }
 
 //! The stages point into the pipeline and the tensors: temporaries would dangle. Name them in a
-//! `composition` (capscope/hooks/composition.hpp), which keeps its own copies, or keep them alive.
+//! `composition` (capscope/compose/composition.hpp), which keeps its own copies, or keep them alive.
 template <class... Hooks>
 training_program with_hooks(const training_program&, hook_pipeline<Hooks...>&&, std::span<const layer_tensors>,
                             const capture_scope* = nullptr) = delete;

@@ -38,9 +38,13 @@ inline std::vector<stage_facts> facts_of(const std::vector<stage>& list) {
 
 //! A declared buffer orders work only if it covers memory: one with no address, no bytes, or an
 //! end past the address space (SIZE_MAX meant as "the whole arena") overlaps nothing, so the plan
-//! would derive no wait from it, silently. Refused, naming the stage and the buffer.
+//! would derive no wait from it, silently. Refused, naming the stage and the buffer (a layer's
+//! parameters or gradients may be empty: a layer without them).
 inline void check_declared_buffers(const training_program& p) {
-    auto check = [](const tensor_ref& t, const std::string& who, const char* as) {
+    // `empty_allowed`: a layer without parameters or gradients declares an empty tensor; a stage's
+    // own buffer of 0 bytes is a size left out (tensor_ref{"G", ptr} meant as the whole of G).
+    auto check = [](const tensor_ref& t, const std::string& who, const char* as, bool empty_allowed = false) {
+        if (empty_allowed && t.bytes == 0) return;
         const char* wrong = !t.data ? "has no address" : t.bytes == 0 ? "has 0 bytes"
                           : std::uintptr_t(t.data) + t.bytes < std::uintptr_t(t.data) ? "ends past the address space" : nullptr;
         if (wrong)
@@ -66,8 +70,8 @@ inline void check_declared_buffers(const training_program& p) {
     for (const stage& s : p.step_end) check_stage(s);
     for (std::size_t l = 0; l < p.layers.size(); ++l) {
         const std::string who = "training_program::layers[" + std::to_string(l) + "]";
-        for (const tensor_ref& t : p.layers[l].parameters) check(t, who, "a parameter");
-        for (const tensor_ref& t : p.layers[l].gradients) check(t, who, "a gradient");
+        for (const tensor_ref& t : p.layers[l].parameters) check(t, who, "a parameter", true);
+        for (const tensor_ref& t : p.layers[l].gradients) check(t, who, "a gradient", true);
     }
 }
 
@@ -154,13 +158,14 @@ inline void check_parameter_owners(const training_plan& plan, const training_pro
         const stage_call& call = plan.calls[c];
         const stage& s = stage_of(program, call);
         const call_access a = access_of(s, call.direction, call.part, program);
-        if (a.everything) continue; // undeclared: ordered against everything, and nothing known of it
         const bool of_a_layer = call.part == step_part::microbatch && s.layer >= 0 && std::size_t(s.layer) < layers.size();
         if (of_a_layer)
             for (std::size_t i = 0; i < layers[std::size_t(s.layer)].parameters.size(); ++i) {
                 const tensor_ref& mine = layers[std::size_t(s.layer)].parameters[i];
                 const last_write& w = last[std::size_t(s.layer)][i];
-                if (w.layer < 0 || w.layer == s.layer || std::find(a.reads.begin(), a.reads.end(), mine) == a.reads.end()) continue;
+                // An undeclared stage (a.everything) may read them: it is checked as a reader.
+                const bool reads = a.everything || std::find(a.reads.begin(), a.reads.end(), mine) != a.reads.end();
+                if (w.layer < 0 || w.layer == s.layer || !reads) continue;
                 const stage& writer = stage_of(program, plan.calls[std::size_t(w.call)]);
                 throw plan_error("P19", s.name,
                                  "'" + s.name + "' (" + std::string(phase_name(call.direction)) + ") reads layer " + std::to_string(s.layer) +
@@ -168,8 +173,13 @@ inline void check_parameter_owners(const training_plan& plan, const training_pro
                                      "'s '" + writer.name + "': the layers share that memory, so it would compute with layer " +
                                      std::to_string(w.layer) + "'s weights",
                                  "bring layer " + std::to_string(s.layer) + "'s parameters back before it reads them (sharded<..., "
-                                 "regather_for_backward>: a backward_pre gather), or give the layers memory of their own (persistent_buffer)");
+                                 "regather_for_backward>: a backward_pre gather), or give the layers memory of their own (persistent_buffer); "
+                                 "layers that share weights on purpose declare the shared tensor for one layer only");
             }
+        if (a.everything) { // it may have written anything (a gather of its own): nothing is known after it
+            for (auto& of_layer : last) std::fill(of_layer.begin(), of_layer.end(), last_write{});
+            continue;
+        }
         for (const tensor_ref& t : a.writes)
             for (std::size_t l = 0; l < layers.size(); ++l)
                 for (std::size_t i = 0; i < layers[l].parameters.size(); ++i)

@@ -100,7 +100,9 @@ public:
     ~runner() { release_graphs(); }
 
     //! One training step on `s`. A config that captures graphs needs a stream of its own: the
-    //! legacy default stream cannot be captured, which is said at the first step.
+    //! legacy default stream cannot be captured, which is said at the first step. A step on
+    //! another stream than the last waits for the last (an event recorded on that stream, so it
+    //! must still exist when this step is enqueued).
     void step(cudaStream_t s) {
         if (plan_.graph_count > 0) detail::require_capturable_stream(s);
         executor_.follow_previous_step(s); // a step on another stream than the last waits for it

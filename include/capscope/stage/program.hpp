@@ -61,7 +61,7 @@ struct training_program {
     //! Empty (no flag) unless a step may be refused and rerun (`step_rerun`).
     step_rerun rerun;
     //! What the stages point to that the program owns (a composition's hooks and buffers,
-    //! capscope/hooks/composition.hpp): shared by every copy of the program.
+    //! capscope/compose/composition.hpp): shared by every copy of the program.
     std::vector<std::shared_ptr<const void>> keepalive;
 };
 
