@@ -158,14 +158,15 @@ inline void check_parameter_owners(const training_plan& plan, const training_pro
         const stage_call& call = plan.calls[c];
         const stage& s = stage_of(program, call);
         const call_access a = access_of(s, call.direction, call.part, program);
+        // An undeclared stage may read or write anything: it is neither checked nor counted (the
+        // layer's declared readers, its hooks among them, still are).
+        if (a.everything) continue;
         const bool of_a_layer = call.part == step_part::microbatch && s.layer >= 0 && std::size_t(s.layer) < layers.size();
         if (of_a_layer)
             for (std::size_t i = 0; i < layers[std::size_t(s.layer)].parameters.size(); ++i) {
                 const tensor_ref& mine = layers[std::size_t(s.layer)].parameters[i];
                 const last_write& w = last[std::size_t(s.layer)][i];
-                // An undeclared stage (a.everything) may read them: it is checked as a reader.
-                const bool reads = a.everything || std::find(a.reads.begin(), a.reads.end(), mine) != a.reads.end();
-                if (w.layer < 0 || w.layer == s.layer || !reads) continue;
+                if (w.layer < 0 || w.layer == s.layer || std::find(a.reads.begin(), a.reads.end(), mine) == a.reads.end()) continue;
                 const stage& writer = stage_of(program, plan.calls[std::size_t(w.call)]);
                 throw plan_error("P19", s.name,
                                  "'" + s.name + "' (" + std::string(phase_name(call.direction)) + ") reads layer " + std::to_string(s.layer) +
@@ -174,12 +175,9 @@ inline void check_parameter_owners(const training_plan& plan, const training_pro
                                      std::to_string(w.layer) + "'s weights",
                                  "bring layer " + std::to_string(s.layer) + "'s parameters back before it reads them (sharded<..., "
                                  "regather_for_backward>: a backward_pre gather), or give the layers memory of their own (persistent_buffer); "
-                                 "layers that share weights on purpose declare the shared tensor for one layer only");
+                                 "a stage of your own that brings them back declares it writes them (buffers_declared); layers that share "
+                                 "weights on purpose declare the shared tensor for one layer only");
             }
-        if (a.everything) { // it may have written anything (a gather of its own): nothing is known after it
-            for (auto& of_layer : last) std::fill(of_layer.begin(), of_layer.end(), last_write{});
-            continue;
-        }
         for (const tensor_ref& t : a.writes)
             for (std::size_t l = 0; l < layers.size(); ++l)
                 for (std::size_t i = 0; i < layers[l].parameters.size(); ++i)
