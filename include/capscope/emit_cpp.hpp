@@ -22,9 +22,19 @@ inline std::string cpp_double(double v) {
     if (t.find_first_of(".eE") == std::string::npos) t += ".0";
     return t;
 }
+//! A finite `v` as `fraction{m, 1, e}`, m * 2^e exactly (m: the significand, odd or 0).
+inline std::string cpp_binary_fraction(double v) {
+    int e = 0;
+    const double f = std::frexp(v, &e); // v = f * 2^e, 0.5 <= |f| < 1
+    auto m = static_cast<long long>(std::ldexp(f, 53));
+    e -= 53;
+    while (m != 0 && m % 2 == 0) m /= 2, ++e;
+    return "fraction{" + std::to_string(m) + ", 1, " + std::to_string(m == 0 ? 0 : e) + "}";
+}
 //! A real-valued option's argument as `fraction{n, d}`, which every C++20 compiler takes (clang 14
 //! takes no `double` template argument): n/d is the shortest decimal that reads back as `v`.
-//! Where no such fraction gives back exactly `v` (inf, nan, 1e-30), the value itself, for g++.
+//! Where no such n/d gives back exactly `v` (1e-30), `fraction{m, 1, e}`, the double's own
+//! significand and power of two; inf and NaN, which no fraction spells, as themselves (g++ only).
 inline std::string cpp_real(double v) {
     if (!std::isfinite(v)) return cpp_double(v);
     std::string t = number_text(std::fabs(v)); // shortest round trip: "1.25", "1e-05", "3e+20"
@@ -37,20 +47,20 @@ inline std::string cpp_real(double v) {
         else digits += t[i];
     }
     constexpr long long limit = 1'000'000'000'000'000'000LL; // 10^18: n and d fit a long long
-    if (digits.size() > 18) return cpp_double(v);          // "12345678901234567168": past 10^18
+    if (digits.size() > 18) return cpp_binary_fraction(v);          // "12345678901234567168": past 10^18
     long long n = std::stoll(digits), d = 1;
     for (; exponent > 0; --exponent) {
-        if (n > limit / 10) return cpp_double(v);
+        if (n > limit / 10) return cpp_binary_fraction(v);
         n *= 10;
     }
     for (; exponent < 0; ++exponent) {
-        if (d > limit / 10) return cpp_double(v);
+        if (d > limit / 10) return cpp_binary_fraction(v);
         d *= 10;
     }
     long long g = std::gcd(n, d);
     if (g > 1) n /= g, d /= g;
     if (v < 0) n = -n;
-    if (double(n) / double(d) != v) return cpp_double(v); // n or d past 2^53: not exact
+    if (double(n) / double(d) != v) return cpp_binary_fraction(v); // n or d past 2^53: not exact
     return "fraction{" + std::to_string(n) + ", " + std::to_string(d) + "}";
 }
 inline std::string cpp_string(std::string_view s) {

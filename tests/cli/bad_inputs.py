@@ -185,6 +185,15 @@ with tempfile.TemporaryDirectory() as d:
     rc, out, err = run(["--json", "--from-yaml", "bools/model_config.yaml"], d)
     expect("YAML TRUE and OFF are booleans (Python's yaml), not text", rc in (0, 1) and '"inference_graphs"' in out, f"{rc} {out[:300]} {err}")
 
+    write("deep/model_config.yaml", "MODEL_ARGS:\n  --num-layers: " + "[" * 5000 + "]" * 5000 + "\n")
+    rc, out, err = run(["--from-yaml", "deep/model_config.yaml"], d)
+    expect("YAML nested 5000 deep: named as too deep, not 'bad file'", rc == 2 and "YAML nested deeper than the reader takes" in (out + err)
+           and "bad file" not in (out + err), f"{rc} {out[:300]} {err[:300]}")
+    write("one/model_config.yaml", OK)
+    rc, out, err = run(["--json", "--format", "github", "--from-yaml", "one"], d)
+    expect("--json with --format github: refused (one would silently win)", rc == 2 and "choose one of --json and --format github" in err,
+           f"{rc} {out[:300]} {err}")
+
     # Argument files that fan out (each naming the next three times: 3^15 reads), that never end
     # (/dev/zero) or block (a FIFO): refused before they are read, naming the file.
     for i in range(15):
@@ -206,6 +215,11 @@ with tempfile.TemporaryDirectory() as d:
     rc, out, err = run(["@huge.txt"], d)
     expect("an argument file past 16 MiB: refused before it is read", rc == 2 and "huge.txt is 17825792 bytes, more than the 16 MiB" in err,
            f"{rc} {err}")
+    write("mib.txt", "--num-layers 4\n" * ((1 << 20) // 15 + 1))
+    write("mib_many.txt", "@mib.txt " * 20)
+    rc, out, err = run(["@mib_many.txt"], d)
+    expect("a 1 MiB argument file named 20 times: refused at 4 MiB in all, not read 20 times", rc == 2 and "more than 4 MiB in all" in err,
+           f"{rc} {err[:300]}")
 
     # A directory that cannot be read, and one whose names can be read but whose entries cannot
     # be looked at (r--): as an unprivileged user where this runs as root.

@@ -51,6 +51,10 @@ def main():
             rc_e, tu, err_e = run([a.check, "--emit-cpp"] + flags)
             if rc_e != rc:
                 fail(f"--emit-cpp exit {rc_e} differs from --json exit {rc}")
+            # inf and NaN have no fraction{...}: they are emitted as doubles, which clang++ up to 17
+            # takes as no template argument (the case says so with "double_arguments": true).
+            if case.get("double_arguments") and "clang" in os.path.basename(a.compiler[0]):
+                return failures
             with tempfile.NamedTemporaryFile("w", suffix=".cpp", delete=False) as f:
                 f.write(tu)
             crc, cout, cerr = run(a.compiler + [f.name])

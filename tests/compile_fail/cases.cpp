@@ -267,4 +267,28 @@ CHECK_COMPILES(config<vision<tr, modules<capture::moe>, max_seq_length<784>>>);
 CHECK_COMPILES(config<vision<tr, max_seq_length<-1>>>);
 #endif
 
+// ---- spelling: each kind of option once, real values that are numbers, options only ----
+// (config rules K1-K3, capscope/config/spelling.hpp; checked before any rule of the table)
+TWIN(config<tr, model<layers<4>, experts<8>, capacity_factor<fraction{5, 4}>>>);
+TWIN(config<offload<offload_modules<offload_module::core_attn>, offload_module_named<"attn_proj">, offload_fraction<fraction{1, 2}>>>);
+TWIN(config<model<attention_dropout<fraction{1, 1, -100}>>>); // 2^-100, exactly
+#ifdef CASE_K1
+CHECK_COMPILES(config<tr, impl::eager>);
+#endif
+#ifdef CASE_K1__model
+CHECK_COMPILES(config<tr, model<layers<4>, experts<8>, experts<1>>>); // the last would make the model dense
+#endif
+#ifdef CASE_K1__offload
+CHECK_COMPILES(config<offload<offload_modules<offload_module::core_attn>, offload_fraction<fraction{1, 2}>, offload_fraction<fraction{1, 4}>>>);
+#endif
+#ifdef CASE_K1__vision
+CHECK_COMPILES(config<vision<tr, max_seq_length<784>, max_seq_length<1024>>>);
+#endif
+#ifdef CASE_K2
+CHECK_COMPILES(config<tr, model<attention_dropout<fraction{0, 0}>>>);
+#endif
+#ifdef CASE_K3
+CHECK_COMPILES(config<tr, int>);
+#endif
+
 int main() { return 0; }

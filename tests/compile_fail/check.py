@@ -45,6 +45,8 @@ def check(rule, cmd):
         needle = f"capscope hook rule {rule}:"
     elif rule[0] == "C" and rule[1:].isdigit():  # the composition's rules (capscope/compose/)
         needle = f"capscope composition rule {rule}:"
+    elif rule[0] == "K" and rule[1:].isdigit():  # how a config is spelled (capscope/config/spelling.hpp)
+        needle = f"capscope config rule {rule}:"
     else:
         needle = f"capscope plan rule {rule}:" if is_plan_rule else f"capscope rule {rule}:"
     if needle not in first_error:

@@ -102,6 +102,47 @@ TEST_CASE("ranks that planned different steps get a clear error on every rank, n
     }
 }
 
+namespace {
+//! An all-reduce of a layer's gradients on the step's own stream (no lane), as a trainer might write
+//! it; `collective_calls` makes it a collective for the plan (its fingerprint, and rule P18).
+struct all_reduce_on_step_stream {
+    ncclComm_t comm;
+    void operator()(backward_context& c) const {
+        for (const tensor_ref& g : c.gradients())
+            CAPSCOPE_CHECK(ncclAllReduce(g.data, g.data, g.bytes / sizeof(int), ncclInt32, ncclSum, comm, c.stream()));
+    }
+    std::string collective_calls(int) const { return "all-reduce int32 sum"; }
+};
+} // namespace
+
+TEST_CASE("a step the device may refuse, with an all-reduce on the step's own stream: P18 on every rank, before any collective") {
+    // A refused step runs again on the rank whose flag was set, and only there: its all-reduce would
+    // wait for the other ranks forever. On the step's stream (lane 0) as much as on a side lane.
+    comm();
+    cuda::stream s;
+    dp_model m(mpi().rank(), s);
+    ints refused(1);
+    const tensor_ref flag{"refused", refused.data(), refused.bytes()};
+    training_program p = m.program();
+    stage clear;
+    clear.name = "clear refused";
+    clear.forward = stream_fn::from([](stream_handle) {});
+    clear.buffers_declared = true;
+    clear.outputs = {flag};
+    p.step_begin.insert(p.step_begin.begin(), clear);
+    p.rerun.flag = flag;
+    p.rerun.before = stream_fn::from([](stream_handle) {});
+    const hook_pipeline hooks{hook<hook_phase::backward, capturable, last_microbatch_only>("all-reduce", all_reduce_on_step_stream{comm().get()})};
+    std::string refusal = "no error";
+    try {
+        runner<config<impl::ahead_of_time_per_layer, modules<>>> r(with_hooks(p, hooks, m.tensors));
+    } catch (const plan_error& e) {
+        refusal = e.what();
+    }
+    if (mpi().rank() == 0) std::printf("  %d ranks, an all-reduce hook on lane 0 in a step that may be refused: %s\n", mpi().size(), refusal.c_str());
+    CHECK_MESSAGE(refusal.find("capscope plan rule P18: stage 'layer0.hook.all-reduce' is a collective") == 0, refusal);
+}
+
 // ---- sharded: all-gather before each layer's forward, reduce-scatter after its backward ----------
 
 namespace {

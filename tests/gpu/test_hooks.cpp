@@ -208,12 +208,14 @@ constexpr unsigned spin_ns = 100000; // slow enough that work which does not wai
 //! backward (layer L + 2 overwrote it), and whose gradients a backward hook on lane 2 scales by 5
 //! in place, slowly. In step s every shard holds v = s - 1 + 10 (L + 1); the forward keeps
 //! act = v, the backward writes grad = 2 v, the reduction makes it 10 v, and the optimizer writes
-//! out = grad + act = 11 v and the next step's shards. Any wait the plan leaves out lets a stage
-//! read poison or another layer's parameters: out is then wrong.
+//! out = grad + act = 11 v and the next step's shards. A second backward hook, on lane 3, reads
+//! the layer's parameters late (as a trust ratio would) into seen = v: its context gives them, so
+//! the re-gather of layer L - 2 into the same half must wait for it. Any wait the plan leaves out
+//! lets a stage read poison or another layer's parameters: out or seen is then wrong.
 struct laned_hooks_model {
     ints counter{1};
     ints full[2] = {ints(n), ints(n)};
-    std::vector<ints> shard, act, grad, red, out;
+    std::vector<ints> shard, act, grad, red, out, seen;
     std::vector<tensor_ref> full_refs, grad_refs;
     std::vector<layer_tensors> tensors;
     struct layer_fns {
@@ -233,7 +235,7 @@ struct laned_hooks_model {
 
     explicit laned_hooks_model(cudaStream_t s) {
         for (int l = 0; l < lane_layers; ++l) {
-            for (auto* v : {&shard, &act, &grad, &red, &out}) v->emplace_back(n);
+            for (auto* v : {&shard, &act, &grad, &red, &out, &seen}) v->emplace_back(n);
             fns.push_back({this, l});
         }
         counter.fill_bytes(0, s);
@@ -247,20 +249,27 @@ struct laned_hooks_model {
         }
     }
     //! `Options`: one_layer_ahead, to prefetch each gather while the layer before it works.
-    template <class... Options>
+    //! `Trust`: with the trust hook (a pipeline of its own: it orders the reduction before the
+    //! optimizer too, so the must-fail run that drops the reduction's waits leaves it out).
+    template <bool Trust, class... Options>
     auto hooks() {
-        return hook_pipeline{
-            hook<hook_phase::forward_pre, capturable, on_lane<1>, Options...>("gather", [this](forward_pre_context& c) {
-                k::slow_copy(full[c.layer() % 2].data(), shard[c.layer()].data(), n, spin_ns, c.stream());
-            }),
-            hook<hook_phase::backward_pre, capturable, on_lane<1>, Options...>("regather", [this](backward_pre_context& c) {
-                k::slow_copy(full[c.layer() % 2].data(), shard[c.layer()].data(), n, spin_ns, c.stream());
-            }),
-            hook<hook_phase::backward, capturable, on_lane<2>>("reduce", [this](backward_context& c) {
-                k::slow_copy(red[c.layer()].data(), grad[c.layer()].data(), n, spin_ns, c.stream());
-                k::scale(grad[c.layer()].data(), red[c.layer()].data(), 5, n, c.stream());
-            }),
-        };
+        auto gather = hook<hook_phase::forward_pre, capturable, on_lane<1>, Options...>("gather", [this](forward_pre_context& c) {
+            k::slow_copy(full[c.layer() % 2].data(), shard[c.layer()].data(), n, spin_ns, c.stream());
+        });
+        auto regather = hook<hook_phase::backward_pre, capturable, on_lane<1>, Options...>("regather", [this](backward_pre_context& c) {
+            k::slow_copy(full[c.layer() % 2].data(), shard[c.layer()].data(), n, spin_ns, c.stream());
+        });
+        auto reduce = hook<hook_phase::backward, capturable, on_lane<2>>("reduce", [this](backward_context& c) {
+            k::slow_copy(red[c.layer()].data(), grad[c.layer()].data(), n, spin_ns, c.stream());
+            k::scale(grad[c.layer()].data(), red[c.layer()].data(), 5, n, c.stream());
+        });
+        // Slower than the re-gather that overwrites this half next: without the wait, it reads
+        // layer L - 2's parameters.
+        auto trust = hook<hook_phase::backward, capturable, on_lane<3>>("trust", [this](backward_context& c) {
+            k::slow_copy(seen[c.layer()].data(), static_cast<const int*>(c.parameters().front().data), n, 4 * spin_ns, c.stream());
+        });
+        if constexpr (Trust) return hook_pipeline{gather, regather, reduce, trust};
+        else return hook_pipeline{gather, regather, reduce};
     }
     training_program program() {
         training_program p;
@@ -298,52 +307,73 @@ struct laned_hooks_model {
     }
 };
 
-template <class Config, class... HookOptions>
+template <class Config, bool Trust, class... HookOptions>
 void check_lane_hooks(const char* impl) {
     cuda::stream s;
     laned_hooks_model m(s);
-    auto hooks = m.hooks<HookOptions...>();
+    auto hooks = m.hooks<Trust, HookOptions...>();
     runner<Config> r(with_hooks(m.program(), hooks, m.tensors));
     bool right = true;
     std::string first_wrong;
     for (int step = 1; step <= Config::warmup_steps + 4; ++step) {
         for (auto& b : m.full) support::poison(b.data(), b.bytes(), s);
-        for (auto* v : {&m.act, &m.grad, &m.red, &m.out})
+        for (auto* v : {&m.act, &m.grad, &m.red, &m.out, &m.seen})
             for (auto& b : *v) support::poison(b.data(), b.bytes(), s);
         r.step(s);
         for (int l = 0; l < lane_layers; ++l) {
-            const int want = 11 * (step - 1 + 10 * (l + 1));
+            const int v = step - 1 + 10 * (l + 1);
             const auto got = support::download(m.out[l].data(), m.out[l].size(), s);
-            if (std::count(got.begin(), got.end(), want) != n && first_wrong.empty())
+            if (std::count(got.begin(), got.end(), 11 * v) != n && first_wrong.empty())
                 first_wrong = "step " + std::to_string(step) + " layer " + std::to_string(l) + ": out[0] = " + std::to_string(got[0]) +
-                              ", want " + std::to_string(want);
+                              ", want " + std::to_string(11 * v);
+            const auto seen = support::download(m.seen[l].data(), m.seen[l].size(), s);
+            if (Trust && std::count(seen.begin(), seen.end(), v) != n && first_wrong.empty())
+                first_wrong = "step " + std::to_string(step) + " layer " + std::to_string(l) + ": the trust hook read parameters " +
+                              std::to_string(seen[0]) + ", want " + std::to_string(v);
             right = right && first_wrong.empty();
         }
     }
-    std::printf("  lane hooks%s, %-20s: %d graphs, %ld replays; every layer read its own gathered parameters and the optimizer the "
-                "reduced gradients: %s%s\n",
-                sizeof...(HookOptions) ? " (prefetched)" : "", impl, r.plan().graph_count, r.counters().replays, right ? "yes" : "NO, ",
+    std::printf("  lane hooks%s%s, %-20s: %d graphs, %ld replays; every layer%s read its own gathered parameters and "
+                "the optimizer the reduced gradients: %s%s\n",
+                sizeof...(HookOptions) ? " (prefetched)" : "", Trust ? " (+ trust)" : "", impl, r.plan().graph_count, r.counters().replays,
+                Trust ? " and backward hook" : "", right ? "yes" : "NO, ",
                 first_wrong.c_str());
     CHECK_MESSAGE(right, impl, ": ", first_wrong);
 }
 } // namespace
 
 TEST_CASE("hooks on lanes: gathers into a double buffer, re-gathers, a slow in-place reduction, exact under every impl") {
-    check_lane_hooks<config<impl::eager>>("none");
-    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>>("local");
-    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
-    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
+    check_lane_hooks<config<impl::eager>, false>("none");
+    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>, false>("local");
+    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, false>("transformer_engine");
+    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, false>("full_iteration");
     cuda::stream s;
     laned_hooks_model m(s);
-    auto hooks = m.hooks();
+    auto hooks = m.hooks<false>();
     runner<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>> r(with_hooks(m.program(), hooks, m.tensors));
     std::printf("%s", r.plan_text().c_str());
 }
 
 // Named apart from the case above (doctest's -tc splits at commas): the must-fail builds run it alone.
 TEST_CASE("prefetched hooks on lanes: layer L + 1's gather beside layer L's work, one layer ahead, exact under every impl") {
-    check_lane_hooks<config<impl::eager>, one_layer_ahead>("none");
-    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>, one_layer_ahead>("local");
-    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, one_layer_ahead>("transformer_engine");
-    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, one_layer_ahead>("full_iteration");
+    check_lane_hooks<config<impl::eager>, false, one_layer_ahead>("none");
+    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>, false, one_layer_ahead>("local");
+    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, false, one_layer_ahead>("transformer_engine");
+    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, false, one_layer_ahead>("full_iteration");
+}
+
+// A backward hook reads its layer's parameters through its context (a trust ratio): the re-gather
+// into the same half of the double buffer waits for it (issue 46, finding 1).
+TEST_CASE("trust hooks on lanes: a backward hook that reads its parameters, before the re-gather that overwrites them, under every impl") {
+    check_lane_hooks<config<impl::eager>, true>("none");
+    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>, true>("local");
+    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, true>("transformer_engine");
+    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, true>("full_iteration");
+}
+
+TEST_CASE("prefetched trust hooks on lanes: the same, with gathers one layer ahead, under every impl") {
+    check_lane_hooks<config<impl::eager>, true, one_layer_ahead>("none");
+    check_lane_hooks<config<impl::lazy_per_layer, modules<>, warmup_steps<1>>, true, one_layer_ahead>("local");
+    check_lane_hooks<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>, true, one_layer_ahead>("transformer_engine");
+    check_lane_hooks<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>, true, one_layer_ahead>("full_iteration");
 }

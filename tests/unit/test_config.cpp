@@ -117,6 +117,25 @@ static_assert(config<impl::eager, model<experts<8>, capacity_factor<fraction{5, 
 static_assert(config<impl::eager, model<attention_dropout<fraction{1, 10}>>>::normalized.attention_dropout == 0.1);
 static_assert(config<impl::eager, model<attention_dropout<fraction{0, 1}>>>::normalized.attention_dropout == 0.0);
 
+// A binary exponent spells what no n/d does, exactly.
+static_assert(config<model<attention_dropout<fraction{1, 1, -100}>>>::normalized.attention_dropout == 0x1p-100);
+static_assert(config<model<attention_dropout<fraction{178405961588245, 1, -147}>>>::normalized.attention_dropout == 1e-30);
+static_assert(config<model<hidden_dropout<fraction{1, 1, -1074}>>>::normalized.hidden_dropout == 5e-324); // the least subnormal
+static_assert(config<model<capacity_factor<fraction{3, 1, 70}>>>::normalized.expert_capacity_factor == 3 * 0x1p70);
+
+// How a config is spelled, before any rule (K1-K3): found without a diagnostic.
+static_assert(rejecting_rule<impl::eager, impl::lazy_per_layer> == "K1");
+static_assert(rejecting_rule<model<layers<4>, experts<8>, experts<1>>> == "K1"); // the last would make it dense
+static_assert(rejecting_rule<model<moe_every<2>, moe_pattern<1, 0>>> == "K1");
+static_assert(rejecting_rule<offload<offload_fraction<fraction{1, 2}>, offload_fraction<fraction{1, 4}>>> == "K1");
+static_assert(rejecting_rule<vision<impl::ahead_of_time_per_layer, max_seq_length<784>, max_seq_length<1024>>> == "K1");
+static_assert(rejecting_rule<model<attention_dropout<fraction{0, 0}>>> == "K2");
+static_assert(rejecting_rule<offload<offload_modules<offload_module::core_attn>, offload_fraction<fraction{1, 0}>>> == "K2");
+static_assert(rejecting_rule<impl::eager, int> == "K3");
+static_assert(!is_valid_config<impl::eager, impl::eager> && !is_valid_config<impl::eager, int> && !is_valid_config<model<layers<4>, layers<8>>>);
+// Module and tensor lists add up: they may repeat.
+static_assert(is_valid_config<offload<offload_modules<offload_module::core_attn>, offload_module_named<"attn_proj">, offload_tensors<"x">, offload_tensors<"y">>>);
+
 TEST_CASE("--emit-cpp writes real values as fraction{n, d}, which reads back exactly, or the value where none does") {
     using capscope::detail::cpp_real;
     CHECK(cpp_real(1.25) == "fraction{5, 4}");
@@ -125,11 +144,13 @@ TEST_CASE("--emit-cpp writes real values as fraction{n, d}, which reads back exa
     CHECK(cpp_real(2.0) == "fraction{2, 1}");
     CHECK(cpp_real(-0.5) == "fraction{-1, 2}");
     CHECK(cpp_real(1e-5) == "fraction{1, 100000}");
-    CHECK(cpp_real(3e20) == "3e+20");   // past a long long: the value itself (g++ only)
-    CHECK(cpp_real(1e-30) == "1e-30");
-    CHECK(cpp_real(12345678901234567890.0).rfind("fraction{", 0) != 0); // 20 digits: past 10^18, no throw
-    CHECK(cpp_real(std::ldexp(1.0, 70)).rfind("fraction{", 0) != 0);
-    CHECK(cpp_real(HUGE_VAL) == "__builtin_inf()");
+    // Where no n/d up to 10^18 gives it back: the double's own significand and power of two.
+    CHECK(cpp_real(3e20) == "fraction{286102294921875, 1, 20}");
+    CHECK(cpp_real(1e-30) == "fraction{178405961588245, 1, -147}");
+    CHECK(cpp_real(12345678901234567890.0).rfind("fraction{", 0) == 0); // 20 digits: past 10^18, no throw
+    CHECK(cpp_real(std::ldexp(1.0, 70)) == "fraction{1, 1, 70}");
+    CHECK(cpp_real(5e-324) == "fraction{1, 1, -1074}");
+    CHECK(cpp_real(HUGE_VAL) == "__builtin_inf()"); // no fraction spells inf or NaN: g++ only
     // Whatever it writes as a fraction gives back the same double.
     for (double v : {0.30000000000000004, 1.0 / 3.0, 0.7, 123.456, 1e-12, 6.02e17}) {
         std::string t = cpp_real(v);

@@ -118,11 +118,15 @@ const auto clip_step = on_step<step_point::before_optimizer, capturable, on_lane
 const auto log_step = on_step<step_point::after_optimizer, boundary>("step log", [](step_context&) {});
 const auto probe_first = hook<hook_phase::backward, capturable, on_lane<5>, of_layers<0>>("probe first", [](backward_context&) {});
 const auto gather_ahead = hook<hook_phase::forward_pre, capturable, on_lane<1>, one_layer_ahead>("gather ahead", [](forward_pre_context&) {});
+// Between an offloaded tensor's producer (attention makes mlp_norm) and its keeper (the MLP): on
+// the host, or on a side lane, either splits the two into different graphs (P11, whatever the order).
+const auto after_attention_host = hook<hook_phase::forward, boundary, of_region<capture::attention>>("after attention", [](forward_context&) {});
+const auto before_mlp_on_lane = hook<hook_phase::forward_pre, capturable, on_lane<8>, of_region<capture::mlp>>("before mlp", [](forward_pre_context&) {});
 const auto regather_ahead = hook<hook_phase::backward_pre, capturable, on_lane<1>, one_layer_ahead>("regather ahead", [](backward_pre_context&) {});
 
 template <class F>
 void with_pipeline(int which, F&& f) {
-    switch (which % 12) {
+    switch (which % 14) {
     case 0: f(hook_pipeline{gather, reduce}); break;
     case 1: f(hook_pipeline{gather, regather, reduce}); break;
     case 2: f(hook_pipeline{reduce_every, peek}); break;
@@ -134,6 +138,8 @@ void with_pipeline(int which, F&& f) {
     case 8: f(hook_pipeline{reduce_every, probe_first, log_step}); break;
     case 10: f(hook_pipeline{gather_ahead, regather_ahead, reduce}); break; // prefetched into a double buffer
     case 11: f(hook_pipeline{gather_ahead, inline_pre, reduce_every}); break;
+    case 12: f(hook_pipeline{gather, after_attention_host, reduce}); break;
+    case 13: f(hook_pipeline{before_mlp_on_lane, reduce_every}); break;
     default: f(hook_pipeline{regather, reduce, peek}); break;
     }
 }
@@ -189,6 +195,23 @@ struct gathered_layers {
     training_program program = with_hooks(keeping(m, mem, 2, 1, plan_offload({}, decls(2))), hooks, tensors);
 };
 } // namespace
+
+TEST_CASE("capture-time hooks under impl none: no call, so no wait for what never runs") {
+    fake::model m;
+    memory mem;
+    std::vector<tensor_ref> params, grads;
+    const auto tensors = tensors_of(mem, params, grads, 2, false);
+    const hook_pipeline hooks{gather, setup_on_lane, note_on_lane};
+    const training_program q = with_hooks(m.program("DD", false, 1), hooks, tensors);
+    const training_plan eager = make_training_plan({graph_impl::eager, {}}, 1, q);
+    const std::string text = to_text(eager, q);
+    CHECK_MESSAGE(text.find("setup on lane") == std::string::npos, text);
+    CHECK_MESSAGE(text.find("note on lane") == std::string::npos, text);
+    CHECK(text.find("layer1.hook.gather") != std::string::npos);
+    // Captured, they run while their segment is captured, in their place in the stream order.
+    const training_plan local = make_training_plan({graph_impl::lazy_per_layer, {}}, 1, q);
+    CHECK(to_text(local, q).find("layer1.hook.setup on lane") != std::string::npos);
+}
 
 TEST_CASE("the verifier names the two calls, the buffer and the missing edge") {
     gathered_layers g;
@@ -254,7 +277,8 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
         std::vector<tensor_ref> params, grads;
         const auto tensors = tensors_of(mem, params, grads, layers, pick(2));
         const capture_scope scope{impls[pick(4)], region_choices[pick(4)]};
-        with_pipeline(pick(12), [&](const auto& hooks) {
+        with_pipeline(pick(14), [&](const auto& hooks) {
+            std::string verdict[2]; // per order: the rule that refused it, or "accepted"
             for (int order = 0; order < 2; ++order) {
                 training_program q;
                 training_plan tp;
@@ -262,10 +286,14 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
                     q = order ? with_offload(with_hooks(p, hooks, tensors), plan, copies, scope)
                               : with_hooks(with_offload(p, plan, copies, scope), hooks, tensors);
                     tp = make_training_plan(scope, 1, q); // verifies (tests build without NDEBUG)
-                } catch (const plan_error&) {
+                    verdict[order] = "accepted";
+                } catch (const plan_error& e) {
                     ++refused; // P1 (a boundary hook in a captured region), P11 (a copy across graphs), ...
+                    verdict[order] = e.rule();
+                    if (order == 1) CHECK_MESSAGE(verdict[0] == verdict[1], "hooks after the copies: " << verdict[0] << ", before: " << verdict[1]);
                     continue;
                 }
+                if (order == 1) CHECK_MESSAGE(verdict[0] == verdict[1], "hooks after the copies: " << verdict[0] << ", before: " << verdict[1]);
                 const auto v = find_order_violation(tp, q);
                 CHECK_MESSAGE(!v, (v ? v->message : std::string()));
                 ++verified;
@@ -274,6 +302,8 @@ TEST_CASE("random compositions verify in both orders, and dropping any derived w
                 // cover them, or a body that reads them races and still verifies.
                 for (const auto& list : q.microbatches)
                     for (const stage& s : list) {
+                        // An in-flight limit holds back the compute (lane 0 here), never a hook's lane.
+                        if (s.name.ends_with("wait_inflight")) CHECK_MESSAGE(s.lane == 0, s.name << " is on lane " << s.lane);
                         if (s.kind != stage_kind_id("hook") || s.layer < 0) continue;
                         const call_access a = access_of(s, s.forward ? phase::forward : phase::backward, step_part::microbatch, q);
                         for (const tensor_ref& t : tensors[std::size_t(s.layer)].parameters) {
@@ -386,6 +416,13 @@ TEST_CASE("composition: one declaration, any order of its parts, the same progra
     run_forward(a.microbatches[0], nullptr);
     CHECK(log == std::vector<std::string>{"gather 0 layer0.params", "gather 1 layer1.params", "gather 2 layer2.params", "gather 3 layer3.params"});
     CHECK(a.keepalive.size() == 1);
+    // A side-lane hook between attention (which makes mlp_norm) and the MLP (which keeps it) splits
+    // the two into different graphs: the plan refuses it (P11) whatever the order of the parts.
+    const hook_pipeline splitting{before_mlp_on_lane};
+    for (const training_program& q : {composition<te>(p).offload(store).hooks(splitting, layers()).program(),
+                                      composition<te>(p).hooks(splitting, layers()).offload(store).program()})
+        CHECK(plan_helpers::plan_error_text(capture_scope_of<te>, q).starts_with("capscope plan rule P11: offloaded tensor mlp_norm of layer 0 "
+                                                                                "is written by stage 'layer0.attention' (captured) and kept"));
     // Hooks named twice do not compile (composition rule C1, tests/compile_fail/hook_cases.cpp).
     // A hook on a lane the copies use (2..3 here) is refused where the two are named together.
     const hook_pipeline on_copy_lane{hook<hook_phase::backward, capturable, on_lane<3>>("reduce", [](backward_context&) {})};

@@ -3,6 +3,7 @@
 #include <capscope/flags/argument_file.hpp>
 #include <capscope/flags/from_megatron_flags.hpp>
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 namespace capscope::check {
@@ -28,6 +29,9 @@ yaml_model_args read_model_args(const std::string& path) {
         documents = YAML::LoadAllFromFile(path);
     } catch (const YAML::BadFile&) {
         throw flags::flag_error("cannot read " + path);
+    } catch (const YAML::DeepRecursion& e) { // yaml-cpp's guard says "bad file" here
+        throw flags::flag_error(where(path, e.mark) + ": YAML nested deeper than the reader takes (" + std::to_string(e.depth()) +
+                                " levels) -- fix: a model_config.yaml maps flags to values, nested a level or two");
     } catch (const YAML::ParserException& e) {
         throw flags::flag_error(where(path, e.mark) + ": not YAML: " + e.msg);
     }

@@ -111,6 +111,10 @@ int run(int argc, char** argv) {
         std::cerr << "capscope-check: choose one of --json and --emit-cpp\n";
         return 2;
     }
+    if (json && format == "github") { // one would silently win over the other
+        std::cerr << "capscope-check: choose one of --json and --format github\n";
+        return 2;
+    }
     if (version) {
         std::cout << "capscope-check " << CAPSCOPE_VERSION_STRING << "\nMegatron-LM flags: commit " << capscope::flags::megatron_commit << " ("
                   << capscope::flags::megatron_option_strings << " option strings)\n";

@@ -11,7 +11,11 @@ nlohmann::json field_json(const described_field& f) {
     if (f.is_list) return f.items;
     if (f.items.empty()) return nullptr;
     if (f.is_bool) return f.items.front() == "true";
-    if (f.is_number) return nlohmann::json::parse(f.items.front(), nullptr, false);
+    if (f.is_number) {
+        // JSON has no inf or NaN (which Megatron's parser takes for a float flag): those go as text.
+        nlohmann::json n = nlohmann::json::parse(f.items.front(), nullptr, false);
+        return n.is_discarded() ? nlohmann::json(f.items.front()) : n;
+    }
     return f.items.front();
 }
 nlohmann::json findings_json(const std::vector<finding>& fs) {
@@ -124,6 +128,7 @@ When a rule is checked:
 
 | rule | family | checked when | what it refuses | where |
 |---|---|---|---|---|
+| K1–K3 | config spelling | compile time (`config<...>`; `is_valid_config` and `rejecting_rule` say so without a diagnostic) | a kind of option named twice, in `config<...>`, `model<...>`, `offload<...>` or `vision<...>` (K1); a real value that is no number, `fraction{n, 0}` (K2); an argument that is no option (K3); checked before every other rule | `config/spelling.hpp` |
 | N1–N12 (N3b, N4b, N5b, N8a–N8g) | Megatron: normalization | compile time; run time | legacy and deprecated flags used together, unknown impls, modules and inference scopes; N3, N3b, N4b, N5b, N8c, N8f, N8g migrate and N10 derives a default | `rules/normalization.hpp` |
 | S0–S7 | Megatron: capture scope | compile time; run time | module lists that cannot be captured together or in this model; S1 is an adjustment | `rules/capture_scope.hpp` |
 | R0–R5 | Megatron: recompute | compile time; run time | unknown recompute modules, and recompute a graph cannot hold | `rules/recompute.hpp` |
@@ -147,7 +152,7 @@ When a rule is checked:
 | P8 | plan | compile time (layer schemas); plan time | a captured stage that passes host values to its kernels at launch | `plan/misplaced_stage.hpp`, `plan/plan_error.hpp` |
 | P9 | plan | compile time (`layer_plans`); plan time | named regions that match no stage, so nothing would be captured | `plan/layer_plan.hpp`, `plan/plan_error.hpp` |
 | P10 | plan | construction (a `runner`; `plan_error`) | model facts (`layers<N>`, the MoE layout) that are not the program's | `plan/model_facts.hpp` |
-| P11 | plan (offload) | compile time (layer schemas); plan time (when the copies are added) | an offloaded tensor whose producer and keeper a graph boundary separates | `plan/offload_placement.hpp`, `offload/with_offload.hpp` |
+| P11 | plan (offload) | compile time (layer schemas); plan time (when the copies are added, and on the final program) | an offloaded tensor whose producer and keeper a graph boundary separates | `plan/offload_placement.hpp`, `offload/with_offload.hpp` |
 | P12 | plan (verifier) | plan time (every plan) | two calls that touch one buffer, one writing, left unordered | `plan/verify.hpp` |
 | P13 | plan (hooks) | plan time | a capture-time stage (a `capture_time` hook) in an eager segment, which would never run | `plan/training_plan.hpp` |
 | P14 | plan (guards) | compile time (layer schemas); plan time | a guarded stage that synchronizes with the host (guarded stages run inside a conditional node) | `plan/guards.hpp` |

@@ -15,7 +15,8 @@
 //! part named twice does not compile (composition rules C1-C3), and what the parts are is known
 //! at compile time (the hooks' lanes among it). The parts may be named in any order: `program()`
 //! composes them in one order (copies first, then hooks, which attach to the trainer's stages),
-//! so the plan is the same whatever the order. The composition keeps what the stages point to:
+//! so the plan is the same whatever the order (and the plan checks every rule, P11 among them,
+//! on the final program). The composition keeps what the stages point to:
 //! its own copy of the pipeline and of the layers' buffers, owned by the program it makes
 //! (`training_program::keepalive`), so nothing dangles when the caller's temporaries are gone.
 //! The trainer keeps the activation store and the buffers themselves. The untyped steps

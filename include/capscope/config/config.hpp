@@ -15,13 +15,10 @@
 
 #include <capscope/config/engine_options.hpp>
 #include <capscope/config/option.hpp>
+#include <capscope/config/spelling.hpp>
 #include <capscope/rules/diagnostics.hpp>
 #include <capscope/rules/evaluate.hpp>
 
-#include <boost/hana/length.hpp>
-#include <boost/hana/set.hpp>
-#include <boost/hana/tuple.hpp>
-#include <boost/hana/type.hpp>
 
 namespace capscope {
 
@@ -41,12 +38,12 @@ constexpr Target fold_options() {
 template <class... Options>
 constexpr runtime_config collect_options() { return fold_options<runtime_config, Options...>(); }
 
-//! Whether no two options share a kind (two impls, two modules<> lists, …).
+//! What `config<Options...>` asks for, or Megatron's defaults where it is spelled wrong (rules
+//! K1-K3 report it; no value of it is read, so that report is the one error).
 template <class... Options>
-constexpr bool option_kinds_unique() {
-    namespace hana = boost::hana;
-    constexpr auto kinds = hana::make_tuple(hana::type_c<typename Options::option_kind>...);
-    return hana::length(hana::to_set(kinds)) == hana::length(kinds);
+constexpr runtime_config requested_options() {
+    if constexpr (config_spelling<Options...>() == spelling::right) return collect_options<Options...>();
+    else return runtime_config{};
 }
 
 //! Instantiating it fails the rejecting rule's one static_assert (rules/diagnostics.hpp). A base
@@ -59,16 +56,16 @@ struct report_rejection<Config, RuleIndex> : rule_diagnostics::rejected<RuleInde
 } // namespace detail
 
 template <class... Options>
-    requires((config_option<Options> || engine_option<Options>) && ...)
 struct config {
-    static_assert(detail::option_kinds_unique<Options...>(),
-                  "capscope::config<...> names the same kind of option twice (two impls, two modules<...> lists, ...): "
-                  "merge them into one");
+    //! How the options are spelled: a kind named twice, a value that is no number, an argument that
+    //! is no option (rules K1-K3, capscope/config/spelling.hpp) is the one error, before any rule.
+    static constexpr detail::spelling spelled = detail::config_spelling<Options...>();
+    using spelling_report = decltype(detail::report_spelling<spelled, config>{});
 
     //! What the options ask for, deprecated spellings included.
-    static constexpr runtime_config requested = detail::collect_options<Options...>();
+    static constexpr runtime_config requested = detail::requested_options<Options...>();
     static constexpr first_rejection verdict = find_first_rejection(requested, enforcement::compile_time);
-    using rejection_report = decltype(detail::report_rejection<config, verdict.rule_index>{});
+    using rejection_report = decltype(detail::report_rejection<config, spelled == detail::spelling::right ? verdict.rule_index : -1>{});
 
     //! What will run: every migration and derived default applied.
     static constexpr runtime_config normalized = verdict.normalized;
@@ -89,17 +86,21 @@ struct config {
     }();
 };
 
-//! Whether `config<Options…>` would compile, without instantiating it (no diagnostic).
-template <class... Options>
-inline constexpr bool is_valid_config =
-    find_first_rejection(detail::collect_options<Options...>(), enforcement::compile_time).accepted();
-
-//! The id of the rule that would reject `config<Options…>`, or "" when it is valid.
+//! The id of the rule that would reject `config<Options…>` (a spelling rule K1-K3 first), or ""
+//! when it is valid; found without instantiating it (no diagnostic).
 template <class... Options>
 inline constexpr std::string_view rejecting_rule = [] {
-    auto v = find_first_rejection(detail::collect_options<Options...>(), enforcement::compile_time);
-    return v.accepted() ? std::string_view{} : rule_table[static_cast<std::size_t>(v.rule_index)].id;
+    if constexpr (constexpr detail::spelling s = detail::config_spelling<Options...>(); s != detail::spelling::right) {
+        return detail::spelling_rule(s);
+    } else {
+        auto v = find_first_rejection(detail::collect_options<Options...>(), enforcement::compile_time);
+        return v.accepted() ? std::string_view{} : rule_table[static_cast<std::size_t>(v.rule_index)].id;
+    }
 }();
+
+//! Whether `config<Options…>` would compile, without instantiating it (no diagnostic).
+template <class... Options>
+inline constexpr bool is_valid_config = rejecting_rule<Options...>.empty();
 
 //! Two configs that normalize to the same thing (e.g. the same options in another order).
 template <class A, class B>

@@ -86,11 +86,19 @@ std::vector<std::string> shell_words(const std::string& text, Where&& where) {
     return words;
 }
 
-//! The most an input file may hold, and the most argument files one command line may read
-//! (counting a file each time it is named): a config is kilobytes, and a file that names the
-//! next one three times, 15 deep, would otherwise be read 3^15 times.
+//! The most an input file may hold (a YAML file, or one argument file), the most argument files
+//! one command line may read (counting a file each time it is named), and the most bytes they may
+//! hold together: a config is kilobytes, and a file that names the next one three times, 15 deep,
+//! would otherwise be read 3^15 times (or a 16 MiB file named 1000 times: 16 GB).
 inline constexpr std::uintmax_t max_input_file_bytes = std::uintmax_t(16) << 20;
 inline constexpr int max_argument_file_reads = 1000;
+inline constexpr std::uintmax_t max_argument_file_bytes_in_all = std::uintmax_t(4) << 20;
+
+//! What one command line's argument files have used of the limits above.
+struct argument_file_budget {
+    int reads = 0;
+    std::uintmax_t bytes = 0;
+};
 
 //! Refuses, before reading it, a path that is no regular file (a directory, a FIFO that would
 //! block forever, a device such as /dev/zero that never ends) or that is larger than any config.
@@ -110,7 +118,7 @@ inline void require_regular_file(const std::string& path, const char* what) {
                          " MiB an " + what + " may hold -- fix: name the config's own file");
 }
 
-inline void expand_into(const std::vector<std::string>& args, std::vector<std::string>& out, int depth, int& reads) {
+inline void expand_into(const std::vector<std::string>& args, std::vector<std::string>& out, int depth, argument_file_budget& used) {
     for (const std::string& a : args) {
         if (a.size() < 2 || a[0] != '@') {
             out.push_back(a);
@@ -118,7 +126,7 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
         }
         const std::string path = a.substr(1);
         if (depth >= 16) throw flag_error(path + ": argument files nest more than 16 deep (does one name itself?)");
-        if (++reads > max_argument_file_reads)
+        if (++used.reads > max_argument_file_reads)
             throw flag_error(path + ": more than " + std::to_string(max_argument_file_reads) +
                              " argument files read for one command line (do files name others several times each?)");
         require_regular_file(path, "argument file");
@@ -127,10 +135,13 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
         std::ostringstream text;
         text << in.rdbuf();
         const std::string t = text.str();
+        if ((used.bytes += t.size()) > max_argument_file_bytes_in_all)
+            throw flag_error(path + ": the argument files of one command line hold more than " +
+                             std::to_string(max_argument_file_bytes_in_all >> 20) + " MiB in all (a config is kilobytes: is a large file named many times?)");
         if (const std::size_t at = t.find('\0'); at != std::string::npos)
             throw flag_error(path + ":" + std::to_string(1 + std::count(t.begin(), t.begin() + std::ptrdiff_t(at), '\n')) +
                              ": a NUL byte: an argument file is text (was a binary file named?)");
-        expand_into(shell_words(t, [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1, reads);
+        expand_into(shell_words(t, [&](int line) { return path + ":" + std::to_string(line); }), out, depth + 1, used);
     }
 }
 
@@ -139,8 +150,8 @@ inline void expand_into(const std::vector<std::string>& args, std::vector<std::s
 //! The arguments with every `@FILE` replaced by the arguments it holds (recursively).
 inline std::vector<std::string> expand_argument_files(const std::vector<std::string>& args) {
     std::vector<std::string> out;
-    int reads = 0;
-    detail::expand_into(args, out, 0, reads);
+    detail::argument_file_budget used;
+    detail::expand_into(args, out, 0, used);
     return out;
 }
 

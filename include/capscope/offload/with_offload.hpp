@@ -132,9 +132,13 @@ inline std::vector<stage> add_copies(const std::vector<stage>& list, const offlo
         out.outputs = c.host;
         outs[std::size_t(at)].push_back(std::move(out));
         if (policy.max_inflight && *policy.max_inflight < k && g.member >= *policy.max_inflight) {
-            // Before the next stage, in its segment (at the end of the list: after the copy).
-            const bool last = std::size_t(at) + 1 == list.size();
-            const std::size_t next = last ? std::size_t(at) : std::size_t(at) + 1;
+            // Before the trainer's next stage, in its segment and on its lane (a hook added before
+            // it may be on a side lane, where the wait would hold back nothing of the compute); at
+            // the end of the list, after the copy.
+            std::size_t next = std::size_t(at) + 1;
+            while (next < list.size() && list[next].added) ++next;
+            const bool last = next == list.size();
+            if (last) next = std::size_t(at);
             const int earlier = member_group(g, g.member - *policy.max_inflight);
             (last ? outs[next] : waits[next]).push_back(read_stage(list[next], g, "wait_inflight", copies[std::size_t(earlier)].host));
         }
@@ -175,6 +179,7 @@ inline training_program with_offload(const training_program& program, const offl
                                     std::to_string(plan.groups.size()) + " groups -- fix: pass the activation store's copies()");
     training_program out = program; // all but the layers' stages comes along (warmup hooks, the rerun, what is kept alive)
     out.microbatches.clear();
+    if (plan.policy.enabled) out.offloaded.insert_all(plan.policy.modules); // P11 is checked again on the final program
     for (const auto& list : program.microbatches) out.microbatches.push_back(detail::add_copies(list, plan, copies, scope));
     return out;
 }

@@ -13,6 +13,7 @@
 #include <capscope/detail/breakage.hpp>
 #include <capscope/plan/capture_region.hpp>
 #include <capscope/plan/guards.hpp>
+#include <capscope/plan/offload_placement.hpp>
 #include <capscope/plan/plan_calls.hpp>
 #include <capscope/plan/plan_error.hpp>
 #include <capscope/plan/stream_order.hpp>
@@ -219,6 +220,10 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
     for (const auto& list : program.microbatches) detail::check_capturable(scope, list);
     detail::check_capturable(scope, program.step_end);
     detail::check_selection(scope, detail::facts_of(program.microbatches.front()));
+    // P11 on the final lists, whatever was added after the copies (a boundary or side-lane hook
+    // between an offloaded tensor's producer and its keeper splits them into two graphs).
+    if (!program.offloaded.empty())
+        for (const auto& list : program.microbatches) check_offload_placement(scope, program.offloaded, detail::facts_of(list), list);
 
     training_plan plan;
     plan.scope = scope;
@@ -249,6 +254,7 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
                 const stage& st = list[std::size_t(i)];
                 if (!(dir == phase::forward ? st.forward : st.backward)) continue;
                 if (st.last_microbatch_only && part == step_part::microbatch && mb + 1 != plan.microbatches) continue;
+                if (st.capture_only && scope.impl == graph_impl::eager) continue; // nothing is captured: it never runs, and orders nothing
                 plan.calls.push_back({part, mb, i, dir, {}, -1});
             }
             seg.call_count = static_cast<int>(plan.calls.size()) - seg.first_call;

@@ -60,6 +60,9 @@ struct training_program {
     warmup_work warmup;
     //! Empty (no flag) unless a step may be refused and rerun (`step_rerun`).
     step_rerun rerun;
+    //! The module inputs whose copies `with_offload` added: the plan checks rule P11 on the final
+    //! stage lists, so what is added after the copies (hooks) cannot split a producer from its keeper.
+    offload_name_set offloaded;
     //! What the stages point to that the program owns (a composition's hooks and buffers,
     //! capscope/compose/composition.hpp): shared by every copy of the program.
     std::vector<std::shared_ptr<const void>> keepalive;
