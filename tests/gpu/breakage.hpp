@@ -6,7 +6,7 @@
 //   drop_waits_from=NAME   the plan drops the derived waits for stages whose name contains NAME
 //   ignore_guards          every guarded stage runs once, unconditionally
 //   skip_rerun             a refused step stays refused
-//   sum_for_average, drop_loss_scale_update, no_watchdog   (tests/gpu, tests/mpi)
+//   sum_for_average, drop_loss_scale_update, no_watchdog, no_doctor   (tests/gpu, tests/mpi)
 // An unknown name ends the test with exit 99, which Meson reports as an error even where the
 // test must fail: a typo may not pass for a breakage.
 
@@ -20,7 +20,7 @@
 
 namespace breakage {
 
-inline constexpr std::string_view test_own[] = {"sum_for_average", "drop_loss_scale_update", "no_watchdog"};
+inline constexpr std::string_view test_own[] = {"sum_for_average", "drop_loss_scale_update", "no_watchdog", "no_doctor"};
 
 inline std::set<std::string, std::less<>>& tests_broken() {
     static std::set<std::string, std::less<>> names;
@@ -52,7 +52,7 @@ inline void install_from_environment() {
         }
         if (!known) {
             std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, "
-                                 "sum_for_average, drop_loss_scale_update or no_watchdog\n", int(item.size()), item.data());
+                                 "sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
             std::exit(99);
         }
     }

@@ -11,6 +11,8 @@ void add_one(int* counter, cudaStream_t s);
 void fill_from(int* out, const int* counter, int offset, int n, cudaStream_t s);
 //! out[i] = in[i] * factor
 void scale(int* out, const int* in, int factor, int n, cudaStream_t s);
+//! The same, with the launch left unchecked (a trainer's own error check follows it).
+void scale_unchecked(int* out, const int* in, int factor, int n, cudaStream_t s);
 //! Spins about `spin_ns` nanoseconds, then out[i] = in[i]: slow enough that work which does not
 //! wait for it reads what was there before.
 void slow_copy(int* out, const int* in, int n, unsigned spin_ns, cudaStream_t s);

@@ -228,8 +228,26 @@ capscope::training_program untagged(const gpt::gpt_model<float>& m) {
         for (auto& st : list) st.synchronizes_with_host = st.shapes_depend_on_data = false;
     return p;
 }
-using captures_untagged = config<te, modules<c::attention, c::moe_router, c::moe_preprocess>, dropless_facts, w2>;
+// The capture doctor would name the stage at the last warmup step (below): off here, to test the
+// capture's own failure path, as a run where CUPTI is taken (a profiler) meets it.
+using captures_untagged = config<te, modules<c::attention, c::moe_router, c::moe_preprocess>, dropless_facts, w2, capture_doctor_off>;
 } // namespace
+
+TEST_CASE("the capture doctor names the untagged host-synchronizing stage at the last warmup step, before any capture") {
+    capscope::cuda::stream s;
+    gpt::gpt_model<float> m(mixed(dl), s);
+    runner<config<te, modules<c::attention, c::moe_router, c::moe_preprocess>, dropless_facts, w2>> r(untagged(m));
+    state<float> st;
+    try {
+        run_steps(r, m, st, 0, 2, s);
+        FAIL("the doctor let a host-synchronizing stage through to a capture");
+    } catch (const plan_error& e) {
+        std::printf("  capture doctor: %.300s\n", e.what());
+        CHECK(e.rule() == "P20");
+        CHECK(e.stage() == "layer1.moe_preprocess");
+        CHECK(r.counters().captures == 0);
+    }
+}
 
 TEST_CASE("a failed capture names the layer, stage and segment; the stream stays usable and training goes on eagerly") {
     const auto cfg = mixed(dl);

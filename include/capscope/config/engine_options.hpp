@@ -37,6 +37,8 @@ struct engine_settings {
     //! A trainer's own capture regions, captured beside `modules<...>` (capture_regions<...>).
     region_set regions;
     capture_failure on_failure = capture_failure::raise;
+    //! The capture doctor watches the last eager warmup step's CUDA calls (capscope/run/capture_doctor.hpp).
+    bool capture_doctor = true;
     // Inference runners (capscope/config/inference_options.hpp):
     bucket_list batch_buckets;  //!< empty: the runner is built without buckets<...>
     bucket_list length_buckets; //!< a variable-length encoder's padded lengths; empty: vision max_seq_length
@@ -47,6 +49,7 @@ struct engine_settings {
 
 namespace option_kind {
 struct capture_mode; struct capture_regions; struct capture_failure; struct batch_buckets; struct length_buckets; struct oversize; struct bucket_exec;
+struct capture_doctor;
 } // namespace option_kind
 
 //! A type usable as a `config<…>` engine option.
@@ -78,6 +81,13 @@ template <capture_failure F>
 struct on_capture_failure {
     using option_kind = option_kind::capture_failure;
     static constexpr void apply(engine_settings& e) { e.on_failure = F; }
+};
+
+//! No capture doctor: the last eager warmup step's CUDA calls are not watched (it needs CUPTI's one
+//! subscriber, which a profiler may want; capscope/run/capture_doctor.hpp).
+struct capture_doctor_off {
+    using option_kind = option_kind::capture_doctor;
+    static constexpr void apply(engine_settings& e) { e.capture_doctor = false; }
 };
 
 } // namespace capscope

@@ -20,6 +20,7 @@ struct runner_counters {
     long conditional_nodes = 0;  //!< conditional nodes captured (a run of guarded stages each)
     long guard_reads = 0;        //!< eager: a guard's flag read on the host (once per IF, once per WHILE pass and at its end)
     long reruns = 0;             //!< steps refused on the device (training_program::rerun) and run again eagerly
+    long doctor_calls_watched = 0; //!< stage calls the capture doctor watched in the last warmup step (0: it did not watch)
     // Start-up, in host microseconds (set-up only: never on the replay path).
     long capture_us = 0;             //!< capturing segments into graphs, all of them
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them

@@ -27,10 +27,13 @@
 #include <capscope/plan/model_facts.hpp>
 #include <capscope/plan/print.hpp>
 #include <capscope/plan/training_plan.hpp>
+#include <capscope/run/capture_doctor.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
 #include <capscope/run/segment_executor.hpp>
 
+#include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -116,6 +119,20 @@ public:
         executor_.prepare_events(plan_.events.size());
         const bool replaying = Config::impl != graph_impl::eager && warm_steps_ >= plan_.warmup_steps;
         if (replaying && Config::impl == graph_impl::ahead_of_time_per_layer && !captured_ahead_) capture_ahead_of_time(s);
+        // The last eager warmup step, watched call by call (not the first: it does what libraries
+        // do once, at their first use).
+        std::optional<detail::capture_doctor> doctor;
+        if (Config::engine.capture_doctor && Config::impl != graph_impl::eager && plan_.warmup_steps >= 2 &&
+            warm_steps_ + 1 == plan_.warmup_steps)
+            start_doctor(doctor);
+        struct stop_watching {
+            segment_executor& e;
+            std::optional<detail::capture_doctor>& d;
+            ~stop_watching() {
+                e.watch_with(nullptr);
+                if (d) d->stop();
+            }
+        } stop{executor_, doctor};
         for (const plan_segment& seg : plan_.segments) {
             // A segment on a side lane forks from the step's stream; the plan's waits come before it.
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
@@ -125,14 +142,17 @@ public:
                 execs_[std::size_t(seg.graph)].launch(on);
                 detail::count_one(executor_.counters().replays);
             } else {
+                if (doctor) doctor->segment(seg.graphed && !run_eagerly_[std::size_t(seg.graph)]);
                 executor_.run_eagerly(calls_of(seg), on, seg.lane);
             }
             executor_.record(seg.record, on);
         }
         executor_.wait(plan_.waits_of(plan_.end_waits), s); // every lane's last work, before step() returns
+        executor_.watch_with(nullptr);
         if (program_.rerun && refused(s)) rerun_eagerly(s);
         detail::count_one(executor_.counters().steps);
         if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
+        if (doctor) act_on(*doctor);
     }
 
     //! Warmup hooks (`on_warmup<warmup_point::before / after>`) run on the step's stream before
@@ -234,6 +254,49 @@ private:
             }
             throw;
         }
+    }
+
+    void start_doctor(std::optional<detail::capture_doctor>& doctor) {
+        doctor.emplace(Config::engine.mode != capture_mode::relaxed);
+        if (doctor->start()) {
+            executor_.watch_with(&*doctor);
+            return;
+        }
+        std::fprintf(stderr, "capscope: the capture doctor did not watch the last warmup step: %s; captures are not checked before they run\n",
+                     doctor->unavailable().c_str());
+        doctor.reset();
+    }
+
+    //! Plan rule P20: what the doctor found, before the first capture. Under
+    //! `capture_failure::run_eagerly`, the graphs that hold those stages stay eager (counted as
+    //! capture failures) and nothing is thrown.
+    void act_on(const detail::capture_doctor& doctor) {
+        executor_.counters().doctor_calls_watched = doctor.calls_watched();
+        const auto& found = doctor.findings();
+        if (found.empty()) return;
+        if (Config::engine.on_failure == capture_failure::run_eagerly) {
+            for (const plan_segment& seg : plan_.segments) {
+                if (!seg.graphed || run_eagerly_[std::size_t(seg.graph)]) continue;
+                for (const detail::bound_call& c : calls_of(seg))
+                    for (const void* refused : doctor.refused_calls())
+                        if (c.call == refused && !run_eagerly_[std::size_t(seg.graph)]) {
+                            run_eagerly_[std::size_t(seg.graph)] = 1;
+                            detail::count_one(executor_.counters().capture_failures);
+                        }
+            }
+            return;
+        }
+        std::string what = "the capture doctor watched the last warmup step, and " + std::to_string(found.size()) +
+                           (found.size() == 1 ? " call" : " calls") + " of stages that will be captured could not be: ";
+        for (std::size_t i = 0; i < found.size() && i < 8; ++i) {
+            const doctor_finding& f = found[i];
+            what += (i ? "; " : "") + std::string("stage '") + f.stage + "' " + (f.call == "(its return)" ? "" : "calls " + f.call + ": it ") +
+                    f.problem;
+        }
+        if (found.size() > 8) what += "; and " + std::to_string(found.size() - 8) + " more";
+        throw plan_error("P20", found.front().stage, what,
+                         found.front().fix + " (or tag the stage so the plan keeps it out of graphs, or build the runner with "
+                         "on_capture_failure<capture_failure::run_eagerly> to leave its graph eager; capture_doctor_off stops the watch)");
     }
 
     //! The rerun flag, read on the host once the step's work is done.

@@ -28,6 +28,7 @@
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/plan/plan_calls.hpp>
+#include <capscope/run/capture_doctor.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
 #include <capscope/run/lanes.hpp>
@@ -258,6 +259,8 @@ public:
         if (event >= 0) events_[std::size_t(event)].record(s);
     }
     runner_counters& counters() noexcept { return counters_; }
+    //! The capture doctor that watches the eager calls from now on (null: none).
+    void watch_with(detail::capture_doctor* doctor) noexcept { doctor_ = doctor; }
     const runner_counters& counters() const noexcept { return counters_; }
     //! The last failure met while capturing, in words ("" if none).
     const std::string& last_failure() const noexcept { return last_failure_; }
@@ -298,6 +301,12 @@ private:
     void call(const detail::bound_call& c, cudaStream_t on, bool capturing) {
         if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
             const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
+            if (doctor_) { // the last warmup step only: every CUDA call the stage makes is watched
+                doctor_->enter(c.name, c.call, on);
+                c.fn(on);
+                doctor_->leave();
+                return;
+            }
             c.fn(on);
         }
     }
@@ -399,6 +408,7 @@ private:
 
     capture_mode mode_;
     capture_failure policy_;
+    detail::capture_doctor* doctor_ = nullptr; //!< set for the last eager warmup step only
     scratch_pool scratch_;
     lane_streams lanes_;
     std::vector<cuda::event> events_; //!< the plan's events (capscope/plan/plan_calls.hpp)
