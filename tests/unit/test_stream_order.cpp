@@ -196,6 +196,72 @@ struct gathered_layers {
 };
 } // namespace
 
+TEST_CASE("the model's tensors outside its layers: the optimizer waits for a step hook on a lane that touches their gradients") {
+    // A global gradient-norm clip on a lane changes the embedding's gradients, which the optimizer
+    // then reads; a pipeline of step hooks only needs no per-layer tensors.
+    fake::model m;
+    memory mem;
+    training_program p = m.program("DD", false, 1);
+    p.outside_layers = {{{"embedding.weight", mem.params.data() + 32, 8}}, {{"embedding.grad", mem.grads.data() + 32, 8}}};
+    const hook_pipeline clip_only{clip_step};
+    const training_program q = with_hooks(p, clip_only, std::span<const layer_tensors>{});
+    auto clip_wait = [](const training_plan& tp, const training_program& prog) {
+        for (int i = 0; i < int(tp.waits.size()); ++i) {
+            const derived_wait& w = tp.waits[std::size_t(i)];
+            if (w.consumer >= 0 && stage_of(prog, tp.calls[std::size_t(w.consumer)]).name == "optimizer" &&
+                stage_of(prog, tp.calls[std::size_t(w.producer)]).name == "step.hook.clip")
+                return i;
+        }
+        return -1;
+    };
+    for (graph_impl impl : {graph_impl::eager, graph_impl::lazy_per_layer, graph_impl::ahead_of_time_per_layer, graph_impl::whole_iteration}) {
+        const training_plan tp = make_training_plan({impl, {}}, 1, q);
+        CHECK_FALSE(find_order_violation(tp, q));
+        const int i = clip_wait(tp, q);
+        REQUIRE_MESSAGE(i >= 0, to_text(tp, q));
+        // The wait is what orders them: without it, the verifier names the gradient.
+        const auto v = find_order_violation(without_wait(tp, i), q);
+        REQUIRE(v);
+        CHECK(v->buffer == "embedding.grad");
+    }
+    // Declared nowhere, the clip on its lane and the optimizer are ordered by nothing.
+    const training_program bare = with_hooks(m.program("DD", false, 1), clip_only, std::span<const layer_tensors>{});
+    CHECK(clip_wait(make_training_plan({graph_impl::eager, {}}, 1, bare), bare) < 0);
+}
+
+TEST_CASE("a stage that reads the next layer's parameters (fused across a block boundary): after that layer's gather, or P19") {
+    fake::model m;
+    memory mem;
+    training_program p = m.program("DD", false, 1);
+    for (stage& s : p.microbatches[0])
+        if (s.name == "layer0.mlp") s.reads_parameters_of = {1}; // normalises with layer 1's norm weights
+    std::vector<tensor_ref> params, grads;
+    const auto tensors = tensors_of(mem, params, grads, 2, false);
+    // Gathered on demand, layer 1's parameters arrive after layer 0 has read them.
+    const hook_pipeline on_demand{gather};
+    const std::string text = plan_helpers::plan_error_text({graph_impl::eager, {}}, with_hooks(p, on_demand, tensors));
+    CHECK_MESSAGE(text.find("capscope plan rule P19: 'layer0.mlp' (forward) reads layer 1's parameters layer1.params (reads_parameters_of), but "
+                            "no call of layer 1 has written them yet this step") == 0, text);
+    CHECK(text.find("fix: gather layer 1 before 'layer0.mlp' runs: a one_layer_ahead gather hook") != std::string::npos);
+    training_program beyond = with_hooks(p, on_demand, tensors);
+    for (stage& s : beyond.microbatches[0])
+        if (s.name == "layer0.mlp") s.reads_parameters_of = {2};
+    CHECK(plan_helpers::plan_error_text({graph_impl::eager, {}}, beyond).find("capscope plan rule P3: stage 'layer0.mlp' reads the parameters of "
+                                                                              "layer 2 (reads_parameters_of), which the program does not have") == 0);
+    // Gathered one layer ahead, beside layer 0: the read waits for it, under every impl.
+    const hook_pipeline ahead{gather_ahead};
+    const training_program q = with_hooks(p, ahead, tensors);
+    for (graph_impl impl : {graph_impl::eager, graph_impl::lazy_per_layer, graph_impl::ahead_of_time_per_layer, graph_impl::whole_iteration}) {
+        const training_plan tp = make_training_plan({impl, {}}, 1, q);
+        CHECK_FALSE(find_order_violation(tp, q));
+        bool waits = false;
+        for (const derived_wait& w : tp.waits)
+            waits = waits || (w.consumer >= 0 && stage_of(q, tp.calls[std::size_t(w.consumer)]).name.rfind("layer0.", 0) == 0 &&
+                              stage_of(q, tp.calls[std::size_t(w.producer)]).name == "layer1.hook.gather ahead");
+        CHECK_MESSAGE(waits, to_text(tp, q));
+    }
+}
+
 TEST_CASE("capture-time hooks under impl none: no call, so no wait for what never runs") {
     fake::model m;
     memory mem;

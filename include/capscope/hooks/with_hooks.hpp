@@ -212,7 +212,7 @@ std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hoo
 }
 
 template <class Hook>
-stage step_hook_stage(const Hook& h, std::span<const layer_tensors> tensors) {
+stage step_hook_stage(const Hook& h, std::span<const layer_tensors> tensors, const layer_buffers& outside) {
     constexpr bool host = std::is_same_v<typename Hook::placement, boundary>;
     stage s;
     s.name = "step.hook." + std::string(h.name());
@@ -227,11 +227,14 @@ stage step_hook_stage(const Hook& h, std::span<const layer_tensors> tensors) {
     });
     // Before the optimizer it may change the gradients (clipping) and reads the parameters; after
     // it, it reads both (a log, a norm).
+    auto& grads = Hook::when == step_point::before_optimizer ? s.outputs : s.inputs;
     for (const layer_tensors& t : tensors) {
         s.inputs.insert(s.inputs.end(), t.parameters.begin(), t.parameters.end());
-        auto& grads = Hook::when == step_point::before_optimizer ? s.outputs : s.inputs;
         grads.insert(grads.end(), t.gradients.begin(), t.gradients.end());
     }
+    // The model's tensors outside its layers too (a global norm reads the embedding's gradients).
+    s.inputs.insert(s.inputs.end(), outside.parameters.begin(), outside.parameters.end());
+    grads.insert(grads.end(), outside.gradients.begin(), outside.gradients.end());
     s.buffers_declared = true;
     return s;
 }
@@ -239,13 +242,13 @@ stage step_hook_stage(const Hook& h, std::span<const layer_tensors> tensors) {
 //! Adds the pipeline's step hooks to `step_end`: before its stages, or after them.
 template <class Pipeline, std::size_t... I>
 std::vector<stage> add_step_hooks(const std::vector<stage>& step_end, const Pipeline& hooks, std::span<const layer_tensors> tensors,
-                                  std::index_sequence<I...>) {
+                                  const layer_buffers& outside, std::index_sequence<I...>) {
     std::vector<stage> before, after;
     (
         [&] {
             using H = std::remove_cv_t<std::tuple_element_t<I, typename Pipeline::hook_types>>;
             if constexpr (is_step_hook<H>)
-                (H::when == step_point::before_optimizer ? before : after).push_back(step_hook_stage(hooks.template at<I>(), tensors));
+                (H::when == step_point::before_optimizer ? before : after).push_back(step_hook_stage(hooks.template at<I>(), tensors, outside));
         }(),
         ...);
     before.insert(before.end(), step_end.begin(), step_end.end());
@@ -290,12 +293,14 @@ template <class... Hooks>
 training_program with_hooks(const training_program& program, const hook_pipeline<Hooks...>& hooks,
                             std::span<const layer_tensors> tensors, const capture_scope* scope = nullptr) {
     const int layers = program.microbatches.empty() ? 0 : detail::layer_count(program.microbatches.front());
-    if (int(tensors.size()) != layers)
+    // A pipeline of step and warmup hooks only touches no layer's tensors: it may be given none.
+    constexpr bool layer_hooks = (detail::is_layer_hook<std::remove_cv_t<Hooks>> || ...);
+    if (int(tensors.size()) != layers && (layer_hooks || !tensors.empty()))
         throw std::invalid_argument("capscope::with_hooks: " + std::to_string(tensors.size()) + " layer_tensors for a program of " +
                                     std::to_string(layers) + " layers -- fix: give one layer_tensors per layer, in layer order");
     detail::check_named_layers(hooks, layers, std::make_index_sequence<sizeof...(Hooks)>{});
     training_program out = program; // what the hooks leave alone comes along: the rerun, what is kept alive
-    out.step_end = detail::add_step_hooks(program.step_end, hooks, tensors, std::make_index_sequence<sizeof...(Hooks)>{});
+    out.step_end = detail::add_step_hooks(program.step_end, hooks, tensors, program.outside_layers, std::make_index_sequence<sizeof...(Hooks)>{});
     out.microbatches.clear();
     for (std::size_t mb = 0; mb < program.microbatches.size(); ++mb)
         out.microbatches.push_back(detail::add_hooks(program.microbatches[mb], hooks, int(mb), tensors, scope));

@@ -7,9 +7,11 @@
 //! (`training_program::layers`):
 //! - forward: reads `inputs` and the tensors it `saves`; writes `outputs`;
 //! - backward: reads `inputs`, `outputs`, `saves` and `backward_inputs`; writes `backward_outputs`;
-//! - a trainer's stage of layer L also reads layer L's parameters, and its backward writes layer
-//!   L's gradients; a trainer's stage of `step_begin` or `step_end` (zeroing, clipping, the
-//!   optimizer) reads and writes every layer's parameters and gradients;
+//! - a trainer's stage of layer L also reads layer L's parameters (and those of the layers it
+//!   names in `reads_parameters_of`), and its backward writes layer L's gradients; a trainer's
+//!   stage outside the layers does the same with `training_program::outside_layers`; a trainer's
+//!   stage of `step_begin` or `step_end` (zeroing, clipping, the optimizer) reads and writes every
+//!   layer's parameters and gradients, and those outside the layers;
 //! - a guarded stage reads its guard's flag;
 //! - a stage that does not declare its buffers (`buffers_declared` false) reads and writes
 //!   everything: whatever it touches, it is ordered against all other work.
@@ -92,11 +94,18 @@ inline call_access access_of(const stage& s, phase dir, step_part part, const tr
             detail::append(a.writes, l.parameters);
             detail::append(a.writes, l.gradients);
         }
-    } else if (s.layer >= 0 && std::size_t(s.layer) < program.layers.size()) {
-        const layer_buffers& l = program.layers[std::size_t(s.layer)];
-        detail::append(a.reads, l.parameters);
-        if (dir == phase::backward) detail::append(a.writes, l.gradients);
+        detail::append(a.writes, program.outside_layers.parameters);
+        detail::append(a.writes, program.outside_layers.gradients);
+        return a;
     }
+    const layer_buffers* own = s.layer < 0 ? &program.outside_layers
+                               : std::size_t(s.layer) < program.layers.size() ? &program.layers[std::size_t(s.layer)] : nullptr;
+    if (own) {
+        detail::append(a.reads, own->parameters);
+        if (dir == phase::backward) detail::append(a.writes, own->gradients);
+    }
+    for (int other : s.reads_parameters_of)
+        if (other >= 0 && std::size_t(other) < program.layers.size()) detail::append(a.reads, program.layers[std::size_t(other)].parameters);
     return a;
 }
 

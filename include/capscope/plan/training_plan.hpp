@@ -106,6 +106,11 @@ inline void check_program_shape(const training_program& p) {
             if (s.lane < 0 || s.lane > max_lanes)
                 throw plan_error("P3", s.name, "stage '" + s.name + "' is on lane " + std::to_string(s.lane) + ", outside 0.." + std::to_string(max_lanes),
                                  "use lane 0 (the step's stream) or a side lane 1.." + std::to_string(max_lanes));
+            for (int other : s.reads_parameters_of)
+                if (other < 0 || (!p.layers.empty() && std::size_t(other) >= p.layers.size()))
+                    throw plan_error("P3", s.name, "stage '" + s.name + "' reads the parameters of layer " + std::to_string(other) +
+                                     " (reads_parameters_of), which the program does not have",
+                                     "name layers 0.." + std::to_string(int(p.layers.size()) - 1));
             // A branch is forked from the segment around it onto its own lane: the step's stream is no
             // lane to fork onto (inside a side-lane segment the runner could not place it at all).
             if (s.branch && s.lane == 0)
@@ -148,13 +153,28 @@ inline void check_parameter_owners(const training_plan& plan, const training_pro
         for (std::size_t m = l + 1; m < layers.size() && !shared; ++m)
             for (const tensor_ref& p : layers[l].parameters)
                 for (const tensor_ref& q : layers[m].parameters) shared = shared || overlaps(p, q);
-    if (!shared) return;
+    // ... or a stage that reads another layer's (reads_parameters_of): before that layer's writer?
+    bool across = false;
+    for (const auto& list : program.microbatches)
+        for (const stage& s : list) across = across || !s.reads_parameters_of.empty();
+    if (!shared && !across) return;
     // Per layer and parameter tensor: the layer whose writer wrote it last this step, and that call (-1: none known).
     struct last_write {
         int layer = -1, call = -1;
     };
     std::vector<std::vector<last_write>> last(layers.size());
     for (std::size_t l = 0; l < layers.size(); ++l) last[l].resize(layers[l].parameters.size());
+    // The layers whose parameters a call of their own writes in the step (a gather hook): read
+    // before that call, they hold what an earlier step or another layer left there.
+    std::vector<char> written_by_own(layers.size(), 0);
+    for (const stage_call& call : plan.calls) {
+        const stage& s = stage_of(program, call);
+        if (call.part != step_part::microbatch || s.layer < 0 || std::size_t(s.layer) >= layers.size()) continue;
+        const call_access a = access_of(s, call.direction, call.part, program);
+        for (const tensor_ref& t : a.writes)
+            for (const tensor_ref& p : layers[std::size_t(s.layer)].parameters)
+                if (overlaps(t, p)) written_by_own[std::size_t(s.layer)] = 1;
+    }
     for (std::size_t c = 0; c < plan.calls.size(); ++c) {
         const stage_call& call = plan.calls[c];
         const stage& s = stage_of(program, call);
@@ -178,6 +198,24 @@ inline void check_parameter_owners(const training_plan& plan, const training_pro
                                  "regather_for_backward>: a backward_pre gather), or give the layers memory of their own (persistent_buffer); "
                                  "a stage of your own that brings them back declares it writes them (buffers_declared); layers that share "
                                  "weights on purpose declare the shared tensor for one layer only");
+            }
+        // Another layer's parameters, read where that layer's own writer has not put them last.
+        if (of_a_layer)
+            for (int other : s.reads_parameters_of) {
+                if (other < 0 || std::size_t(other) >= layers.size() || other == s.layer || !written_by_own[std::size_t(other)]) continue;
+                for (std::size_t i = 0; i < layers[std::size_t(other)].parameters.size(); ++i) {
+                    const last_write& w = last[std::size_t(other)][i];
+                    if (w.layer == other) continue;
+                    const std::string by = w.layer < 0 ? std::string("no call of layer ") + std::to_string(other) + " has written them yet this step"
+                                                       : "the last call to write them is layer " + std::to_string(w.layer) + "'s '" +
+                                                             stage_of(program, plan.calls[std::size_t(w.call)]).name + "'";
+                    throw plan_error("P19", s.name,
+                                     "'" + s.name + "' (" + std::string(phase_name(call.direction)) + ") reads layer " + std::to_string(other) +
+                                         "'s parameters " + name_of(layers[std::size_t(other)].parameters[i]) +
+                                         " (reads_parameters_of), but " + by + ", so it would compute with stale or another layer's weights",
+                                     "gather layer " + std::to_string(other) + " before '" + s.name + "' runs: a one_layer_ahead gather "
+                                     "hook brings layer L + 1's parameters beside layer L, and the plan orders the read after it");
+                }
             }
         for (const tensor_ref& t : a.writes)
             for (std::size_t l = 0; l < layers.size(); ++l)

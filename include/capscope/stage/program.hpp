@@ -57,6 +57,11 @@ struct training_program {
     //! Per layer, what its stages touch besides their declared buffers; empty when nothing on
     //! another stream touches a layer's parameters or gradients.
     std::vector<layer_buffers> layers;
+    //! The model's parameters and gradients outside its layers (the embedding, the head, the
+    //! final norm). Like a layer's: the trainer's stages outside the layers read these parameters
+    //! and their backwards write these gradients; `step_begin` and `step_end` stages and step hooks
+    //! (a global gradient-norm clip) touch them too, so the plan orders those against each other.
+    layer_buffers outside_layers;
     warmup_work warmup;
     //! Empty (no flag) unless a step may be refused and rerun (`step_rerun`).
     step_rerun rerun;

@@ -121,6 +121,11 @@ struct stage {
     //! Put in by capscope (a hook, an activation copy), not a stage of the trainer's layer
     //! schemas: the bind-time schema check passes over it.
     bool added = false;
+    //! Other layers whose parameters this stage reads besides its own (a kernel fused across a
+    //! block boundary normalises with the next block's norm weights: {layer + 1}). The plan orders
+    //! it after what writes them (a gather hook of that layer), and rule P19 refuses the read when
+    //! that layer's own writer has not run before it in the step.
+    std::vector<int> reads_parameters_of;
 
     bool capturable() const { return facts().capturable(); }
     stage_facts facts() const {
