@@ -118,6 +118,13 @@ TEST_CASE("a stage that cannot be captured inside a captured region is a plan er
           "capscope plan rule P2: stage 'layer1.moe_experts' has launch shapes that depend on data, yet modules {moe} "
           "capture it under impl local -- fix: drop moe from the modules (capture moe_router [+ moe_preprocess] instead), "
           "or make the MoE drop-and-pad");
+    // A stage outside the layers: regions say nothing there; a per-layer impl leaves it eager.
+    auto r = m.program("D", false, 1);
+    r.microbatches[0].back().synchronizes_with_host = true; // the head reads a loss back
+    CHECK(plan_error_text({graph_impl::whole_iteration, {}}, r) ==
+          "capscope plan rule P1: stage 'head' synchronizes with the host, yet impl full_iteration captures it -- fix: use a per-layer "
+          "impl (local or transformer_engine), which captures layer stages only and leaves this stage, outside the layers, eager; or "
+          "make the stage capturable");
     // The error carries the rule and the stage for programs that want them.
     try {
         make_training_plan({graph_impl::lazy_per_layer, {}}, 0, p);

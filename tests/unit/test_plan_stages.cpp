@@ -169,7 +169,7 @@ TEST_CASE("open vocabulary: a trainer's own stage kinds and regions, captured by
     static_assert(branch_only::regions == region_set{"branch"});
     const auto plan = plan_for<branch_only>(p);
     CHECK(summary(plan, p, phase::forward, 0) == "g0:block0.branch e:block0.gate g1:block1.branch e:block1.gate");
-    CHECK(to_text(plan, p).find("modules {branch}") != std::string::npos);
+    CHECK(to_text(plan, p).find("regions {branch}") != std::string::npos);
     // Whole layers when no region is named; Megatron's modules match none of these stages.
     CHECK(plan_for<config<impl::lazy_per_layer, modules<>>>(p).graph_count == 4);
     CHECK_NOTHROW(match_schemas(layer_schemas<residual>{}, p));

@@ -56,7 +56,7 @@ template <class... Hooks>
 struct held_hooks {
     held_hooks(hook_pipeline<Hooks...> p, std::vector<layer_buffers> l) : pipeline(std::move(p)), buffers(std::move(l)) {
         tensors.reserve(buffers.size());
-        for (const layer_buffers& b : buffers) tensors.push_back({b.parameters, b.gradients});
+        for (const layer_buffers& b : buffers) tensors.push_back(view_of(b));
     }
     held_hooks(const held_hooks&) = delete; // the stages point into it
     hook_pipeline<Hooks...> pipeline;

@@ -6,6 +6,7 @@
 //! `backward_context` and declared for another phase does not compile (rule H1).
 
 #include <capscope/hooks/hook_phase.hpp>
+#include <capscope/stage/program.hpp>
 #include <capscope/stage/stream_fn.hpp>
 #include <capscope/stage/tensor_ref.hpp>
 
@@ -13,11 +14,16 @@
 
 namespace capscope {
 
-//! A layer's tensors, as the trainer binds them for its hooks.
+//! A layer's tensors, as the trainer binds them for its hooks: a view. `layer_buffers`
+//! (capscope/stage/program.hpp) is the same pair owning its lists, as a program and a
+//! `composition` keep it; `view_of` makes the one from the other.
 struct layer_tensors {
     std::span<const tensor_ref> parameters;
     std::span<const tensor_ref> gradients;
 };
+
+//! The view of `b`, valid while `b` lives.
+inline layer_tensors view_of(const layer_buffers& b) noexcept { return {b.parameters, b.gradients}; }
 
 template <hook_phase P>
 class hook_context {

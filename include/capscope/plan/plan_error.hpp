@@ -59,6 +59,9 @@ inline std::string names_of(const offload_name_set& m) {
 //! modes only for MoE stages; a stage in no region is told how to get one.
 inline std::string misplacement_fix(const capture_scope& c, const stage_facts& s) {
     const bool regionless = s.captured_by.empty();
+    if (c.impl == graph_impl::whole_iteration && s.layer < 0) // regions say nothing outside the layers
+        return "use a per-layer impl (local or transformer_engine), which captures layer stages only and leaves this stage, outside "
+               "the layers, eager; or make the stage capturable";
     if (c.impl == graph_impl::whole_iteration)
         return regionless ? std::string("use a per-layer impl (local or transformer_engine) with modules that name regions, "
                                         "tagging this stage with none of them, or make the stage capturable")

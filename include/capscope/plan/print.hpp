@@ -119,12 +119,21 @@ inline std::string segment_notes(const training_plan& plan, const training_progr
     return out;
 }
 
+//! ", modules {attn, mlp}" (Megatron's modules), ", regions {attn, down}" (a trainer's own among them), or
+//! ", modules <whole layer>".
+inline std::string scope_regions(const region_set& regions) {
+    if (regions.empty()) return ", modules <whole layer>";
+    bool own = false;
+    regions.for_each([&](std::string_view r) { own = own || !parse_megatron_name<capture_module>(r); });
+    return std::string(own ? ", regions {" : ", modules {") + module_list(regions) + "}";
+}
+
 } // namespace detail
 
 inline std::string to_text(const training_plan& plan, const training_program& program) {
     std::string out = "capscope plan: impl " + detail::impl_description(plan.scope.impl);
     if (is_per_layer(plan.scope.impl))
-        out += ", modules " + (plan.scope.regions.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.regions) + "}");
+        out += detail::scope_regions(plan.scope.regions);
     out += ", " + std::to_string(plan.microbatches) + " microbatch" + (plan.microbatches == 1 ? "" : "es") + "\n";
     out += "  " + std::to_string(plan.graph_count) + " graph" + (plan.graph_count == 1 ? "" : "s") + ": " + detail::capture_policy(plan) + "\n";
     out += "  per step: " + detail::count(plan.graph_launches_per_step(), "graph launch", "graph launches") + ", " +
@@ -165,7 +174,7 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
     std::string out = "digraph capscope_plan {\n  rankdir=TB; newrank=true;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box];\n";
     out += "  label=\"" + detail::impl_description(plan.scope.impl);
     if (is_per_layer(plan.scope.impl))
-        out += ", modules " + (plan.scope.regions.empty() ? std::string("<whole layer>") : "{" + detail::module_list(plan.scope.regions) + "}");
+        out += detail::scope_regions(plan.scope.regions);
     out += ": " + std::to_string(plan.graph_count) + " graphs, " + detail::capture_policy(plan) + "\";\n  labelloc=t;\n";
     std::string section, column; // a section's segments stand in one column: rank=same
     int cluster = 0;

@@ -237,8 +237,10 @@ inline void check_capture_time_calls(const training_plan& plan, const training_p
                              "capture-time stage '" + s.name + "' falls in an eager segment under impl " + std::string(megatron_name(plan.scope.impl)) +
                                  " (" + (s.layer < 0 ? std::string("outside the layers") : "layer " + std::to_string(s.layer) + "'s stages there are not captured") +
                                  "), so it would never run",
-                             "attach the hook to a captured region (of_region<R> with R among the captured modules/regions), capture "
-                             "the stages it hooks, or make it a capturable or boundary hook");
+                             "pass the runner's capture scope to with_hooks (with_hooks(p, hooks, tensors, &capture_scope_of<Config>), "
+                             "as composition<Config> does), so capture-time hooks go next to the stages it captures; or attach the "
+                             "hook to a captured region (of_region<R> with R among the captured modules/regions), capture the stages "
+                             "it hooks, or make it a capturable or boundary hook");
         }
     }
 }

@@ -187,11 +187,16 @@ public:
             last_failure_ = what;
             forget_reported_error(e);
             if (!capture_rule_error(e, status)) throw; // not a tagging problem: as it was thrown
+            // with_hooks names its stages "layerN.hook.<name>" and "step.hook.<name>": a hook is not tagged, it is placed.
+            const bool hook = stage.find(".hook.") != std::string::npos;
             if (policy_ == capture_failure::raise)
                 throw capture_failed(what + "\n  the capture was ended and its partial graph destroyed; the streams are usable"
-                                            "\n  fix: tag the stage (synchronizes_with_host / shapes_depend_on_data / passes_host_values) "
-                                            "so the plan keeps it out of graphs, or build the runner with "
-                                            "on_capture_failure<capture_failure::run_eagerly>",
+                                            "\n  fix: " +
+                                         std::string(hook ? "make the hook a boundary hook (hook<phase, boundary>), which runs on the host "
+                                                            "around the graphs, or keep the call that a capture refuses out of its body"
+                                                          : "tag the stage (synchronizes_with_host / shapes_depend_on_data / passes_host_values) "
+                                                            "so the plan keeps it out of graphs") +
+                                         ", or build the runner with on_capture_failure<capture_failure::run_eagerly>",
                                      stage, site.layer, site.graph, site.index);
             return {};
         }

@@ -22,6 +22,7 @@ namespace capscope {
 //! What a layer's stages touch besides the buffers they declare: every stage of layer L reads
 //! `layers[L].parameters`, and its backward writes `layers[L].gradients` (capscope/plan/access.hpp).
 //! Hooks get them as their context's tensors (capscope/hooks/with_hooks.hpp).
+//! (Owning; hooks get the same pair as a view, `layer_tensors`: `view_of(buffers)`.)
 struct layer_buffers {
     std::vector<tensor_ref> parameters, gradients;
 };
