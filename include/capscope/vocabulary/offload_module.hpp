@@ -13,6 +13,7 @@
 #include <capscope/detail/enum_names.hpp>
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -53,6 +54,16 @@ public:
 private:
     std::string_view name_;
 };
+
+//! `offload_name` is a name since capscope 0.2, no longer an enum with Megatron spellings: say so,
+//! instead of an incomplete `enum_names<offload_name>`.
+template <class T>
+    requires std::same_as<T, offload_name>
+constexpr std::string_view megatron_name(T) {
+    static_assert(sizeof(T) == 0, "capscope: megatron_name(offload_name): an offload_name is a name since capscope 0.2 (Megatron's or a "
+                                  "trainer's own), not an enum -- fix: use name.view(), or name.megatron() for Megatron's module");
+    return {};
+}
 
 class offload_name_set {
 public:
