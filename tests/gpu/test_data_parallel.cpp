@@ -65,9 +65,10 @@ void check_data_parallel(const char* impl, ncclRedOp_t op = ncclSum) {
         }
     }
     if constexpr (Config::impl != graph_impl::eager) CHECK(r.counters().replays > 0);
+    if constexpr (Config::impl != graph_impl::eager && Config::warmup_steps >= 2) CHECK(r.counters().doctor_calls_watched > 0);
     if (mpi().rank() == 0)
-        std::printf("  data parallel, %s, %s: %d ranks, %d steps exact\n", impl, op == ncclAvg ? "average" : "sum", mpi().size(),
-                    Config::warmup_steps + 4);
+        std::printf("  data parallel, %s, %s: %d ranks, %d steps exact (capture doctor: %ld stage calls watched)\n", impl,
+                    op == ncclAvg ? "average" : "sum", mpi().size(), Config::warmup_steps + 4, r.counters().doctor_calls_watched);
 }
 
 } // namespace
@@ -77,6 +78,12 @@ TEST_CASE("data parallel: the gradient all-reduce hook, eager and captured, unde
     check_data_parallel<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<1>>>("local");
     check_data_parallel<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>>("transformer_engine");
     check_data_parallel<config<impl::whole_iteration, no_nan_check, warmup_steps<1>>>("full_iteration");
+}
+
+TEST_CASE("data parallel with the capture doctor watching the last warmup step: NCCL's all-reduce in a hook is no offence") {
+    check_data_parallel<config<impl::lazy_per_layer, modules<capture::mlp>, warmup_steps<2>>>("local, warmup 2");
+    check_data_parallel<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<2>>>("transformer_engine, warmup 2");
+    check_data_parallel<config<impl::whole_iteration, no_nan_check, warmup_steps<2>>>("full_iteration, warmup 2");
 }
 
 TEST_CASE("data parallel: the default reduction averages, and two ranks tell the average from the sum, under every impl") {

@@ -30,7 +30,8 @@ constexpr int n = 1024;
 
 enum class offence {
     none,
-    joined_fork, // not an offence: forked onto another stream and joined back
+    joined_fork,     // not an offence: forked onto another stream and joined back
+    foreign_record, // left to the capture: waits for an event recorded on a stream of a library's own (NCCL, eagerly)
     legacy_stream,
     per_thread_stream,
     global_stream,
@@ -76,6 +77,10 @@ struct doctor_model {
             CAPSCOPE_CHECK(cudaEventRecord(forked.get(), s));
             CAPSCOPE_CHECK(cudaStreamWaitEvent(global, forked.get(), 0));
             k::scale(tmp.data(), x.data(), 1, n, global);
+            CAPSCOPE_CHECK(cudaEventRecord(joined.get(), global));
+            CAPSCOPE_CHECK(cudaStreamWaitEvent(s, joined.get(), 0));
+            return;
+        case offence::foreign_record:
             CAPSCOPE_CHECK(cudaEventRecord(joined.get(), global));
             CAPSCOPE_CHECK(cudaStreamWaitEvent(s, joined.get(), 0));
             return;
@@ -159,6 +164,9 @@ std::string refusal(offence o) {
         CHECK(r.counters().captures == 0); // said before any capture
         CHECK(e.rule() == "P20");
         CHECK(e.stage() == "layer0.work");
+        // Still in its last warmup step: the next step is watched and refused again, not captured.
+        CHECK_THROWS_AS(r.step(s), plan_error);
+        CHECK(r.counters().captures == 0);
         return e.what();
     }
     return "(nothing)";
@@ -231,6 +239,24 @@ TEST_CASE("the same stages without the offending call, and with a fork joined ba
         std::printf("  %s: local, transformer_engine and full_iteration bitwise equal to eager after %d steps (out[0] = %d)\n",
                     o == offence::none ? "clean stages" : "a fork joined back", steps, eager[0]);
     }
+    // A wait for an event recorded on a stream of a library's own is left to the capture (NCCL
+    // records such events eagerly and takes another path while capturing); in a trainer's own
+    // code the capture then refuses it, loudly.
+    {
+        cuda::stream s;
+        doctor_model m(offence::foreign_record, s);
+        runner<te> r(m.program());
+        r.step(s);
+        r.step(s);
+        CHECK(r.counters().doctor_calls_watched > 0);
+        CHECK_THROWS_AS(r.step(s), capture_failed);
+    }
+    // Steps on the per-thread default stream, which can be captured: the stream each stage is given.
+    doctor_model m(offence::none, cudaStreamPerThread);
+    runner<te> r(m.program());
+    for (int i = 0; i < steps; ++i) r.step(cudaStreamPerThread);
+    CHECK(r.counters().doctor_calls_watched > 0);
+    CHECK(support::download(m.out.data(), n, cudaStreamPerThread) == clean_run<config<impl::eager>>(offence::none));
 }
 
 namespace {

@@ -19,7 +19,6 @@
 #include <capscope/rules/diagnostics.hpp>
 #include <capscope/rules/evaluate.hpp>
 
-
 namespace capscope {
 
 namespace detail {

@@ -25,6 +25,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -93,6 +94,7 @@ public:
     bool start() {
         const cupti_entry_points& e = cupti_entry_points::get();
         if (!e.missing.empty()) return fail(e.missing);
+        thread_ = std::this_thread::get_id(); // before the first callback can come
         if (e.subscribe(&subscriber_, &capture_doctor::callback, this) != CUPTI_SUCCESS) {
             subscriber_ = nullptr;
             return fail("CUPTI has a subscriber already (a profiler or sanitizer)");
@@ -102,7 +104,6 @@ public:
             stop();
             return fail("CUPTI refused the runtime and driver callback domains");
         }
-        thread_ = std::this_thread::get_id();
         return true;
     }
     void stop() noexcept {
@@ -112,21 +113,22 @@ public:
     const std::string& unavailable() const noexcept { return unavailable_; }
 
     //! The next calls belong to segments that will be captured (or not: those are not checked).
-    void segment(bool captured) noexcept { captured_ = captured; }
+    void segment(bool captured) noexcept {
+        captured_ = captured;
+        records_.clear(); // a fork from an event an earlier stage of the segment recorded stays known
+    }
     //! A stage's call begins on `given`.
     void enter(std::string_view stage, const void* call, cudaStream_t given) {
         stage_ = stage;
         call_ = call;
-        in_call_ = captured_;
         depth_ = 0;
         streams_.assign(1, {given, false, 0});
-        records_.clear();
-        seq_ = 0;
-        ++calls_watched_;
+        if (captured_) ++calls_watched_;
+        in_call_.store(captured_, std::memory_order_relaxed);
     }
     //! The stage's call returned: work forked and not joined back is a finding.
     void leave() {
-        if (in_call_)
+        if (in_call_.load(std::memory_order_relaxed))
             for (std::size_t i = 1; i < streams_.size(); ++i)
                 if (streams_[i].pending)
                     add("(its return)", stream_words(streams_[i].stream, false),
@@ -134,7 +136,7 @@ public:
                         "capture would end with that stream still capturing (cudaErrorStreamCaptureUnjoined)",
                         "record an event on that stream after its last work and make the stream the stage was given wait for it "
                         "(cudaEventRecord, then cudaStreamWaitEvent) before returning");
-        in_call_ = false;
+        in_call_.store(false, std::memory_order_relaxed);
     }
 
     const std::vector<doctor_finding>& findings() const noexcept { return findings_; }
@@ -176,6 +178,11 @@ private:
     //! Work enqueued on `s` (nullptr: the default stream, per thread when `ptsz`).
     void enqueue(const char* call, cudaStream_t s, bool ptsz) {
         ++seq_;
+        if (s == nullptr && ptsz) s = cudaStreamPerThread; // 0 in a per-thread build
+        if (tracked_stream* t = find(s)) { // the stream it was given (the per-thread default stream may be), or forked
+            if (t != &streams_.front()) t->pending = true, t->last_work = seq_;
+            return;
+        }
         if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
             const bool legacy = (s == nullptr && !ptsz) || s == cudaStreamLegacy;
             add(call, stream_words(s, ptsz),
@@ -187,23 +194,19 @@ private:
                 "stream>>>, cudaMemcpyAsync(..., stream), cublasSetStream(handle, stream)");
             return;
         }
-        tracked_stream* t = find(s);
-        if (!t) {
+        {
             add(call, stream_words(s, false),
                 "enqueues on " + stream_words(s, false) + ", a stream it was not given and did not fork from it: captured, this "
                 "work would run once while capturing and be missing from every replay",
                 "enqueue on the stream the stage is called with (a global stream of your own is the usual cause), or fork: record "
                 "an event on the given stream and make the other stream wait for it first, and join it back before returning");
-            return;
-        }
-        if (t != &streams_.front()) {
-            t->pending = true;
-            t->last_work = seq_;
         }
     }
     void record(cudaEvent_t e, cudaStream_t s, bool ptsz) {
-        enqueue("cudaEventRecord", s, ptsz);
-        if (!find(s)) return;
+        if (s == nullptr && ptsz) s = cudaStreamPerThread;
+        // Recording adds no work: on a stream of a library's own (NCCL's, eagerly) it is no offence,
+        // and waiting for it orders the stage's stream after that stream, as it should.
+        if (find(s)) enqueue("cudaEventRecord", s, ptsz);
         for (recorded_event& r : records_)
             if (r.event == e) {
                 r = {e, s, seq_};
@@ -212,10 +215,11 @@ private:
         records_.push_back({e, s, seq_});
     }
     void wait(cudaStream_t s, cudaEvent_t e, bool ptsz) {
+        if (s == nullptr && ptsz) s = cudaStreamPerThread;
         const recorded_event* r = nullptr;
         for (const recorded_event& x : records_)
             if (x.event == e) r = &x;
-        if (r && !find(s) && s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread) {
+        if (r && find(r->on) && !find(s) && s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread) {
             streams_.push_back({s, false, 0}); // forked from a stream the stage may use
             return;
         }
@@ -239,9 +243,11 @@ private:
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
             return enqueue(name, static_cast<const cudaLaunchKernel_ptsz_v7000_params*>(P(p))->stream, true);
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
-            return enqueue(name, static_cast<const cudaLaunchKernelExC_v11060_params*>(P(p))->config->stream, false);
+            if (const auto* c = static_cast<const cudaLaunchKernelExC_v11060_params*>(P(p))->config) enqueue(name, c->stream, false);
+            return;
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
-            return enqueue(name, static_cast<const cudaLaunchKernelExC_ptsz_v11060_params*>(P(p))->config->stream, true);
+            if (const auto* c = static_cast<const cudaLaunchKernelExC_ptsz_v11060_params*>(P(p))->config) enqueue(name, c->stream, true);
+            return;
         case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
             return enqueue(name, static_cast<const cudaMemcpyAsync_v3020_params*>(P(p))->stream, false);
         case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000:
@@ -254,6 +260,14 @@ private:
             return enqueue(name, static_cast<const cudaLaunchHostFunc_v10000_params*>(P(p))->stream, false);
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchHostFunc_ptsz_v10000:
             return enqueue(name, static_cast<const cudaLaunchHostFunc_ptsz_v10000_params*>(P(p))->stream, true);
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020:
+            return enqueue(name, static_cast<const cudaMemcpy2DAsync_v3020_params*>(P(p))->stream, false);
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMallocAsync_v11020:
+            return enqueue(name, static_cast<const cudaMallocAsync_v11020_params*>(P(p))->hStream, false);
+        case CUPTI_RUNTIME_TRACE_CBID_cudaFreeAsync_v11020:
+            return enqueue(name, static_cast<const cudaFreeAsync_v11020_params*>(P(p))->hStream, false);
+        case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
+            return enqueue(name, static_cast<const cudaGraphLaunch_v10000_params*>(P(p))->stream, false);
         case CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_v3020: {
             const auto* a = static_cast<const cudaEventRecord_v3020_params*>(P(p));
             return record(a->event, a->stream, false);
@@ -266,6 +280,10 @@ private:
             const auto* a = static_cast<const cudaEventRecordWithFlags_v11010_params*>(P(p));
             return record(a->event, a->stream, false);
         }
+        case CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_ptsz_v11010: {
+            const auto* a = static_cast<const cudaEventRecordWithFlags_ptsz_v11010_params*>(P(p));
+            return record(a->event, a->stream, true);
+        }
         case CUPTI_RUNTIME_TRACE_CBID_cudaStreamWaitEvent_v3020: {
             const auto* a = static_cast<const cudaStreamWaitEvent_v3020_params*>(P(p));
             return wait(a->stream, a->event, false);
@@ -274,8 +292,13 @@ private:
             const auto* a = static_cast<const cudaStreamWaitEvent_ptsz_v7000_params*>(P(p));
             return wait(a->stream, a->event, true);
         }
-        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020: return sync("makes a synchronous copy");
-        case CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020: return sync("sets memory synchronously (on the legacy default stream)");
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2D_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyToSymbol_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyFromSymbol_v3020: return sync("makes a synchronous copy");
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaMemset_ptds_v7000: return sync("sets memory synchronously (on a default stream)");
         case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020:
         case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000: return sync("synchronizes a stream with the host");
         case CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020: return sync("synchronizes the device with the host");
@@ -309,24 +332,52 @@ private:
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
             return enqueue(name, static_cast<const cuLaunchKernel_ptsz_params*>(P(p))->hStream, true);
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
-            return enqueue(name, static_cast<const cuLaunchKernelEx_params*>(P(p))->config->hStream, false);
+            if (const auto* c = static_cast<const cuLaunchKernelEx_params*>(P(p))->config) enqueue(name, c->hStream, false);
+            return;
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
-            return enqueue(name, static_cast<const cuLaunchKernelEx_ptsz_params*>(P(p))->config->hStream, true);
+            if (const auto* c = static_cast<const cuLaunchKernelEx_ptsz_params*>(P(p))->config) enqueue(name, c->hStream, true);
+            return;
         case CUPTI_DRIVER_TRACE_CBID_cuEventRecord: {
             const auto* a = static_cast<const cuEventRecord_params*>(P(p));
+            return record(a->hEvent, a->hStream, false);
+        }
+        case CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz: {
+            const auto* a = static_cast<const cuEventRecord_ptsz_params*>(P(p));
+            return record(a->hEvent, a->hStream, true);
+        }
+        case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags: {
+            const auto* a = static_cast<const cuEventRecordWithFlags_params*>(P(p));
             return record(a->hEvent, a->hStream, false);
         }
         case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent: {
             const auto* a = static_cast<const cuStreamWaitEvent_params*>(P(p));
             return wait(a->hStream, a->hEvent, false);
         }
+        case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz: {
+            const auto* a = static_cast<const cuStreamWaitEvent_ptsz_params*>(P(p));
+            return wait(a->hStream, a->hEvent, true);
+        }
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc:
+            return enqueue(name, static_cast<const cuLaunchHostFunc_params*>(P(p))->hStream, false);
+        case CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2:
+        case CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2:
+            if (allocations_break_)
+                forbidden(name, "allocates or frees memory: a capture in this capture_mode refuses it, and a replay would not allocate again",
+                          "allocate once before the first step (or cuMemAllocAsync on the stage's stream, which a graph holds)");
+            return;
+        case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2:
+        case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2:
+            return forbidden(name, "makes a synchronous copy: a capture refuses it", "use the Async form on the stage's stream");
         case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize:
+        case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
         case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize:
+        case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
         case CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize:
             return forbidden(name, "synchronizes with the host: a capture refuses it",
                              "keep it out of the stage, or tag the stage synchronizes_with_host so the plan keeps it out of graphs");
         case CUPTI_DRIVER_TRACE_CBID_cuEventQuery:
         case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery:
+        case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz:
             return forbidden(name, "queries work in flight: a capture refuses it",
                              "decide on the device (a guarded stage), or tag the stage synchronizes_with_host");
         default: return;
@@ -335,22 +386,28 @@ private:
 
     static void CUPTIAPI callback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {
         auto& d = *static_cast<capture_doctor*>(self);
-        if (!d.in_call_ || std::this_thread::get_id() != d.thread_) return; // another thread's, or capscope's own between calls
+        // Another thread's call (a watchdog, NCCL's proxy), or capscope's own between stage calls.
+        if (std::this_thread::get_id() != d.thread_ || !d.in_call_.load(std::memory_order_relaxed)) return;
         const auto* info = static_cast<const CUpti_CallbackData*>(data);
         const bool enter = info->callbackSite == CUPTI_API_ENTER;
-        if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-            if (enter && d.depth_ == 0) d.on_runtime(id, info->functionParams, info->functionName);
-            d.depth_ += enter ? 1 : -1;
-            return;
+        try { // nothing may be thrown through CUDA's own code
+            if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+                if (enter && d.depth_ == 0) d.on_runtime(id, info->functionParams, info->functionName);
+                d.depth_ += enter ? 1 : -1;
+                return;
+            }
+            if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter && d.depth_ == 0) d.on_driver(id, info->functionParams, info->functionName);
+        } catch (...) {
+            d.in_call_.store(false, std::memory_order_relaxed); // out of memory: stop watching this call rather than crash
         }
-        if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter && d.depth_ == 0) d.on_driver(id, info->functionParams, info->functionName);
     }
 
     CUpti_SubscriberHandle subscriber_ = nullptr;
     std::string unavailable_;
     std::thread::id thread_;
     bool allocations_break_;
-    bool captured_ = false, in_call_ = false;
+    bool captured_ = false;
+    std::atomic<bool> in_call_{false};
     int depth_ = 0; //!< runtime calls in progress (the driver calls inside them are the runtime's own)
     std::string_view stage_;
     std::vector<tracked_stream> streams_; //!< [0]: the stream the stage was given; then those it forked

@@ -33,6 +33,7 @@
 #include <capscope/run/segment_executor.hpp>
 
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -121,18 +122,17 @@ public:
         if (replaying && Config::impl == graph_impl::ahead_of_time_per_layer && !captured_ahead_) capture_ahead_of_time(s);
         // The last eager warmup step, watched call by call (not the first: it does what libraries
         // do once, at their first use).
-        std::optional<detail::capture_doctor> doctor;
-        if (Config::engine.capture_doctor && Config::impl != graph_impl::eager && plan_.warmup_steps >= 2 &&
-            warm_steps_ + 1 == plan_.warmup_steps)
-            start_doctor(doctor);
+        const bool watched = Config::engine.capture_doctor && Config::impl != graph_impl::eager && plan_.warmup_steps >= 2 &&
+                             warm_steps_ + 1 == plan_.warmup_steps && start_doctor();
         struct stop_watching {
             segment_executor& e;
-            std::optional<detail::capture_doctor>& d;
+            std::unique_ptr<detail::capture_doctor>& d;
             ~stop_watching() {
                 e.watch_with(nullptr);
                 if (d) d->stop();
             }
-        } stop{executor_, doctor};
+        } stop{executor_, doctor_};
+        detail::capture_doctor* doctor = watched ? doctor_.get() : nullptr;
         for (const plan_segment& seg : plan_.segments) {
             // A segment on a side lane forks from the step's stream; the plan's waits come before it.
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
@@ -151,8 +151,10 @@ public:
         executor_.watch_with(nullptr);
         if (program_.rerun && refused(s)) rerun_eagerly(s);
         detail::count_one(executor_.counters().steps);
-        if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
+        // Before the warmup ends: a refused runner stays in its last warmup step, so the next step()
+        // is watched (and refused) again rather than captured.
         if (doctor) act_on(*doctor);
+        if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(warmup_point::after, s);
     }
 
     //! Warmup hooks (`on_warmup<warmup_point::before / after>`) run on the step's stream before
@@ -256,15 +258,15 @@ private:
         }
     }
 
-    void start_doctor(std::optional<detail::capture_doctor>& doctor) {
-        doctor.emplace(Config::engine.mode != capture_mode::relaxed);
-        if (doctor->start()) {
-            executor_.watch_with(&*doctor);
-            return;
+    bool start_doctor() {
+        doctor_ = std::make_unique<detail::capture_doctor>(Config::engine.mode != capture_mode::relaxed);
+        if (doctor_->start()) {
+            executor_.watch_with(doctor_.get());
+            return true;
         }
         std::fprintf(stderr, "capscope: the capture doctor did not watch the last warmup step: %s; captures are not checked before they run\n",
-                     doctor->unavailable().c_str());
-        doctor.reset();
+                     doctor_->unavailable().c_str());
+        return false;
     }
 
     //! Plan rule P20: what the doctor found, before the first capture. Under
@@ -361,6 +363,9 @@ private:
     segment_executor executor_;
     std::vector<cuda::graph_exec> execs_;
     std::vector<unsigned char> run_eagerly_;
+    //! The last warmup step's (capscope/run/capture_doctor.hpp); kept, as a callback on another
+    //! thread may still read it while CUPTI lets go; on the heap, so the runner moves.
+    std::unique_ptr<detail::capture_doctor> doctor_;
     std::vector<int> first_segment_;
     cuda::pinned_buffer<int> rerun_flag_; //!< where refused() reads the rerun flag (programs with a rerun, from the first step)
     int warm_steps_ = 0; //!< steps since construction or reset(), up to the warmup
