@@ -63,7 +63,8 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
         if constexpr (requires { plan.waits_of(c.waits); }) waits = plan.waits_of(c.waits); // inference plans have no lanes
         calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only,
                          // a test may break the guards on purpose: every guarded stage then runs once, unconditionally
-                         st.guard && !installed_breakage().ignore_guards ? &st.guard : nullptr, &c}); // c lives in the plan, as the waits do
+                         st.guard && !installed_breakage().ignore_guards ? &st.guard : nullptr, &c, // c lives in the plan, as the waits do
+                         !st.collective_calls.empty() || st.kind == stage_kind_id("collective")});
     }
     return calls;
 }

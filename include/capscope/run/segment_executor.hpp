@@ -71,6 +71,9 @@ struct bound_call {
     //! The plan's call (its list and pass: a guarded run never crosses from one to the next, as
     //! the plan's do not, though a whole-step segment holds a stage's forward next to its backward).
     const stage_call* call = nullptr;
+    //! It makes collective calls (stage::collective_calls): NCCL's eager path waits, queries and
+    //! forks on streams of its own that its captured path does not use, so the doctor leaves it be.
+    bool collective = false;
 };
 
 //! Whether calls `a` and `b` belong to one guarded run (one conditional node).
@@ -306,7 +309,7 @@ private:
     void call(const detail::bound_call& c, cudaStream_t on, bool capturing) {
         if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
             const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
-            if (doctor_) { // the last warmup step only: every CUDA call the stage makes is watched
+            if (doctor_ && !c.collective) { // the last warmup step only: every CUDA call the stage makes is watched
                 doctor_->enter(c.name, c.call, on);
                 c.fn(on);
                 doctor_->leave();
