@@ -184,8 +184,8 @@ private:
             return;
         }
         if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
-            const bool legacy = (s == nullptr && !ptsz) || s == cudaStreamLegacy;
-            add(call, stream_words(s, ptsz),
+            const bool legacy = s != cudaStreamPerThread; // 0 here is the legacy stream: a per-thread 0 became cudaStreamPerThread above
+            add(call, stream_words(s, false),
                 legacy ? "launches on the legacy default stream, which cannot be captured: the capture would be invalidated "
                          "(cudaErrorStreamCaptureImplicit), and a trainer whose error check exits would end there"
                        : "enqueues on the per-thread default stream, not on the stream it was given: captured, this work would run "
@@ -194,13 +194,11 @@ private:
                 "stream>>>, cudaMemcpyAsync(..., stream), cublasSetStream(handle, stream)");
             return;
         }
-        {
-            add(call, stream_words(s, false),
-                "enqueues on " + stream_words(s, false) + ", a stream it was not given and did not fork from it: captured, this "
-                "work would run once while capturing and be missing from every replay",
-                "enqueue on the stream the stage is called with (a global stream of your own is the usual cause), or fork: record "
-                "an event on the given stream and make the other stream wait for it first, and join it back before returning");
-        }
+        add(call, stream_words(s, false),
+            "enqueues on " + stream_words(s, false) + ", a stream it was not given and did not fork from it: captured, this "
+            "work would run once while capturing and be missing from every replay",
+            "enqueue on the stream the stage is called with (a global stream of your own is the usual cause), or fork: record "
+            "an event on the given stream and make the other stream wait for it first, and join it back before returning");
     }
     void record(cudaEvent_t e, cudaStream_t s, bool ptsz) {
         if (s == nullptr && ptsz) s = cudaStreamPerThread;
