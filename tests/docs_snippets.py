@@ -17,6 +17,14 @@ In docs/*.md, a marker line directly followed by a fenced C++ block:
     ...the snippet's text, exactly...
     ```
 
+A diff between two files under examples/ (a trainer before and after adoption) is shown the same
+way, with the count of lines it adds and removes, both checked:
+
+    <!-- diff: examples/BEFORE examples/AFTER, N lines changed -->
+    ```diff
+    ...their unified diff (one line of context), exactly...
+    ```
+
 Usage (Python 3 standard library only):
 
     docs_snippets.py SOURCE_ROOT           check every docs marker: one line per block ('ok ...', or
@@ -36,6 +44,15 @@ import textwrap
 
 SOURCE_MARKER = re.compile(r"^\s*// \[snippet ([\w.-]+)\]\s*$")
 DOCS_MARKER = re.compile(r"^<!-- snippet: (examples/[^#\s]+)#([\w.-]+) -->$")
+DIFF_MARKER = re.compile(r"^<!-- diff: (examples/\S+) (examples/\S+), (\d+) lines changed -->$")
+
+
+def diff_of(root, before, after):
+    """The unified diff (one line of context) of two files, and how many lines it adds and removes."""
+    a, b = ((root / p).read_text(encoding="utf-8").splitlines() for p in (before, after))
+    lines = list(difflib.unified_diff(a, b, before, after, lineterm="", n=1))
+    changed = sum(1 for l in lines if l[:1] in "+-" and not l.startswith(("+++", "---")))
+    return lines, changed
 SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp"}
 
 
@@ -70,7 +87,29 @@ def check_doc(doc, root, snippets, write, report):
     while i < len(lines):
         out.append(lines[i])
         m = DOCS_MARKER.match(lines[i].strip())
+        d = DIFF_MARKER.match(lines[i].strip())
         i += 1
+        if d:
+            where = f"{rel}:{i} diff {d[1]} {d[2]}"
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+            if i >= len(lines) or lines[i].strip() != "```diff" or end is None:
+                report(False, f"FAIL {where}: the marker is not directly followed by a ```diff ... ``` block")
+                continue
+            if not all((root / p).is_file() for p in (d[1], d[2])):
+                report(False, f"FAIL {where}: no such file")
+                continue
+            want, changed = diff_of(root, d[1], d[2])
+            if int(d[3]) != changed:
+                report(False, f"FAIL {where}: the marker says {d[3]} lines changed, the diff has {changed}")
+            elif lines[i + 1:end] == want:
+                report(True, f"ok {where}")
+            elif write:
+                report(True, f"wrote {where}")
+            else:
+                report(False, f"FAIL {where}: the block differs from the diff of the two files")
+            out += [lines[i]] + want + [lines[end]]
+            i = end + 1
+            continue
         if not m:
             continue
         where = f"{rel}:{i} {m[1]}#{m[2]}"

@@ -8,6 +8,7 @@
 #include <capscope/run/bucket_runner.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
+#include <capscope/run/in_place_runner.hpp>
 #include <capscope/run/inference_runner.hpp>
 #include <capscope/run/runner.hpp>
 #include <capscope/run/scratch.hpp>

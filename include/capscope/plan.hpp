@@ -14,8 +14,10 @@
 #include <capscope/plan/offload_placement.hpp>
 #include <capscope/plan/plan_error.hpp>
 #include <capscope/plan/print.hpp>
+#include <capscope/plan/recorded_program.hpp>
 #include <capscope/plan/segment.hpp>
 #include <capscope/plan/training_plan.hpp>
+#include <capscope/stage/marked_region.hpp>
 #include <capscope/stage/program.hpp>
 #include <capscope/stage/schema.hpp>
 #include <capscope/stage/stage.hpp>

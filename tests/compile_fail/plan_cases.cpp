@@ -136,6 +136,14 @@ TWIN(layer_plan<config<impl::whole_iteration, no_nan_check, offload<offload_modu
 #ifdef CASE_P11__mlp_norm
 CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<"left">, norm_offload>, dense_keeping>);
 #endif
+// A trainer's own tensor and stages: the note under the error names the tensor (g++:
+// P11<capscope::detail::offload_tensor{"mixer_in"}, ...>; clang++ prints its characters' codes).
+using own_keeping = layer_schema<"own_keeping", stage_decl<kind<"mixer">, regions<region<"mix">>, makes_named<"mixer_in">>,
+                                 stage_decl<kind<"gate">, regions<region<"gate">>, saves_named<"mixer_in">>>;
+TWIN(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<"mix", "gate">, offload<offload_tensors<"mixer_in">>>, own_keeping>);
+#ifdef CASE_P11__own_tensor
+CHECK_COMPILES(layer_plan<config<impl::ahead_of_time_per_layer, capture_regions<"mix">, offload<offload_tensors<"mixer_in">>>, own_keeping>);
+#endif
 // P14, P15: guarded stages (conditional nodes when captured). A loop inside a layer: `start`
 // writes the flag, `pass` runs while it holds and writes it again; an optimizer-like stage runs
 // if a flag written before the layer holds.

@@ -15,6 +15,7 @@ struct breakage {
     std::string drop_waits_from;
     bool ignore_guards = false; //!< every guarded stage runs once, unconditionally
     bool skip_rerun = false;    //!< a refused step stays refused
+    bool skip_in_place_replays = false; //!< an in_place_runner launches no captured graph after its first (a no-op replay)
 };
 
 inline breakage installed_breakage_v{};

@@ -42,7 +42,7 @@ struct layer_plan {
     static constexpr offload_straddle straddle = find_offload_straddle(capture_scope_of<Config>, offloaded_by<Config>, stages);
     static constexpr guard_finding guarded = find_guard_problem(stages);
     using guard_report = decltype(detail::report_guard_problem<Layer, guarded.stage, guarded.problem>{});
-    using straddle_report = decltype(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, straddle.megatron_index()>{});
+    using straddle_report = decltype(detail::report_offload_straddle<Config, Layer, straddle.producer, straddle.keeper, detail::offload_tensor_of(straddle.module.view())>{});
 
     //! The segments in forward order (backward runs them in reverse).
     static constexpr auto segments = [] {

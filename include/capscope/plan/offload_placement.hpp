@@ -47,11 +47,6 @@ struct offload_straddle {
     offload_name module;
     bool producer_captured = false, keeper_captured = false;
     constexpr bool found() const { return keeper >= 0; }
-    //! Megatron's module index of the tensor's name, -1 for a trainer's own (the compile-time report's key).
-    constexpr int megatron_index() const {
-        const auto m = module.megatron();
-        return m ? int(*m) : -1;
-    }
 };
 
 //! The first tensor of `offloaded` whose producer and keeper a graph boundary separates under `c`.
@@ -94,26 +89,39 @@ inline void check_offload_placement(const capture_scope& c, offload_name_set off
 
 } // namespace capscope
 
+namespace capscope::detail {
+//! An offloaded tensor's name as a template argument, so that the compile-time P11 names it in
+//! the note under the error (g++ prints `offload_tensor{"mixer_in"}`; clang++ the characters' codes).
+struct offload_tensor {
+    char name[48]{};
+};
+constexpr offload_tensor offload_tensor_of(std::string_view s) {
+    offload_tensor t;
+    for (std::size_t i = 0; i < s.size() && i + 1 < sizeof t.name; ++i) t.name[i] = s[i];
+    return t;
+}
+} // namespace capscope::detail
+
 namespace capscope::plan_rules {
 
 // Written out (a static_assert message must be a literal): the tensors and stage pairs of
 // Megatron's layers by name, and a general form for a trainer's own (named in the note below).
 
 //! P11: an offloaded tensor whose producer and keeper a graph boundary separates.
-template <int MegatronModule, auto Producer, auto Keeper, class Schema, class Config>
+template <detail::offload_tensor Tensor, auto Producer, auto Keeper, class Schema, class Config>
 struct P11 {
-    static_assert(detail::always_false<Config>, "capscope plan rule P11: an offloaded tensor is written by one stage and kept for the backward by another, and a graph boundary lies between them (one captured, the other eager, or two graphs), so its copies and their events would straddle it -- fix: capture both stages or neither, or stop offloading the tensor (the two stages' kinds and the layer schema are named below)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P11: an offloaded tensor is written by one stage and kept for the backward by another, and a graph boundary lies between them (one captured, the other eager, or two graphs), so its copies and their events would straddle it -- fix: capture both stages or neither, or stop offloading the tensor (the tensor, the two stages' kinds and the layer schema are named below: P11<tensor, producer, keeper, schema, config>)");
 };
 template <class Schema, class Config>
-struct P11<int(offload_module::mlp_norm), stage_kind::attention, stage_kind::mlp, Schema, Config> {
+struct P11<detail::offload_tensor_of("mlp_norm"), stage_kind::attention, stage_kind::mlp, Schema, Config> {
     static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor mlp_norm (the pre-MLP norm's input) is written by stage attention and kept by stage mlp, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: capture attn and mlp together (or neither), or drop mlp_norm from offload_modules");
 };
 template <class Schema, class Config>
-struct P11<int(offload_module::mlp_norm), stage_kind::attention, stage_kind::moe_router, Schema, Config> {
+struct P11<detail::offload_tensor_of("mlp_norm"), stage_kind::attention, stage_kind::moe_router, Schema, Config> {
     static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor mlp_norm (the pre-MLP norm's input) is written by stage attention and kept by stage moe_router, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: capture attn and moe_router together (or neither), or drop mlp_norm from offload_modules");
 };
 template <class Schema, class Config>
-struct P11<int(offload_module::expert_fc1), stage_kind::moe_preprocess, stage_kind::moe_experts, Schema, Config> {
+struct P11<detail::offload_tensor_of("expert_fc1"), stage_kind::moe_preprocess, stage_kind::moe_experts, Schema, Config> {
     static_assert(detail::always_false<Config>, "capscope plan rule P11: offloaded tensor expert_fc1 (the experts' first linear input) is written by stage moe_preprocess and kept by stage moe_experts, and a graph boundary lies between them, so its copies and their events would straddle it -- fix: under transformer_engine, capture moe_router without moe_preprocess (local captures both, rule S1); or drop expert_fc1 from offload_modules");
 };
 
@@ -121,12 +129,12 @@ struct P11<int(offload_module::expert_fc1), stage_kind::moe_preprocess, stage_ki
 
 namespace capscope::detail {
 
-template <class Config, class Schema, int Producer, int Keeper, int MegatronModule>
+template <class Config, class Schema, int Producer, int Keeper, offload_tensor Tensor>
 struct report_offload_straddle {}; // nothing straddles
-template <class Config, class Schema, int Producer, int Keeper, int MegatronModule>
+template <class Config, class Schema, int Producer, int Keeper, offload_tensor Tensor>
     requires(Keeper >= 0)
-struct report_offload_straddle<Config, Schema, Producer, Keeper, MegatronModule>
-    : plan_rules::P11<MegatronModule, Schema::template stage_at<std::size_t(Producer)>::kind,
+struct report_offload_straddle<Config, Schema, Producer, Keeper, Tensor>
+    : plan_rules::P11<Tensor, Schema::template stage_at<std::size_t(Producer)>::kind,
                       Schema::template stage_at<std::size_t(Keeper)>::kind, Schema, Config> {}; // a base: one error under clang
 
 } // namespace capscope::detail

@@ -126,8 +126,24 @@ public:
         if (captured_) ++calls_watched_;
         in_call_.store(captured_, std::memory_order_relaxed);
     }
+    //! The trainer's own code between two marked regions that one graph will hold
+    //! (capscope/run/in_place_runner.hpp): any CUDA work there is a finding, as `label` says.
+    //! `call` is the plan's call before the gap (its graph is the one refused).
+    void enter_gap(std::string_view label, const void* call) {
+        stage_ = label;
+        call_ = call;
+        depth_ = 0;
+        streams_.clear();
+        gap_ = true;
+        in_call_.store(captured_, std::memory_order_relaxed);
+    }
     //! The stage's call returned: work forked and not joined back is a finding.
     void leave() {
+        if (gap_) {
+            gap_ = false;
+            in_call_.store(false, std::memory_order_relaxed);
+            return;
+        }
         if (in_call_.load(std::memory_order_relaxed))
             for (std::size_t i = 1; i < streams_.size(); ++i)
                 if (streams_[i].pending)
@@ -166,6 +182,12 @@ private:
         return nullptr;
     }
     void add(std::string call, std::string stream, std::string problem, std::string fix) {
+        if (gap_) {
+            problem = "is CUDA work outside any region, between two regions that one graph holds: captured, it would be replayed "
+                      "with them, and your code would run it again after the graph's launch, out of order";
+            fix = "mark this code as a region of its own (it then joins the graph in its place), or move it before the graph's first "
+                  "region or after its last; host work there is fine";
+        }
         for (const doctor_finding& f : findings_) // one finding per stage and problem
             if (f.stage == stage_ && f.call == call && f.stream == stream) {
                 refused_calls_.push_back(call_); // (its graph in another microbatch, say)
@@ -179,6 +201,7 @@ private:
     void enqueue(const char* call, cudaStream_t s, bool ptsz) {
         ++seq_;
         if (s == nullptr && ptsz) s = cudaStreamPerThread; // 0 in a per-thread build
+        if (gap_) return add(call, stream_words(s, false), "", "");
         if (tracked_stream* t = find(s)) { // the stream it was given (the per-thread default stream may be), or forked
             if (t != &streams_.front()) t->pending = true, t->last_work = seq_;
             return;
@@ -202,6 +225,7 @@ private:
     }
     void record(cudaEvent_t e, cudaStream_t s, bool ptsz) {
         if (s == nullptr && ptsz) s = cudaStreamPerThread;
+        if (gap_) return enqueue("cudaEventRecord", s, false);
         // Recording adds no work: on a stream of a library's own (NCCL's, eagerly) it is no offence,
         // and waiting for it orders the stage's stream after that stream, as it should.
         if (find(s)) enqueue("cudaEventRecord", s, ptsz);
@@ -214,6 +238,7 @@ private:
     }
     void wait(cudaStream_t s, cudaEvent_t e, bool ptsz) {
         if (s == nullptr && ptsz) s = cudaStreamPerThread;
+        if (gap_) return enqueue("cudaStreamWaitEvent", s, false);
         const recorded_event* r = nullptr;
         for (const recorded_event& x : records_)
             if (x.event == e) r = &x;
@@ -405,6 +430,7 @@ private:
     std::thread::id thread_;
     bool allocations_break_;
     bool captured_ = false;
+    bool gap_ = false; //!< watching the trainer's code between two regions of one graph (enter_gap)
     std::atomic<bool> in_call_{false};
     int depth_ = 0; //!< runtime calls in progress (the driver calls inside them are the runtime's own)
     std::string_view stage_;

@@ -67,6 +67,47 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
     }
     return calls;
 }
+//! Where a segment is, for a failed capture's message.
+inline segment_site site_of(const training_plan& plan, const training_program& program, const plan_segment& seg) {
+    return {"graph g" + std::to_string(seg.graph) + " (" + (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
+                (seg.microbatch >= 0 ? ", microbatch " + std::to_string(seg.microbatch) : std::string()) + ", " +
+                std::string(phase_name(seg.direction)) + ": " + segment_stages(plan, program, seg, ", ") + ")",
+            seg.layer, seg.graph, seg.microbatch};
+}
+
+//! Plan rule P20: what the doctor found, before the first capture. Under
+//! `capture_failure::run_eagerly`, the graphs that hold those calls stay eager (counted as
+//! capture failures) and nothing is thrown.
+inline void act_on_findings(const capture_doctor& doctor, const training_plan& plan, std::span<const bound_call> calls,
+                            std::vector<unsigned char>& run_eagerly, runner_counters& counters, capture_failure policy) {
+    counters.doctor_calls_watched = doctor.calls_watched();
+    const auto& found = doctor.findings();
+    if (found.empty()) return;
+    if (policy == capture_failure::run_eagerly) {
+        for (const plan_segment& seg : plan.segments) {
+            if (!seg.graphed || run_eagerly[std::size_t(seg.graph)]) continue;
+            for (const bound_call& c : calls.subspan(std::size_t(seg.first_call), std::size_t(seg.call_count)))
+                for (const void* refused : doctor.refused_calls())
+                    if (c.call == refused && !run_eagerly[std::size_t(seg.graph)]) {
+                        run_eagerly[std::size_t(seg.graph)] = 1;
+                        count_one(counters.capture_failures);
+                    }
+        }
+        return;
+    }
+    std::string what = "the capture doctor watched the last warmup step, and " + std::to_string(found.size()) +
+                       (found.size() == 1 ? " call" : " calls") + " of stages that will be captured could not be: ";
+    for (std::size_t i = 0; i < found.size() && i < 8; ++i) {
+        const doctor_finding& f = found[i];
+        const bool gap = f.stage.starts_with("between "); // the trainer's code between two regions (in_place_runner)
+        what += (i ? "; " : "") + (gap ? "the code " + f.stage : "stage '" + f.stage + "'") + " " +
+                (f.call == "(its return)" ? "" : "calls " + f.call + ": it ") + f.problem;
+    }
+    if (found.size() > 8) what += "; and " + std::to_string(found.size() - 8) + " more";
+    throw plan_error("P20", found.front().stage, what,
+                     found.front().fix + " (or tag the stage so the plan keeps it out of graphs, or build the runner with "
+                     "on_capture_failure<capture_failure::run_eagerly> to leave its graph eager; capture_doctor_off stops the watch)");
+}
 } // namespace detail
 
 template <class Config, class Schemas = layer_schemas<>>
@@ -269,36 +310,8 @@ private:
         return false;
     }
 
-    //! Plan rule P20: what the doctor found, before the first capture. Under
-    //! `capture_failure::run_eagerly`, the graphs that hold those stages stay eager (counted as
-    //! capture failures) and nothing is thrown.
     void act_on(const detail::capture_doctor& doctor) {
-        executor_.counters().doctor_calls_watched = doctor.calls_watched();
-        const auto& found = doctor.findings();
-        if (found.empty()) return;
-        if (Config::engine.on_failure == capture_failure::run_eagerly) {
-            for (const plan_segment& seg : plan_.segments) {
-                if (!seg.graphed || run_eagerly_[std::size_t(seg.graph)]) continue;
-                for (const detail::bound_call& c : calls_of(seg))
-                    for (const void* refused : doctor.refused_calls())
-                        if (c.call == refused && !run_eagerly_[std::size_t(seg.graph)]) {
-                            run_eagerly_[std::size_t(seg.graph)] = 1;
-                            detail::count_one(executor_.counters().capture_failures);
-                        }
-            }
-            return;
-        }
-        std::string what = "the capture doctor watched the last warmup step, and " + std::to_string(found.size()) +
-                           (found.size() == 1 ? " call" : " calls") + " of stages that will be captured could not be: ";
-        for (std::size_t i = 0; i < found.size() && i < 8; ++i) {
-            const doctor_finding& f = found[i];
-            what += (i ? "; " : "") + std::string("stage '") + f.stage + "' " + (f.call == "(its return)" ? "" : "calls " + f.call + ": it ") +
-                    f.problem;
-        }
-        if (found.size() > 8) what += "; and " + std::to_string(found.size() - 8) + " more";
-        throw plan_error("P20", found.front().stage, what,
-                         found.front().fix + " (or tag the stage so the plan keeps it out of graphs, or build the runner with "
-                         "on_capture_failure<capture_failure::run_eagerly> to leave its graph eager; capture_doctor_off stops the watch)");
+        detail::act_on_findings(doctor, plan_, calls_, run_eagerly_, executor_.counters(), Config::engine.on_failure);
     }
 
     //! The rerun flag, read on the host once the step's work is done.
@@ -342,13 +355,7 @@ private:
                                      "overflow (the example model: MoE layers sized by their counts)");
     }
 
-    segment_site site(const plan_segment& seg) const {
-        return {"graph g" + std::to_string(seg.graph) + " (" +
-                    (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
-                    (seg.microbatch >= 0 ? ", microbatch " + std::to_string(seg.microbatch) : std::string()) + ", " +
-                    std::string(phase_name(seg.direction)) + ": " + detail::segment_stages(plan_, program_, seg, ", ") + ")",
-                seg.layer, seg.graph, seg.microbatch};
-    }
+    segment_site site(const plan_segment& seg) const { return detail::site_of(plan_, program_, seg); }
 
     void release_graphs() noexcept {
         const bool had = graphs_alive() > 0;

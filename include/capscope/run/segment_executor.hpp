@@ -155,54 +155,113 @@ public:
     cuda::graph capture(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, Describe&& describe) {
         int running = -1;
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-        const auto started = std::chrono::steady_clock::now();
         try {
-            scratch_.reserve_arena();
-            scratch_.begin_segment(true);
-            CAPSCOPE_CHECK(cudaStreamBeginCapture(origin, detail::cuda_capture_mode(mode_)));
+            begin_capture(origin);
             try {
                 execute(calls, origin, origin_lane, running, true);
                 running = -1;
             } catch (...) {
-                if (cudaStreamIsCapturing(origin, &status) != cudaSuccess) status = cudaStreamCaptureStatusNone;
+                status = capture_status(origin);
                 abort_capture(calls, origin);
                 throw;
             }
-            cudaGraph_t captured = nullptr;
-            const cudaError_t ended = cudaStreamEndCapture(origin, &captured);
-            if (ended != cudaSuccess) {
-                if (captured) cudaGraphDestroy(captured);
-                end_side_captures(calls);
-                cuda::detail::check_status(ended, "cudaStreamEndCapture(origin, &captured)", __FILE__, __LINE__);
-            }
-            cuda::graph g(captured);
-            scratch_.end_segment(calls.front().name);
-            detail::count_one(counters_.captures);
-            detail::add_time(counters_.capture_us, counters_.longest_capture_us, detail::microseconds_since(started));
-            return g;
+            return end_capture(calls, origin);
         } catch (const std::exception& e) {
-            scratch_.begin_segment(false); // forget the failed segment's scratch
-            detail::count_one(counters_.capture_failures);
-            const segment_site site = describe();
-            const std::string stage = running >= 0 ? std::string(calls[std::size_t(running)].name) : std::string();
-            const std::string what = "capscope: capturing " + site.where + " failed" +
-                                     (stage.empty() ? std::string(" when the capture ended") : " in stage '" + stage + "'") + ": " + e.what();
-            last_failure_ = what;
-            forget_reported_error(e);
-            if (!capture_rule_error(e, status)) throw; // not a tagging problem: as it was thrown
-            // with_hooks names its stages "layerN.hook.<name>" and "step.hook.<name>": a hook is not tagged, it is placed.
-            const bool hook = stage.find(".hook.") != std::string::npos;
-            if (policy_ == capture_failure::raise)
-                throw capture_failed(what + "\n  the capture was ended and its partial graph destroyed; the streams are usable"
-                                            "\n  fix: " +
-                                         std::string(hook ? "make the hook a boundary hook (hook<phase, boundary>), which runs on the host "
-                                                            "around the graphs, or keep the call that a capture refuses out of its body"
-                                                          : "tag the stage (synchronizes_with_host / shapes_depend_on_data / passes_host_values) "
-                                                            "so the plan keeps it out of graphs") +
-                                         ", or build the runner with on_capture_failure<capture_failure::run_eagerly>",
-                                     stage, site.layer, site.graph, site.index);
-            return {};
+            return failed_capture(e, status, running >= 0 ? calls[std::size_t(running)].name : std::string_view(), describe());
         }
+    }
+
+    //! Piecewise, for calls that come a few at a time (capscope/run/in_place_runner.hpp): a
+    //! segment is opened (eagerly, or capturing: `begin_capture`), runs of its calls are executed
+    //! as they come (`execute_part`), and it is closed (`close_eager`, or `end_capture`); the lanes
+    //! its calls forked are joined at the close. A failure while capturing goes through
+    //! `abort_capture` and `failed_capture`, as `capture` does.
+    void open_eager() {
+        scratch_.begin_segment(false);
+        forked_here_ = 0;
+    }
+    void begin_capture(cudaStream_t origin) {
+        capture_started_ = std::chrono::steady_clock::now();
+        scratch_.reserve_arena();
+        scratch_.begin_segment(true);
+        forked_here_ = 0;
+        CAPSCOPE_CHECK(cudaStreamBeginCapture(origin, detail::cuda_capture_mode(mode_)));
+    }
+    //! Runs `calls` in an open segment; `running` is the index of the call running, for failures.
+    void execute_part(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running, bool capturing) {
+        execute_range(calls, origin, origin_lane, running, capturing);
+    }
+    void close_eager(cudaStream_t origin, std::string_view first) {
+        join_forks(origin);
+        scratch_.end_segment(first);
+        detail::count_one(counters_.eager_segment_runs);
+    }
+    //! Joins the forked lanes and ends the capture: the graph of the segment `calls`.
+    cuda::graph end_capture(std::span<const detail::bound_call> calls, cudaStream_t origin) {
+        join_forks(origin);
+        cudaGraph_t captured = nullptr;
+        const cudaError_t ended = cudaStreamEndCapture(origin, &captured);
+        if (ended != cudaSuccess) {
+            if (captured) cudaGraphDestroy(captured);
+            end_side_captures(calls);
+            cuda::detail::check_status(ended, "cudaStreamEndCapture(origin, &captured)", __FILE__, __LINE__);
+        }
+        cuda::graph g(captured);
+        scratch_.end_segment(calls.front().name);
+        detail::count_one(counters_.captures);
+        detail::add_time(counters_.capture_us, counters_.longest_capture_us, detail::microseconds_since(capture_started_));
+        return g;
+    }
+    //! The capture status of `origin` (at a failure: was the capture invalidated?).
+    static cudaStreamCaptureStatus capture_status(cudaStream_t origin) noexcept {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(origin, &status) != cudaSuccess) status = cudaStreamCaptureStatusNone;
+        return status;
+    }
+    //! What a failed capture comes to, after the capture was ended: an empty graph (a capture-rule
+    //! error under `capture_failure::run_eagerly`), `capture_failed` (one under `raise`), or the
+    //! error as it was thrown. `stage` is the call that was running ("": the capture's end).
+    cuda::graph failed_capture(const std::exception& e, cudaStreamCaptureStatus status, std::string_view running, const segment_site& site) {
+        scratch_.begin_segment(false); // forget the failed segment's scratch
+        detail::count_one(counters_.capture_failures);
+        const std::string stage(running);
+        const std::string what = "capscope: capturing " + site.where + " failed" +
+                                 (stage.empty() ? std::string(" when the capture ended") : " in stage '" + stage + "'") + ": " + e.what();
+        last_failure_ = what;
+        forget_reported_error(e);
+        if (!capture_rule_error(e, status)) throw; // not a tagging problem: as it was thrown
+        // with_hooks names its stages "layerN.hook.<name>" and "step.hook.<name>": a hook is not tagged, it is placed.
+        const bool hook = stage.find(".hook.") != std::string::npos;
+        if (policy_ == capture_failure::raise)
+            throw capture_failed(what + "\n  the capture was ended and its partial graph destroyed; the streams are usable"
+                                        "\n  fix: " +
+                                     std::string(hook ? "make the hook a boundary hook (hook<phase, boundary>), which runs on the host "
+                                                        "around the graphs, or keep the call that a capture refuses out of its body"
+                                                      : "tag the stage (synchronizes_with_host / shapes_depend_on_data / passes_host_values) "
+                                                        "so the plan keeps it out of graphs") +
+                                     ", or build the runner with on_capture_failure<capture_failure::run_eagerly>",
+                                 stage, site.layer, site.graph, site.index);
+        return {};
+    }
+
+    //! Ends a capture that a call left by an exception: joins each stream it may have reached
+    //! into `origin`, ends the capture there and destroys the partial graph.
+    void abort_capture(std::span<const detail::bound_call> calls, cudaStream_t origin) noexcept {
+        cudaEvent_t join = nullptr;
+        detail::clear_own(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        auto join_into_origin = [&](cudaStream_t side) {
+            cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+            if (side == origin || !join || cudaStreamIsCapturing(side, &st) != cudaSuccess || st != cudaStreamCaptureStatusActive) return;
+            detail::clear_own(cudaEventRecord(join, side));
+            detail::clear_own(cudaStreamWaitEvent(origin, join, 0));
+        };
+        for_each_side_stream(calls, join_into_origin);
+        cudaGraph_t partial = nullptr;
+        detail::clear_own(cudaStreamEndCapture(origin, &partial));
+        if (partial) cudaGraphDestroy(partial);
+        if (join) cudaEventDestroy(join);
+        end_side_captures(calls);
+        forked_here_ = 0;
     }
 
     //! Makes `exec` run `g`: updated in place when it exists and CUDA accepts the update,
@@ -281,6 +340,14 @@ private:
     //! plan's event after it. `running` is the call running (for failure messages).
     void execute(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running, bool capturing) {
         forked_here_ = 0;
+        execute_range(calls, origin, origin_lane, running, capturing);
+        join_forks(origin);
+    }
+    void join_forks(cudaStream_t origin) {
+        if (forked_here_) lanes_.join(origin, forked_here_);
+        forked_here_ = 0;
+    }
+    void execute_range(std::span<const detail::bound_call> calls, cudaStream_t origin, int origin_lane, int& running, bool capturing) {
         for (std::size_t i = 0; i < calls.size();) {
             const detail::bound_call& c = calls[i];
             cudaStream_t on = origin;
@@ -302,8 +369,6 @@ private:
             record(c.record, on);
             ++i;
         }
-        if (forked_here_) lanes_.join(origin, forked_here_);
-        forked_here_ = 0;
     }
 
     void call(const detail::bound_call& c, cudaStream_t on, bool capturing) {
@@ -361,26 +426,6 @@ private:
         return value != 0;
     }
 
-    //! Ends a capture that a call left by an exception: joins each stream it may have reached
-    //! into `origin`, ends the capture there and destroys the partial graph.
-    void abort_capture(std::span<const detail::bound_call> calls, cudaStream_t origin) noexcept {
-        cudaEvent_t join = nullptr;
-        detail::clear_own(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-        auto join_into_origin = [&](cudaStream_t side) {
-            cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-            if (side == origin || !join || cudaStreamIsCapturing(side, &st) != cudaSuccess || st != cudaStreamCaptureStatusActive) return;
-            detail::clear_own(cudaEventRecord(join, side));
-            detail::clear_own(cudaStreamWaitEvent(origin, join, 0));
-        };
-        for_each_side_stream(calls, join_into_origin);
-        cudaGraph_t partial = nullptr;
-        detail::clear_own(cudaStreamEndCapture(origin, &partial));
-        if (partial) cudaGraphDestroy(partial);
-        if (join) cudaEventDestroy(join);
-        end_side_captures(calls);
-        forked_here_ = 0;
-    }
-
     //! A stream still capturing after the origin's capture ended (an invalidated capture leaves
     //! them so): end its capture too.
     void end_side_captures(std::span<const detail::bound_call> calls) noexcept {
@@ -423,6 +468,7 @@ private:
     runner_counters counters_;
     std::string last_failure_;
     std::uint32_t forked_here_ = 0; //!< lanes forked by the execution in progress
+    std::chrono::steady_clock::time_point capture_started_;
     std::optional<cuda::stream> body_stream_; //!< captures conditional nodes' bodies (created at the first)
     std::optional<cudaStream_t> previous_; //!< the stream of the last step or run (none before the first)
     std::optional<cuda::event> handover_;  //!< orders a step after the last, on another stream (created at the first change)
