@@ -29,7 +29,7 @@ namespace {
 constexpr int n = 512, layers = 3, microbatches = 2, steps = 6;
 
 //! Where a loop-first trainer's code does CUDA work it should not.
-enum class fault { none, gap_in_graph, legacy_launch, skip_layer1, moved_buffer };
+enum class fault { none, gap_in_graph, legacy_launch, skip_layer1, moved_buffer, guarded_global, guarded_given };
 
 //! The trainer's own marks: none at all (its eager loop, as it was), or an in_place_step's.
 struct no_marks {
@@ -47,13 +47,14 @@ struct no_marks {
 //! loop; block l's kernel also adds block l + 1's weights (fused across the block boundary).
 struct loop_trainer {
     ints counter{1}, w[layers] = {ints(n), ints(n), ints(n)}, g[layers] = {ints(n), ints(n), ints(n)};
-    ints x[layers + 1] = {ints(n), ints(n), ints(n), ints(n)}, tmp{n}, out{n}, elsewhere{n};
+    ints x[layers + 1] = {ints(n), ints(n), ints(n), ints(n)}, tmp{n}, out{n}, elsewhere{n}, all_finite{1};
     cudaStream_t global; //!< the trainer's own stream, a global it keeps using inside its regions
     fault f = fault::none;
     int step_index = 0;
 
     explicit loop_trainer(cudaStream_t s) : global(s) {
         for (ints* b : {&counter, &tmp, &out, &elsewhere}) b->fill_bytes(0, s);
+        k::fill_from(all_finite.data(), counter.data(), 1, 1, s); // 1: the guarded optimizer runs
         for (int l = 0; l < layers; ++l) {
             k::fill_from(w[l].data(), counter.data(), l + 1, n, s);
             g[l].fill_bytes(0, s);
@@ -99,10 +100,15 @@ struct loop_trainer {
             forward(step, mb);
             backward(step);
         }
-        step.run({.kind = stage_kind::optimizer, .buffers_declared = true}, [&](cudaStream_t) {
-            for (int l = 0; l < layers; ++l) k::add(w[l].data(), w[l].data(), g[l].data(), n, global);
-            k::add_one(counter.data(), global);
-        });
+        const bool guarded = f == fault::guarded_global || f == fault::guarded_given;
+        step.run({.kind = stage_kind::optimizer, .buffers_declared = true,
+                  .guard = guarded ? run_if({"all finite", all_finite.data(), sizeof(int)}) : stage_guard{}},
+                 [&](cudaStream_t given) {
+                     // A guarded body is captured on a stream of its own: it must use the one it is given.
+                     const cudaStream_t on = f == fault::guarded_given ? given : global;
+                     for (int l = 0; l < layers; ++l) k::add(w[l].data(), w[l].data(), g[l].data(), n, on);
+                     k::add_one(counter.data(), on);
+                 });
         ++step_index;
     }
     std::vector<int> result() {
@@ -252,6 +258,26 @@ TEST_CASE("in place: the doctor names a region that launches on the legacy strea
     std::printf("  %s\n", text.substr(0, 400).c_str());
     CHECK(at == 1);
     CHECK(text.find("stage 'layer1.block' calls cudaLaunchKernel: it launches on the legacy default stream") != std::string::npos);
+}
+
+TEST_CASE("in place: a guarded region runs as a conditional node, and the doctor names one that keeps the stream around it") {
+    const std::vector<int> expected = own_loop();
+    cuda::stream s;
+    loop_trainer t(s);
+    t.f = fault::guarded_given;
+    in_place_runner<whole> cap;
+    for (int i = 0; i < steps; ++i) {
+        in_place_step step = cap.step(s);
+        t.train_step(step);
+        step.end();
+    }
+    CHECK(cap.counters().conditional_nodes == 1);
+    CHECK(t.result() == expected);
+    int at = -1;
+    const std::string text = error_of<whole, plan_error>(fault::guarded_global, &at);
+    std::printf("  %s\n", text.substr(0, 300).c_str());
+    CHECK(at == 1);
+    CHECK(text.find("stage 'optimizer' calls cudaLaunchKernel: it enqueues on stream") != std::string::npos);
 }
 
 TEST_CASE("in place: a composition's step hook applies to the recorded program, recorded in a pass of its own") {

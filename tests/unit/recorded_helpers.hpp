@@ -21,8 +21,7 @@ inline capscope::marked_region mark_of(const capscope::stage& s, bool backward) 
     m.shapes_depend_on_data = s.shapes_depend_on_data;
     m.passes_host_values = s.passes_host_values;
     m.reads_parameters_of = s.reads_parameters_of;
-    m.saves = s.saves;
-    m.makes = s.makes;
+    if (!backward) m.saves = s.saves, m.makes = s.makes; // a forward's facts
     m.guard = s.guard;
     return m;
 }

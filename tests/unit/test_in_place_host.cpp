@@ -119,3 +119,31 @@ TEST_CASE("in place, on the host: record(body) plans without running the regions
     in_place_runner<config<impl::lazy_per_layer, capture_regions<"attention_of_another_model">>> wrong;
     CHECK_THROWS_WITH_AS(wrong.record([&](in_place_step& step) { t.train_step(step); }), doctest::Contains("attention_of_another_model"), plan_error);
 }
+
+TEST_CASE("in place, on the host: later marks are held against the marks, not against what a composition added to the stages") {
+    // with_offload adds each kept tensor to its producer's outputs; a composer here does the same.
+    char extra = 0;
+    loop_first t;
+    auto compose = [&](training_program p) {
+        for (auto& list : p.microbatches)
+            for (stage& s : list)
+                if (s.layer == 1) s.outputs.push_back({"added by the composition", &extra, 1});
+        return p;
+    };
+    in_place_runner<local> cap({}, {}, compose);
+    cap.record([&](in_place_step& step) { t.train_step(step); });
+    for (int i = 0; i < 2; ++i) { // eager: the warmup (a recording pass of its own is no step)
+        t.log.clear();
+        in_place_step step = cap.step(fake_stream);
+        t.train_step(step);
+        step.end();
+        CHECK(t.log == one_step);
+    }
+    CHECK(cap.program().microbatches[0][1].outputs.size() == 1);
+    // An earlier in_place_step can no longer act once a later step began (the third warmup step).
+    in_place_step first = cap.step(fake_stream);
+    in_place_step second = cap.step(fake_stream);
+    CHECK_THROWS_WITH_AS(first.microbatch(), doctest::Contains("belongs to an earlier step"), std::logic_error);
+    t.train_step(second);
+    second.end();
+}

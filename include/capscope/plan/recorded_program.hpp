@@ -112,6 +112,9 @@ public:
             throw std::invalid_argument("capscope: forward region '" + name_of(m) + "' came after a backward region in microbatch " +
                                         std::to_string(microbatch_) + " -- fix: start the next microbatch first (microbatch())");
         in_backward_ = in_backward_ || pass == phase::backward;
+        if (pass == phase::backward && (!m.saves.empty() || !m.makes.empty()))
+            throw plan_error("P3", name_of(m), "backward region '" + name_of(m) + "' says what it saves or makes, which only a forward does",
+                             "name saves and makes on the region's forward mark");
         lists_.back()[pass == phase::forward ? 0 : 1].push_back(make(m));
     }
     //! The step as a program (throws `plan_error` P3 for an order no declared program has).
@@ -210,9 +213,11 @@ private:
                 continue;
             }
             stage& s = list[std::size_t(found)];
-            if (s.layer != b.layer || !(s.kind == b.kind) || !(s.captured_by == b.captured_by) || s.capturable() != b.capturable())
-                throw plan_error("P3", b.name, "backward region '" + b.name + "' differs from its forward in layer, kind, regions or capture facts",
-                                 "mark a region's backward with the layer, kind, regions and facts of its forward");
+            if (s.layer != b.layer || !(s.kind == b.kind) || !(s.captured_by == b.captured_by) ||
+                s.synchronizes_with_host != b.synchronizes_with_host || s.shapes_depend_on_data != b.shapes_depend_on_data ||
+                s.passes_host_values != b.passes_host_values || !(s.guard == b.guard))
+                throw plan_error("P3", b.name, "backward region '" + b.name + "' differs from its forward in layer, kind, regions, capture facts or guard",
+                                 "mark a region's backward with the layer, kind, regions, facts and guard of its forward");
             s.backward = slot_fn("backward:" + b.name);
             s.backward_inputs = std::move(b.inputs);
             s.backward_outputs = std::move(b.outputs);

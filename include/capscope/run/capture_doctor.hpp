@@ -42,6 +42,9 @@ struct doctor_finding {
     std::string stream;  //!< the stream it used: "the legacy default stream", "stream 0x...", "" for none
     std::string problem; //!< what a capture would do with it
     std::string fix;
+    //! Made by the trainer's own code between two regions of one graph (in_place_runner), not
+    //! by a stage: `stage` then says between which.
+    bool between_regions = false;
 };
 
 namespace detail {
@@ -193,7 +196,7 @@ private:
                 refused_calls_.push_back(call_); // (its graph in another microbatch, say)
                 return;
             }
-        findings_.push_back({std::string(stage_), std::move(call), std::move(stream), std::move(problem), std::move(fix)});
+        findings_.push_back({std::string(stage_), std::move(call), std::move(stream), std::move(problem), std::move(fix), gap_});
         refused_calls_.push_back(call_);
     }
 

@@ -22,10 +22,12 @@
 //! derived stream order, verifier, layer schemas). From then on each region's code runs where the
 //! plan says eager, and is captured or replayed where it says graph: when the trainer's code
 //! reaches the first region of a graph, the graph is launched (captured the first time), and the
-//! graph's regions' code is not run; capscope's own calls (hooks) run between the regions, just
-//! before the next region. A step whose regions differ from the recorded ones (another order,
-//! another region, buffers at other addresses) is an error naming the first difference, before
-//! anything of that region runs; `record_again()` records the next step instead.
+//! graph's regions' code is not run. capscope's own calls (hooks) run in the plan's order: those
+//! in a region's segment right after it, the others just before the next region (or at `end()`).
+//! A step whose regions differ from the recorded ones (another order, another region, buffers at
+//! other addresses) is an error naming the first difference, before that region's code runs (a
+//! region inside a graph launched this step: after the graph ran, which the error says);
+//! `record_again()` records the next step instead.
 //!
 //! The trainer's code between two regions runs every step, in order. Host work there is fine.
 //! CUDA work there is fine between graphs, but not between two regions one graph holds: it would
@@ -101,8 +103,12 @@ public:
     template <class Body>
     void record(Body&& body);
 
+    //! Which step is current: an in_place_step of an earlier one may no longer act.
+    unsigned long generation() const noexcept { return generation_; }
+
     void begin(cudaStream_t s) {
-        if (in_step_) abandon(); // the last step stopped by an exception
+        if (in_step_) abandon(); // the last step stopped by an exception, or its in_place_step was kept
+        ++generation_;
         if (!program_) {
             if (compose_)
                 throw std::logic_error("capscope: an in_place_runner with a composer records in a pass of its own, before the first step "
@@ -144,7 +150,7 @@ public:
         if (recording_) {
             if (step_level) recorder_.mark_step_level(m);
             else recorder_.mark(pass, m);
-            if (!dry_) {
+            if (!dry_ && holds_when_recording(m.guard)) {
                 scope_label label(m.name.empty() ? m.kind.name : m.name);
                 fn(s_);
             }
@@ -241,8 +247,19 @@ private:
 
     //! The recorded program, on the heap: the bound calls point into its stages.
     struct recorded_program {
-        training_program program;
+        training_program program;     //!< as composed: what is planned and run
+        training_program as_recorded; //!< the marks' own stages: what later steps' marks are held against
     };
+
+    //! A guarded region in the step being recorded runs as an eager guarded stage does: when its
+    //! flag, read on the host once the work before it is done, holds (run_while is refused).
+    bool holds_when_recording(const stage_guard& g) const {
+        if (!g) return true;
+        int value = 0;
+        CAPSCOPE_CHECK(cudaMemcpyAsync(&value, g.flag(), sizeof value, cudaMemcpyDeviceToHost, s_));
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s_));
+        return value != 0;
+    }
 
     void require_step(const char* what) const {
         if (!in_step_)
@@ -258,13 +275,14 @@ private:
         in_step_ = false;
         active_scratch = previous_scratch_;
         training_program p = recorder_.finish(layers_, outside_);
+        training_program as_recorded = p;
         if (compose_) p = compose_(std::move(p));
         if (p.rerun)
             throw plan_error("P18", "", "the composed program may refuse a step (training_program::rerun), and a refused step runs every call "
                              "again, which the trainer's own code would have to do", "declare the stages (a training_program) for a step "
                              "the device may refuse");
         if (settings_.check) settings_.check(p);
-        auto owned = std::make_unique<recorded_program>(recorded_program{std::move(p)});
+        auto owned = std::make_unique<recorded_program>(recorded_program{std::move(p), std::move(as_recorded)});
         training_plan plan = make_training_plan(settings_.scope, settings_.warmup_steps, owned->program);
         program_ = std::move(owned);
         plan_ = std::move(plan);
@@ -277,10 +295,14 @@ private:
         for (std::size_t i = 0; i < plan_.segments.size(); ++i)
             for (int k = 0; k < plan_.segments[i].call_count; ++k) seg_of_call_[std::size_t(plan_.segments[i].first_call + k)] = int(i);
         slot_of_call_.assign(calls_.size(), nullptr);
+        recorded_stage_of_call_.assign(calls_.size(), nullptr);
         for (std::size_t c = 0; c < calls_.size(); ++c) {
             const stage_call& pc = plan_.calls[c];
             const stage& st = stage_of(program_->program, pc);
             if (st.added) continue;
+            // The stage as marked, before a composition added to its buffers (offload's copies).
+            for (const stage& r : stage_list(program_->as_recorded, pc.part, pc.microbatch))
+                if (r.name == st.name) recorded_stage_of_call_[c] = &r;
             const std::string key = (pc.part == step_part::step_begin ? "begin:"
                                      : pc.part == step_part::step_end ? "end:"
                                      : pc.direction == phase::forward ? "forward:"
@@ -319,6 +341,7 @@ private:
             return true;
         };
         const bool backward = pass == phase::backward;
+        if (same_region) st = recorded_stage_of_call_[std::size_t(c)]; // its buffers as marked, before a composition added to them
         const bool same_reads = same_region && same_list(backward ? st->backward_inputs : st->inputs, m.reads);
         const bool same_writes = same_region && same_list(backward ? st->backward_outputs : st->outputs, m.writes);
         if (same_reads && same_writes) return;
@@ -337,8 +360,13 @@ private:
                                                                          .size()) +
                                                       " recorded, or at other addresses): a graph would use the recorded ones";
         const long step = executor_.counters().steps + 1;
+        const bool launched = open_ >= 0 && mode_ == segment_mode::replayed;
+        const std::string ran = launched ? "; graph g" + std::to_string(plan_.segments[std::size_t(open_)].graph) +
+                                               ", which holds the regions before it, had been launched, so the recorded work of all its "
+                                               "regions has run this step: restore the model's state before another step"
+                                         : "";
         abandon();
-        throw std::logic_error("capscope: step " + std::to_string(step) + ": " + what +
+        throw std::logic_error("capscope: step " + std::to_string(step) + ": " + what + ran +
                                " -- fix: make every step's marks as the recorded step made them, or call record_again() before a step whose "
                                "regions change (its graphs are captured again after the warmup)");
     }
@@ -412,6 +440,7 @@ private:
             } catch (const std::exception& e) {
                 fail_capture(e, segment_executor::capture_status(on_), {});
             }
+            mode_ = segment_mode::eager; // ended: nothing to abort if what follows throws
             executor_.apply(execs_[std::size_t(seg.graph)], g, calls_[std::size_t(seg.first_call)].name);
             execs_[std::size_t(seg.graph)].launch(on_);
             detail::count_one(executor_.counters().replays);
@@ -490,6 +519,7 @@ private:
         const std::string& before = stage_of(program_->program, plan_.calls[std::size_t(last_region_in_open_)]).name;
         const std::string& after = stage_of(program_->program, plan_.calls[std::size_t(c)]).name;
         executor_.abort_capture(segment_calls(seg), on_);
+        executor_.scratch().begin_segment(false); // forget the failed segment's scratch, as failed_capture does
         open_ = -1;
         detail::count_one(executor_.counters().capture_failures);
         if (settings_.on_failure == capture_failure::run_eagerly) run_eagerly_[std::size_t(seg.graph)] = 1;
@@ -561,6 +591,7 @@ private:
     std::vector<bound_call> calls_;
     std::vector<int> seg_of_call_, next_trainer_;
     std::vector<region_slot*> slot_of_call_;
+    std::vector<const stage*> recorded_stage_of_call_; //!< into program_->as_recorded
     std::vector<cuda::graph_exec> execs_;
     std::vector<unsigned char> run_eagerly_;
     std::unique_ptr<capture_doctor> doctor_;
@@ -569,6 +600,7 @@ private:
     cudaStream_t s_ = nullptr, on_ = nullptr;
     int cursor_ = 0, open_ = -1, microbatch_ = -1, warm_steps_ = 0, last_region_in_open_ = -1;
     long gap_nodes_ = 0;
+    unsigned long generation_ = 0;
     segment_mode mode_ = segment_mode::eager;
     bool skip_replays_ = false; //!< broken on purpose (detail::breakage)
     bool in_step_ = false, recording_ = false, dry_ = false, replaying_ = false, watched_ = false, in_gap_ = false, warmup_started_ = false;
@@ -580,12 +612,12 @@ private:
 //! `end()`; a step left by an exception is abandoned (a capture in progress ended) when it goes.
 class in_place_step {
 public:
-    in_place_step(in_place_step&& o) noexcept : core_(std::exchange(o.core_, nullptr)) {}
+    in_place_step(in_place_step&& o) noexcept : core_(std::exchange(o.core_, nullptr)), generation_(o.generation_) {}
     in_place_step(const in_place_step&) = delete;
     in_place_step& operator=(const in_place_step&) = delete;
     in_place_step& operator=(in_place_step&&) = delete;
     ~in_place_step() {
-        if (core_) core_->abandon();
+        if (core_ && core_->generation() == generation_) core_->abandon();
     }
 
     //! Step-level work: before the first microbatch (`step_begin`: zeroing the gradients), or after
@@ -613,19 +645,28 @@ public:
     void end() {
         detail::in_place_core& c = core();
         core_ = nullptr;
-        c.end();
+        try {
+            c.end();
+        } catch (...) {
+            c.abandon(); // a capture or a watch left open would outlive the step
+            throw;
+        }
     }
 
 private:
     template <class C, class S>
     friend class in_place_runner;
     friend class detail::in_place_core;
-    explicit in_place_step(detail::in_place_core& core) noexcept : core_(&core) {}
+    explicit in_place_step(detail::in_place_core& core) noexcept : core_(&core), generation_(core.generation()) {}
     detail::in_place_core& core() {
         if (!core_) throw std::logic_error("capscope: this in_place_step has ended -- fix: begin the next step with in_place_runner::step(stream)");
+        if (core_->generation() != generation_)
+            throw std::logic_error("capscope: this in_place_step belongs to an earlier step (a later step() began) -- fix: mark the regions "
+                                   "on the step that step() returned last");
         return *core_;
     }
     detail::in_place_core* core_;
+    unsigned long generation_;
 };
 
 template <class Config, class Schemas = layer_schemas<>>
@@ -652,7 +693,8 @@ public:
         return in_place_step(*core_);
     }
     //! Records one step's marks without running their code: `body(step)` makes them (the trainer's
-    //! step, its regions' callables not called; its code between them runs).
+    //! step, its regions' callables not called; its code between them runs). `record` ends the
+    //! step itself: `body` does not call `end()`.
     template <class Body>
         requires std::is_invocable_v<Body&, in_place_step&>
     void record(Body&& body) {
@@ -701,6 +743,7 @@ void detail::in_place_core::record(Body&& body) {
     dry_ = true;
     recorder_ = program_recorder{};
     in_step_ = true;
+    ++generation_;
     microbatch_ = -1;
     previous_scratch_ = active_scratch;
     struct undry {

@@ -99,14 +99,13 @@ inline void act_on_findings(const capture_doctor& doctor, const training_plan& p
                        (found.size() == 1 ? " call" : " calls") + " of stages that will be captured could not be: ";
     for (std::size_t i = 0; i < found.size() && i < 8; ++i) {
         const doctor_finding& f = found[i];
-        const bool gap = f.stage.starts_with("between "); // the trainer's code between two regions (in_place_runner)
-        what += (i ? "; " : "") + (gap ? "the code " + f.stage : "stage '" + f.stage + "'") + " " +
+        what += (i ? "; " : "") + (f.between_regions ? "the code " + f.stage : "stage '" + f.stage + "'") + " " +
                 (f.call == "(its return)" ? "" : "calls " + f.call + ": it ") + f.problem;
     }
     if (found.size() > 8) what += "; and " + std::to_string(found.size() - 8) + " more";
     throw plan_error("P20", found.front().stage, what,
-                     found.front().fix + " (or tag the stage so the plan keeps it out of graphs, or build the runner with "
-                     "on_capture_failure<capture_failure::run_eagerly> to leave its graph eager; capture_doctor_off stops the watch)");
+                     found.front().fix + (found.front().between_regions ? " (or build the runner with " : " (or tag the stage so the plan keeps it out of graphs, or build the runner with ") +
+                         "on_capture_failure<capture_failure::run_eagerly> to leave its graph eager; capture_doctor_off stops the watch)");
 }
 } // namespace detail
 

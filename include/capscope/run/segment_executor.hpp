@@ -218,7 +218,8 @@ public:
         if (cudaStreamIsCapturing(origin, &status) != cudaSuccess) status = cudaStreamCaptureStatusNone;
         return status;
     }
-    //! What a failed capture comes to, after the capture was ended: an empty graph (a capture-rule
+    //! What a failed capture comes to, after the capture was ended (call it from the handler that
+    //! caught `e`: an error that is not a capture's is rethrown as it was, by `throw;`): an empty graph (a capture-rule
     //! error under `capture_failure::run_eagerly`), `capture_failed` (one under `raise`), or the
     //! error as it was thrown. `stage` is the call that was running ("": the capture's end).
     cuda::graph failed_capture(const std::exception& e, cudaStreamCaptureStatus status, std::string_view running, const segment_site& site) {
@@ -408,6 +409,20 @@ private:
             body(body_stream_->get());
             node.close();
             detail::count_one(counters_.conditional_nodes);
+        } else if (doctor_) {
+            // Watched: the body runs on the stream a capture gives it (forked and joined back), so
+            // the doctor names a body that keeps using the stream around it instead; captured,
+            // that work would land outside the conditional node and run on every replay.
+            if (!body_stream_) body_stream_.emplace();
+            if (!body_fork_) body_fork_.emplace(), body_join_.emplace();
+            while (holds(guard, on)) {
+                body_fork_->record(on);
+                body_fork_->wait_on(body_stream_->get());
+                body(body_stream_->get());
+                body_join_->record(body_stream_->get());
+                body_join_->wait_on(on);
+                if (guard.kind != guard_kind::while_holds) break;
+            }
         } else {
             while (holds(guard, on)) {
                 body(on);
@@ -470,6 +485,7 @@ private:
     std::uint32_t forked_here_ = 0; //!< lanes forked by the execution in progress
     std::chrono::steady_clock::time_point capture_started_;
     std::optional<cuda::stream> body_stream_; //!< captures conditional nodes' bodies (created at the first)
+    std::optional<cuda::event> body_fork_, body_join_; //!< a watched eager body on body_stream_ (created at the first)
     std::optional<cudaStream_t> previous_; //!< the stream of the last step or run (none before the first)
     std::optional<cuda::event> handover_;  //!< orders a step after the last, on another stream (created at the first change)
     cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;
