@@ -53,6 +53,11 @@ TWIN(layer_plan<config<impl::lazy_per_layer, modules<capture::attention>>, seede
 CHECK_COMPILES(layer_plan<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>>, seeded_dropout>);
 #endif
 TWIN(layer_plan<config<impl::eager>, seeded_dropout>);
+// Updated in the graph before each replay, the same stage is captured with its layer, and in the whole step.
+using updated_dropout = layer_schema<"updated", stage_decl<stage_kind::attention, regions<capture::attention>>,
+                                     stage_decl<stage_kind::mlp, regions<capture::mlp>, updated_in_graph>>;
+TWIN(layer_plan<config<impl::lazy_per_layer, modules<capture::attention, capture::mlp>>, updated_dropout>);
+TWIN(layer_plan<config<impl::whole_iteration, no_nan_check>, updated_dropout>);
 #ifdef CASE_P8__whole_iteration
 CHECK_COMPILES(layer_plan<config<impl::whole_iteration, no_nan_check>, seeded_dropout>);
 #endif

@@ -93,10 +93,28 @@ TEST_CASE("P8: a stage that passes host values to its kernels at launch stays ou
     p.microbatches[0][4].passes_host_values = true; // layer1.mlp: dropout with a seed passed by value
     CHECK(plan_error_text({graph_impl::lazy_per_layer, {}}, p) ==
           "capscope plan rule P8: stage 'layer1.mlp' passes host values to its kernels at launch (a graph would freeze them), yet "
-          "impl local captures whole layers, this one included -- fix: keep the values in device memory and have the kernels read "
+          "impl local captures whole layers, this one included -- fix: declare it updated_in_graph (it is captured, recorded again "
+          "before each replay and its nodes updated in the graph), or keep the values in device memory and have the kernels read "
           "them there (as the example model's AdamW and dropout seed do), then drop passes_host_values; or name the regions to "
           "capture instead of the whole layer (modules<>), leaving out mlp");
     CHECK(plan_for<config<impl::lazy_per_layer, modules<capture::attention>>>(p).graph_count == 4);
+    // Declared updated in the graph, it is captured with its layer, under every capturing impl.
+    p.microbatches[0][4].updated_in_graph = true;
+    CHECK(plan_for<config<impl::lazy_per_layer>>(p).graph_count == 4);
+    CHECK(plan_for<config<impl::whole_iteration, no_nan_check>>(p).graph_count == 1);
+}
+
+TEST_CASE("P21: a stage updated in the graph cannot be guarded, or sit in a trainer's marks") {
+    fake::model m;
+    auto p = m.program("D", false, 1);
+    char flag[4] = {};
+    p.microbatches[0][2].passes_host_values = p.microbatches[0][2].updated_in_graph = true;
+    p.microbatches[0][2].guard = run_if({"all_finite", flag, sizeof flag});
+    p.microbatches[0][1].outputs.push_back({"all_finite", flag, sizeof flag}); // attention writes the flag
+    const std::string text = plan_error_text({graph_impl::whole_iteration, {}}, p);
+    CHECK(text.find("capscope plan rule P21: stage 'layer0.mlp' is updated in the graph before each replay and runs only while a flag holds") == 0);
+    p.microbatches[0][2].guard = {};
+    CHECK(plan_for<config<impl::whole_iteration, no_nan_check>>(p).graph_count == 1);
 }
 
 TEST_CASE("a stage in no capture region gets a fix it can follow") {

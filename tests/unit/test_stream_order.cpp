@@ -428,7 +428,7 @@ TEST_CASE("a recorded program and the same program declared: the same verdict an
                 reduce.outputs.clear();
                 reduce.backward_outputs = {{"layer0.reduced", m.buffers.data() + 30, 1}};
                 reduce.saves.clear();
-                reduce.makes = {};
+                reduce.makes = offload_name_set{};
                 list.insert(list.begin() + 1, reduce);
             }
         }

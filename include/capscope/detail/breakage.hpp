@@ -3,7 +3,8 @@
 //! The one seam through which tests break the engine on purpose, to watch a test go red without
 //! a derived wait, a guard or a rerun. Nothing in the library sets it, so a user's program leaves
 //! it empty; only the test suites install it (tests/gpu/breakage.hpp, from CAPSCOPE_BREAK).
-//! It is read while a plan is made and while a runner binds its calls, never on the replay path.
+//! It is read while a plan is made and while a runner binds its calls; `skip_graph_updates` once
+//! per replay that has updates (one load).
 
 #include <string>
 
@@ -16,6 +17,7 @@ struct breakage {
     bool ignore_guards = false; //!< every guarded stage runs once, unconditionally
     bool skip_rerun = false;    //!< a refused step stays refused
     bool skip_in_place_replays = false; //!< an in_place_runner launches no captured graph after its first (a no-op replay)
+    bool skip_graph_updates = false;    //!< calls updated in the graph keep the values of their capture
 };
 
 inline breakage installed_breakage_v{};

@@ -45,7 +45,7 @@ struct misplacement {
 constexpr misplacement_problem capture_problem(const stage_facts& s) {
     if (s.synchronizes_with_host) return misplacement_problem::synchronizes_with_host;
     if (s.shapes_depend_on_data) return misplacement_problem::shapes_depend_on_data;
-    if (s.passes_host_values) return misplacement_problem::passes_host_values;
+    if (s.passes_host_values && !s.updated_in_graph) return misplacement_problem::passes_host_values;
     return misplacement_problem::none;
 }
 

@@ -111,43 +111,43 @@ struct P8 {
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::embedding, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage embedding passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage embedding passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::attention, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage attention passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage attention passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::mlp, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage mlp passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage mlp passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::moe_router, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage moe_router passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage moe_router passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::moe_preprocess, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage moe_preprocess passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage moe_preprocess passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::moe_experts, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage moe_experts passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage moe_experts passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::mamba, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage mamba passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage mamba passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::head, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage head passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage head passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::optimizer, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage optimizer passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage optimizer passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 template <class Schema, int Stage, class Config>
 struct P8<stage_kind::other, Schema, Stage, Config> {
-    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage other passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
+    static_assert(detail::always_false<Config>, "capscope plan rule P8: stage other passes host values to its kernels at launch (a graph would freeze them), yet the config captures it -- fix: declare it updated_in_graph (recorded again and updated in the graph before each replay), or keep the values in device memory and read them there, then drop passes_host_values; or leave its regions out of modules<...> / capture_regions<...> (naming none captures whole layers, impl::whole_iteration everything)");
 };
 
 } // namespace capscope::plan_rules

@@ -108,7 +108,8 @@ inline std::string misplacement_words(misplacement_problem p) {
                                             const std::string& name) {
     std::string fix = misplacement_fix(c, s);
     if (p == misplacement_problem::passes_host_values)
-        fix = "keep the values in device memory and have the kernels read them there (as the example model's AdamW and dropout "
+        fix = "declare it updated_in_graph (it is captured, recorded again before each replay and its nodes updated in the graph), "
+              "or keep the values in device memory and have the kernels read them there (as the example model's AdamW and dropout "
               "seed do), then drop passes_host_values; or " + fix;
     throw plan_error(misplacement_rule(p), name, "stage '" + name + "' " + misplacement_words(p) + ", yet " + capture_description(c), fix);
 }

@@ -48,6 +48,7 @@ std::string segment_stages(const Plan& plan, const Program& program, const plan_
         }
         out += st.name;
         if (lanes && st.lane != s.lane) out += " [lane " + std::to_string(st.lane) + "]"; // a branch
+        if (s.graphed && st.updated_in_graph) out += " [updated before each replay]";
     }
     if (open) out += inner + "}";
     return out;
@@ -151,6 +152,7 @@ inline std::string to_text(const training_plan& plan, const training_program& pr
                 const std::string where = c.microbatch >= 0 ? " (microbatch " + std::to_string(c.microbatch) + " " + std::string(phase_name(c.direction)) + ")" : "";
                 if (st.lane) out += "    " + st.name + where + ": forked onto lane " + std::to_string(st.lane) + "\n";
                 if (st.guard) out += "    " + st.name + where + ": in conditional node " + guard_word(st.guard.kind) + " '" + name_of(st.guard.predicate) + "'\n";
+                if (st.updated_in_graph) out += "    " + st.name + where + ": a child graph, recorded again and updated before each replay\n";
                 if (c.waits.count) out += "    " + st.name + where + ": waits for " + detail::wait_list(plan, program, c.waits) + "\n";
             }
             continue;

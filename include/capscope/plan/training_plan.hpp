@@ -245,6 +245,24 @@ inline void check_capture_time_calls(const training_plan& plan, const training_p
     }
 }
 
+//! P21: a stage updated in the graph is recorded again, alone, before each replay and put in
+//! place of its nodes: it cannot sit in a conditional node's body (its guard).
+inline void check_updated_in_graph(const training_program& program) {
+    auto check = [](const stage& s) {
+        if (!s.updated_in_graph || !s.guard) return;
+        throw plan_error("P21", s.name,
+                         "stage '" + s.name + "' is updated in the graph before each replay and runs only while a flag holds (" +
+                             guard_word(s.guard.kind) + " '" + s.guard.predicate.name + "'): a conditional node's body cannot take a "
+                             "stage recorded again on its own",
+                         "leave the guard off this stage, or keep the values in device memory and drop updated_in_graph (a "
+                         "guarded stage may read them there)");
+    };
+    for (const stage& s : program.step_begin) check(s);
+    for (const auto& list : program.microbatches)
+        for (const stage& s : list) check(s);
+    for (const stage& s : program.step_end) check(s);
+}
+
 inline void check_capturable(const capture_scope& c, const std::vector<stage>& list) {
     const auto facts = facts_of(list);
     const misplacement m = find_misplacement(c, facts);
@@ -256,6 +274,7 @@ inline void check_capturable(const capture_scope& c, const std::vector<stage>& l
 //! Plans one training step; throws `plan_error` when the program cannot run under `scope`.
 inline training_plan make_training_plan(const capture_scope& scope, int warmup_steps, const training_program& program) {
     detail::check_program_shape(program);
+    detail::check_updated_in_graph(program);
     detail::check_capturable(scope, program.step_begin);
     for (const auto& list : program.microbatches) detail::check_capturable(scope, list);
     detail::check_capturable(scope, program.step_end);

@@ -21,11 +21,15 @@ struct runner_counters {
     long guard_reads = 0;        //!< eager: a guard's flag read on the host (once per IF, once per WHILE pass and at its end)
     long reruns = 0;             //!< steps refused on the device (training_program::rerun) and run again eagerly
     long doctor_calls_watched = 0; //!< stage calls the capture doctor watched in the last warmup step (0: it did not watch)
+    long graph_updates = 0;   //!< calls updated in the graph (stage::updated_in_graph): recorded again and put in place before a replay
+    long update_fallbacks = 0; //!< replays whose update the graph could not take, run eagerly instead (capture_failure::run_eagerly)
     // Start-up, in host microseconds (set-up only: never on the replay path).
     long capture_us = 0;             //!< capturing segments into graphs, all of them
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them
     long longest_capture_us = 0;     //!< the longest single capture
     long longest_instantiate_us = 0; //!< the longest single instantiation or update
+    long update_us = 0;              //!< recording and putting in place the calls updated in the graph, all of them
+    long longest_update_us = 0;      //!< the longest single replay's updates
     friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
 };
 

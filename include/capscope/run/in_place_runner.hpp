@@ -281,6 +281,10 @@ private:
             throw plan_error("P18", "", "the composed program may refuse a step (training_program::rerun), and a refused step runs every call "
                              "again, which the trainer's own code would have to do", "declare the stages (a training_program) for a step "
                              "the device may refuse");
+        for (const auto* list : {&p.step_begin, &p.step_end})
+            for (const stage& st : *list) refuse_updated(st);
+        for (const auto& list : p.microbatches)
+            for (const stage& st : list) refuse_updated(st);
         if (settings_.check) settings_.check(p);
         auto owned = std::make_unique<recorded_program>(recorded_program{std::move(p), std::move(as_recorded)});
         training_plan plan = make_training_plan(settings_.scope, settings_.warmup_steps, owned->program);
@@ -317,6 +321,15 @@ private:
         // A step recorded as it ran is the first warmup step (no composer: no warmup hooks either).
         warm_steps_ = dry_ ? 0 : 1;
         warmup_started_ = !dry_;
+    }
+
+    //! P21, in place: a graph is launched at its first region, before the code of its later
+    //! regions is reached, so nothing could record them again before the launch.
+    static void refuse_updated(const stage& st) {
+        if (st.updated_in_graph)
+            throw plan_error("P21", st.name, "stage '" + st.name + "' is updated in the graph before each replay, which in place cannot be: "
+                             "a graph is launched at its first region, before the code of its later regions is reached",
+                             "declare the stage in a training_program (runner<Config>), or keep its values in device memory");
     }
 
     std::string describe_call(int c) const {

@@ -63,7 +63,7 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
         calls.push_back({c.direction == phase::forward ? st.forward : st.backward, st.name, st.lane, waits, c.record, st.forks_to, st.capture_only,
                          // a test may break the guards on purpose: every guarded stage then runs once, unconditionally
                          st.guard && !installed_breakage().ignore_guards ? &st.guard : nullptr, &c, // c lives in the plan, as the waits do
-                         !st.collective_calls.empty() || st.kind == stage_kind_id("collective")});
+                         !st.collective_calls.empty() || st.kind == stage_kind_id("collective"), st.updated_in_graph});
     }
     return calls;
 }
@@ -129,6 +129,9 @@ public:
           calls_(detail::bind_calls(plan_, program_)),
           executor_(Config::engine.mode, Config::engine.on_failure) {
         execs_.resize(std::size_t(plan_.graph_count));
+        updates_.resize(std::size_t(plan_.graph_count));
+        kept_.resize(std::size_t(plan_.graph_count));
+        fresh_.assign(std::size_t(plan_.graph_count), {-1, -1});
         run_eagerly_.assign(std::size_t(plan_.graph_count), 0);
         first_segment_.assign(std::size_t(plan_.graph_count), -1);
         for (std::size_t i = 0; i < plan_.segments.size(); ++i) {
@@ -178,7 +181,7 @@ public:
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
             executor_.wait(plan_.waits_of(seg.waits), on);
             if (replaying && seg.graphed && !run_eagerly_[std::size_t(seg.graph)] &&
-                (execs_[std::size_t(seg.graph)] || capture_in_step(seg, on))) {
+                (execs_[std::size_t(seg.graph)] || capture_in_step(seg, on)) && updated(seg)) {
                 execs_[std::size_t(seg.graph)].launch(on);
                 detail::count_one(executor_.counters().replays);
             } else {
@@ -269,12 +272,41 @@ private:
     //! leaves it eager (policy `run_eagerly`). Other failures propagate (segment_executor.hpp).
     bool capture(const plan_segment& seg, cudaStream_t s) {
         cuda::graph g = executor_.capture(calls_of(seg), s, seg.lane, [&] { return site(seg); });
+        const std::size_t at = std::size_t(seg.graph);
         if (!g) {
-            run_eagerly_[std::size_t(seg.graph)] = 1;
+            run_eagerly_[at] = 1;
             return false;
         }
-        executor_.apply(execs_[std::size_t(seg.graph)], g, calls_[std::size_t(seg.first_call)].name);
+        updates_[at] = executor_.take_captured_updates();
+        executor_.apply(execs_[at], g, calls_[std::size_t(seg.first_call)].name);
+        if (!updates_[at].empty()) kept_[at] = std::move(g); // its child nodes are updated through the graph instantiated
+        fresh_[at] = {executor_.counters().steps, int(&seg - plan_.segments.data())};
         return true;
+    }
+
+    //! Before a replay of `seg`'s graph: its calls updated in the graph, recorded again with this
+    //! step's values and put in place (not for the segment captured this very step: it holds them).
+    //! False when the graph could not take them under capture_failure::run_eagerly: the segment
+    //! then runs eagerly this step (counted); under raise, `capture_failed` names the stage.
+    bool updated(const plan_segment& seg) {
+        const std::size_t g = std::size_t(seg.graph);
+        if (updates_[g].empty()) return true;
+        if (fresh_[g].first == executor_.counters().steps && fresh_[g].second == int(&seg - plan_.segments.data())) return true;
+        std::string why;
+        const std::string_view refused = executor_.refresh(execs_[g], updates_[g], calls_of(seg), why);
+        if (refused.empty()) return true;
+        if (Config::engine.on_failure == capture_failure::run_eagerly) {
+            detail::count_one(executor_.counters().update_fallbacks);
+            return false;
+        }
+        const segment_site where = site(seg);
+        throw capture_failed("capscope: updating " + where.where + " before its replay failed at stage '" + std::string(refused) +
+                                 "': what it launches this step differs from what the graph holds in a way an update cannot take "
+                                 "(another kernel, another number or order of launches; CUDA: " + why + ")"
+                                 "\n  fix: keep the stage's kernels and its number of launches the same every step (their arguments, grid "
+                                 "and block sizes may change), or build the runner with on_capture_failure<capture_failure::run_eagerly>, "
+                                 "under which such a step runs that segment eagerly (counted in update_fallbacks)",
+                             std::string(refused), where.layer, where.graph, where.index);
     }
 
     //! A lazy capture in the middle of a step: a failure says how much of the step had run.
@@ -359,6 +391,8 @@ private:
     void release_graphs() noexcept {
         const bool had = graphs_alive() > 0;
         for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
+        for (cuda::graph& g : kept_) g = cuda::graph{};
+        for (auto& u : updates_) u.clear();
         run_eagerly_.assign(run_eagerly_.size(), 0);
         executor_.release(had);
     }
@@ -368,6 +402,11 @@ private:
     std::vector<detail::bound_call> calls_; //!< names and forks_to point into program_'s stages
     segment_executor executor_;
     std::vector<cuda::graph_exec> execs_;
+    //! Per graph, its calls updated in the graph (stage::updated_in_graph), the graph they were
+    //! captured in (kept: their nodes are its nodes), and the step and segment of its capture.
+    std::vector<std::vector<detail::updated_node>> updates_;
+    std::vector<cuda::graph> kept_;
+    std::vector<std::pair<long, int>> fresh_;
     std::vector<unsigned char> run_eagerly_;
     //! The last warmup step's (capscope/run/capture_doctor.hpp); kept, as a callback on another
     //! thread may still read it while CUPTI lets go; on the heap, so the runner moves.

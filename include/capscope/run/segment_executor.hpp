@@ -27,6 +27,7 @@
 #include <capscope/cuda/event.hpp>
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
+#include <capscope/detail/breakage.hpp>
 #include <capscope/plan/plan_calls.hpp>
 #include <capscope/run/capture_doctor.hpp>
 #include <capscope/run/capture_failed.hpp>
@@ -40,6 +41,7 @@
 #include <exception>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +76,16 @@ struct bound_call {
     //! It makes collective calls (stage::collective_calls): NCCL's eager path waits, queries and
     //! forks on streams of its own that its captured path does not use, so the doctor leaves it be.
     bool collective = false;
+    //! Updated in the graph (stage::updated_in_graph): captured as a child graph of its own, which
+    //! `refresh` records again and puts in place before each replay.
+    bool updated = false;
+};
+
+//! A call updated in the graph, in a captured segment: its offset among the segment's calls, and
+//! the child graph node that holds it (in the graph the executable was instantiated from).
+struct updated_node {
+    int call = 0;
+    cudaGraphNode_t node = nullptr;
 };
 
 //! Whether calls `a` and `b` belong to one guarded run (one conditional node).
@@ -157,6 +169,7 @@ public:
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         try {
             begin_capture(origin);
+            capture_first_ = calls.data(); // calls updated in the graph are counted from here
             try {
                 execute(calls, origin, origin_lane, running, true);
                 running = -1;
@@ -182,6 +195,8 @@ public:
     }
     void begin_capture(cudaStream_t origin) {
         capture_started_ = std::chrono::steady_clock::now();
+        captured_updates_.clear();
+        capture_first_ = nullptr;
         scratch_.reserve_arena();
         scratch_.begin_segment(true);
         forked_here_ = 0;
@@ -263,6 +278,34 @@ public:
         if (join) cudaEventDestroy(join);
         end_side_captures(calls);
         forked_here_ = 0;
+    }
+
+    //! The calls updated in the graph that the last capture met (`updated_node::call` counts from
+    //! the first call of `calls` given to `capture`, or to `execute_part` after `begin_capture`).
+    std::vector<detail::updated_node> take_captured_updates() { return std::move(captured_updates_); }
+
+    //! Before a replay of `exec`: each call of `calls` updated in the graph is recorded again,
+    //! alone, and its child graph node in `exec` set to the new recording. Returns the name of the
+    //! first call whose new recording the graph cannot take (another kernel, another count or
+    //! order of nodes), with CUDA's reason in `why`; {} when every update was taken.
+    std::string_view refresh(const cuda::graph_exec& exec, std::span<const detail::updated_node> nodes, std::span<const detail::bound_call> calls,
+                             std::string& why) {
+        if (detail::installed_breakage().skip_graph_updates) return {}; // a test, broken on purpose: the graph keeps old values
+        const auto started = std::chrono::steady_clock::now();
+        for (const detail::updated_node& u : nodes) {
+            const detail::bound_call& c = calls[std::size_t(u.call)];
+            const cuda::graph g = record_alone(c);
+            const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                why = cudaGetErrorString(e);
+                detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
+                return c.name;
+            }
+            detail::count_one(counters_.graph_updates);
+        }
+        detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
+        return {};
     }
 
     //! Makes `exec` run `g`: updated in place when it exists and CUDA accepts the update,
@@ -373,6 +416,7 @@ private:
     }
 
     void call(const detail::bound_call& c, cudaStream_t on, bool capturing) {
+        if (capturing && c.updated) return capture_child(c, on);
         if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
             const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
             if (doctor_ && !c.collective) { // the last warmup step only: every CUDA call the stage makes is watched
@@ -383,6 +427,42 @@ private:
             }
             c.fn(on);
         }
+    }
+
+    //! A call updated in the graph, while `on` is captured: recorded alone on a stream of its own
+    //! and added to the capture as a child graph node after what `on` had captured so far.
+    void capture_child(const detail::bound_call& c, cudaStream_t on) {
+        if (!capture_first_)
+            throw std::logic_error("capscope: stage '" + std::string(c.name) + "' is updated in the graph, which a segment captured piecewise "
+                                   "(in_place_runner) cannot do -- fix: declare the stage in a training_program");
+        const cuda::graph child = record_alone(c);
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        cudaGraph_t parent = nullptr;
+        const cudaGraphNode_t* deps = nullptr;
+        std::size_t count = 0;
+        CAPSCOPE_CHECK(cudaStreamGetCaptureInfo(on, &status, nullptr, &parent, &deps, nullptr, &count));
+        cudaGraphNode_t node = nullptr;
+        CAPSCOPE_CHECK(cudaGraphAddChildGraphNode(&node, parent, deps, count, child.get()));
+        CAPSCOPE_CHECK(cudaStreamUpdateCaptureDependencies(on, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+        captured_updates_.push_back({int(&c - capture_first_), node});
+    }
+    //! `c` alone, recorded into a graph of its own (what it launches this step, with this step's values).
+    cuda::graph record_alone(const detail::bound_call& c) {
+        if (!update_stream_) update_stream_.emplace();
+        const cudaStream_t s = update_stream_->get();
+        scope_label label(c.name);
+        CAPSCOPE_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        try {
+            c.fn(s);
+        } catch (...) {
+            cudaGraph_t partial = nullptr;
+            detail::clear_own(cudaStreamEndCapture(s, &partial));
+            if (partial) cudaGraphDestroy(partial);
+            throw;
+        }
+        cudaGraph_t g = nullptr;
+        CAPSCOPE_CHECK(cudaStreamEndCapture(s, &g));
+        return cuda::graph(g);
     }
 
     //! A run of calls under one guard, on stream `on`: captured, one conditional node whose body
@@ -486,6 +566,9 @@ private:
     std::chrono::steady_clock::time_point capture_started_;
     std::optional<cuda::stream> body_stream_; //!< captures conditional nodes' bodies (created at the first)
     std::optional<cuda::event> body_fork_, body_join_; //!< a watched eager body on body_stream_ (created at the first)
+    std::optional<cuda::stream> update_stream_; //!< records calls updated in the graph (created at the first)
+    std::vector<detail::updated_node> captured_updates_; //!< met by the capture in progress
+    const detail::bound_call* capture_first_ = nullptr;   //!< the first call of the capture in progress
     std::optional<cudaStream_t> previous_; //!< the stream of the last step or run (none before the first)
     std::optional<cuda::event> handover_;  //!< orders a step after the last, on another stream (created at the first change)
     cudaGraphExecUpdateResult last_refusal_ = cudaGraphExecUpdateSuccess;

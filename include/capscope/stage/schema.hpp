@@ -78,6 +78,11 @@ struct shapes_depend_on_data {
 struct passes_host_values {
     static constexpr void apply(stage_facts& f) { f.passes_host_values = true; }
 };
+//! Passes host values, and is captured anyway: recorded again and updated in the executable graph
+//! before each replay (stage_facts::updated_in_graph).
+struct updated_in_graph {
+    static constexpr void apply(stage_facts& f) { f.passes_host_values = f.updated_in_graph = true; }
+};
 //! The stage runs on the runner's side stream `Lane` (capscope/stage/stage.hpp); also a hook
 //! option (capscope/hooks/hook.hpp).
 template <int Lane>
@@ -152,7 +157,7 @@ struct stage_decl {
     static_assert(detail::is_regions<Regions>, "capscope::stage_decl<kind, regions<...>, properties...>: the second argument is regions<...>");
     static_assert(sizeof(Regions) > 0); // checks the regions where the schema is named
     static_assert((detail::stage_property<Properties> && ...),
-                  "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, "
+                  "capscope::stage_decl<...> properties are synchronizes_with_host, shapes_depend_on_data, passes_host_values, updated_in_graph, "
                   "on_lane<k>, saves<offload_module...>, makes<offload_module...>, saves_named<\"...\">, makes_named<\"...\">, "
                   "run_if_holds<\"flag\">, run_while_holds<\"flag\"> and writes_flags<\"...\">");
     static_assert(std::is_same_v<std::remove_cv_t<decltype(Kind)>, stage_kind> || requires { Kind.view(); },
@@ -179,6 +184,7 @@ struct stage_decl {
         s.synchronizes_with_host = f.synchronizes_with_host;
         s.shapes_depend_on_data = f.shapes_depend_on_data;
         s.passes_host_values = f.passes_host_values;
+        s.updated_in_graph = f.updated_in_graph;
         s.lane = f.lane;
         s.makes = f.makes; // what it saves, the trainer lists with its tensors (stage::saves)
         s.forward = forward;

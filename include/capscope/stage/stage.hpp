@@ -67,8 +67,12 @@ struct stage_facts {
     //! Guard flags this stage writes (a layer schema's `writes_flags<...>`; at run time the plan
     //! reads what a stage writes from its declared outputs instead).
     region_set flags_written;
+    //! Its launches change every step (host values, sizes known on the host before the step), and
+    //! it is captured anyway: before each replay the runner records it again, alone, and updates its
+    //! nodes in the executable graph (capscope/run/segment_executor.hpp, plan rule P21).
+    bool updated_in_graph = false;
 
-    constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data && !passes_host_values; }
+    constexpr bool capturable() const { return !synchronizes_with_host && !shapes_depend_on_data && (!passes_host_values || updated_in_graph); }
     friend constexpr bool operator==(const stage_facts&, const stage_facts&) = default;
 };
 
@@ -83,6 +87,7 @@ struct stage {
     bool synchronizes_with_host = false;
     bool shapes_depend_on_data = false;
     bool passes_host_values = false; //!< see stage_facts
+    bool updated_in_graph = false;   //!< see stage_facts: captured, and its nodes updated before each replay
     int lane = 0;                    //!< see stage_facts
     bool branch = false;             //!< see stage_facts
     offload_name_set makes;          //!< see stage_facts
@@ -132,7 +137,7 @@ struct stage {
         offload_name_set kept;
         for (const saved_tensor& t : saves) kept.insert(t.module);
         return {kind, layer, captured_by, synchronizes_with_host, shapes_depend_on_data, passes_host_values, lane, branch, kept, makes, guard.kind,
-                guard ? std::string_view(guard.predicate.name) : std::string_view(), false, {}};
+                guard ? std::string_view(guard.predicate.name) : std::string_view(), false, {}, updated_in_graph};
     }
     //! Same work on the same declared buffers: a graph captured from one replays the other. False
     //! when either stage leaves its buffers undeclared.
