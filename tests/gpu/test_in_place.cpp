@@ -27,6 +27,7 @@ using ints = cuda::device_buffer<int>;
 namespace {
 
 constexpr int n = 512, layers = 3, microbatches = 2, steps = 6;
+constexpr int block_calls_per_step = layers * microbatches; // forward calls of a block region in one step
 
 //! Where a loop-first trainer's code does CUDA work it should not.
 enum class fault { none, gap_in_graph, legacy_launch, skip_layer1, moved_buffer, guarded_global, guarded_given };
@@ -50,6 +51,7 @@ struct loop_trainer {
     ints x[layers + 1] = {ints(n), ints(n), ints(n), ints(n)}, tmp{n}, out{n}, elsewhere{n}, all_finite{1};
     cudaStream_t global; //!< the trainer's own stream, a global it keeps using inside its regions
     fault f = fault::none;
+    bool scaled = false; //!< each block followed by a region with a host value and a host-sized launch
     int step_index = 0;
 
     explicit loop_trainer(cudaStream_t s) : global(s) {
@@ -79,6 +81,12 @@ struct loop_trainer {
                              if (l + 1 < layers) k::add(into.data(), into.data(), w[l + 1].data(), n, global);
                              if (f == fault::legacy_launch && l == 1) k::scale(tmp.data(), tmp.data(), 1, n, nullptr);
                          });
+            if (scaled) // in the block's graph, recorded again each step: it must use the stream it is given
+                step.forward({.layer = l, .kind = stage_kind_id("scaled"), .regions = {"block"}, .updated_in_graph = true},
+                             [&](cudaStream_t given) {
+                                 const int factor = 1 + (step_index + l) % 3, count = n / 2 + 32 * ((step_index + mb) % 8);
+                                 k::scale(into.data(), into.data(), factor, count, given);
+                             });
         }
         step.forward({.kind = stage_kind::head, .buffers_declared = true},
                      [&](cudaStream_t) { k::add(out.data(), out.data(), x[layers].data(), n, global); });
@@ -121,18 +129,20 @@ struct loop_trainer {
     }
 };
 
-std::vector<int> own_loop() {
+std::vector<int> own_loop(bool scaled = false) {
     cuda::stream s;
     loop_trainer t(s);
+    t.scaled = scaled;
     no_marks plain{s};
     for (int i = 0; i < steps; ++i) t.train_step(plain);
     return t.result();
 }
 
 template <class Config>
-std::vector<int> in_place(runner_counters* counters = nullptr, std::string* plan = nullptr) {
+std::vector<int> in_place(runner_counters* counters = nullptr, std::string* plan = nullptr, bool scaled = false) {
     cuda::stream s;
     loop_trainer t(s);
+    t.scaled = scaled;
     in_place_runner<Config> cap;
     for (int i = 0; i < steps; ++i) {
         in_place_step step = cap.step(s);
@@ -191,6 +201,23 @@ TEST_CASE("in place: a loop-first trainer under all four impls is bitwise equal 
     std::printf("  full_iteration: %ld captures, %ld replays\n%s", c.captures, c.replays, plan.c_str());
     CHECK(c.captures == 1);
     CHECK(c.replays == steps - 2);
+}
+
+TEST_CASE("in place: a region with host values and a host-sized launch, updated in the graph, is bitwise equal to the trainer's loop") {
+    const std::vector<int> expected = own_loop(true);
+    CHECK(own_loop(false) != expected); // the scaled regions change the result
+    runner_counters c;
+    std::string plan;
+    CHECK(in_place<config<impl::eager>>(nullptr, nullptr, true) == expected);
+    CHECK(in_place<local>(&c, &plan, true) == expected);
+    std::printf("  local: %ld captures, %ld replays, %ld updates in %ld us\n", c.captures, c.replays, c.graph_updates, c.update_us);
+    CHECK(c.graph_updates > 0);
+    CHECK(plan.find("layer0.scaled [updated before each replay]") != std::string::npos);
+    CHECK(in_place<te>(&c, nullptr, true) == expected);
+    CHECK(c.graph_updates > 0);
+    CHECK(in_place<whole>(&c, nullptr, true) == expected);
+    std::printf("  full_iteration: %ld captures, %ld replays, %ld updates in %ld us\n", c.captures, c.replays, c.graph_updates, c.update_us);
+    CHECK(c.graph_updates == static_cast<long>(block_calls_per_step * (steps - 3))); // each region, at each replay after the capture
 }
 
 TEST_CASE("in place: a step whose regions differ from the recorded ones is refused, naming the first difference") {

@@ -150,7 +150,8 @@ private:
         regions.for_each([&](std::string_view r) { s.captured_by.insert(storage_->keep(r)); });
         s.synchronizes_with_host = m.synchronizes_with_host;
         s.shapes_depend_on_data = m.shapes_depend_on_data;
-        s.passes_host_values = m.passes_host_values;
+        s.passes_host_values = m.passes_host_values || m.updated_in_graph;
+        s.updated_in_graph = m.updated_in_graph;
         s.inputs.assign(m.reads.begin(), m.reads.end());
         s.outputs.assign(m.writes.begin(), m.writes.end());
         s.buffers_declared = m.buffers_declared || !m.reads.empty() || !m.writes.empty();
@@ -215,7 +216,7 @@ private:
             stage& s = list[std::size_t(found)];
             if (s.layer != b.layer || !(s.kind == b.kind) || !(s.captured_by == b.captured_by) ||
                 s.synchronizes_with_host != b.synchronizes_with_host || s.shapes_depend_on_data != b.shapes_depend_on_data ||
-                s.passes_host_values != b.passes_host_values || !(s.guard == b.guard))
+                s.passes_host_values != b.passes_host_values || s.updated_in_graph != b.updated_in_graph || !(s.guard == b.guard))
                 throw plan_error("P3", b.name, "backward region '" + b.name + "' differs from its forward in layer, kind, regions, capture facts or guard",
                                  "mark a region's backward with the layer, kind, regions, facts and guard of its forward");
             s.backward = slot_fn("backward:" + b.name);

@@ -24,10 +24,11 @@
 //! reaches the first region of a graph, the graph is launched (captured the first time), and the
 //! graph's regions' code is not run. capscope's own calls (hooks) run in the plan's order: those
 //! in a region's segment right after it, the others just before the next region (or at `end()`).
-//! A step whose regions differ from the recorded ones (another order, another region, buffers at
-//! other addresses) is an error naming the first difference, before that region's code runs (a
-//! region inside a graph launched this step: after the graph ran, which the error says);
-//! `record_again()` records the next step instead.
+//! A graph is launched when the step's code leaves it (its last region): a region marked
+//! `updated_in_graph` in it is recorded again as the code reaches it, with the step's values, and
+//! put in place first. A step whose regions differ from the recorded ones (another order, another
+//! region, buffers at other addresses) is an error naming the first difference, before that
+//! region's code, or the graph that holds it, runs; `record_again()` records the next step instead.
 //!
 //! The trainer's code between two regions runs every step, in order. Host work there is fine.
 //! CUDA work there is fine between graphs, but not between two regions one graph holds: it would
@@ -170,6 +171,7 @@ public:
         } clear{slot};
         slot.callable = static_cast<const void*>(&fn);
         slot.invoke = [](const void* f, stream_handle s) { (*static_cast<F*>(const_cast<void*>(f)))(s); };
+        if (mode_ == segment_mode::replayed && calls_[std::size_t(c)].updated) update_in_graph(c);
         run_calls(c, c + 1);
         cursor_ = c + 1;
         const int seg_end = segment_end(open_);
@@ -281,10 +283,6 @@ private:
             throw plan_error("P18", "", "the composed program may refuse a step (training_program::rerun), and a refused step runs every call "
                              "again, which the trainer's own code would have to do", "declare the stages (a training_program) for a step "
                              "the device may refuse");
-        for (const auto* list : {&p.step_begin, &p.step_end})
-            for (const stage& st : *list) refuse_updated(st);
-        for (const auto& list : p.microbatches)
-            for (const stage& st : list) refuse_updated(st);
         if (settings_.check) settings_.check(p);
         auto owned = std::make_unique<recorded_program>(recorded_program{std::move(p), std::move(as_recorded)});
         training_plan plan = make_training_plan(settings_.scope, settings_.warmup_steps, owned->program);
@@ -293,6 +291,9 @@ private:
         calls_ = bind_calls(plan_, program_->program);
         execs_.clear();
         execs_.resize(std::size_t(plan_.graph_count));
+        kept_.clear();
+        kept_.resize(std::size_t(plan_.graph_count));
+        updates_.assign(std::size_t(plan_.graph_count), {});
         run_eagerly_.assign(std::size_t(plan_.graph_count), 0);
         // Per call: its segment, its slot (a trainer's region) or none (capscope's own), the next region.
         seg_of_call_.assign(calls_.size(), -1);
@@ -321,15 +322,6 @@ private:
         // A step recorded as it ran is the first warmup step (no composer: no warmup hooks either).
         warm_steps_ = dry_ ? 0 : 1;
         warmup_started_ = !dry_;
-    }
-
-    //! P21, in place: a graph is launched at its first region, before the code of its later
-    //! regions is reached, so nothing could record them again before the launch.
-    static void refuse_updated(const stage& st) {
-        if (st.updated_in_graph)
-            throw plan_error("P21", st.name, "stage '" + st.name + "' is updated in the graph before each replay, which in place cannot be: "
-                             "a graph is launched at its first region, before the code of its later regions is reached",
-                             "declare the stage in a training_program (runner<Config>), or keep its values in device memory");
     }
 
     std::string describe_call(int c) const {
@@ -373,13 +365,8 @@ private:
                                                                          .size()) +
                                                       " recorded, or at other addresses): a graph would use the recorded ones";
         const long step = executor_.counters().steps + 1;
-        const bool launched = open_ >= 0 && mode_ == segment_mode::replayed;
-        const std::string ran = launched ? "; graph g" + std::to_string(plan_.segments[std::size_t(open_)].graph) +
-                                               ", which holds the regions before it, had been launched, so the recorded work of all its "
-                                               "regions has run this step: restore the model's state before another step"
-                                         : "";
         abandon();
-        throw std::logic_error("capscope: step " + std::to_string(step) + ": " + what + ran +
+        throw std::logic_error("capscope: step " + std::to_string(step) + ": " + what +
                                " -- fix: make every step's marks as the recorded step made them, or call record_again() before a step whose "
                                "regions change (its graphs are captured again after the warmup)");
     }
@@ -422,14 +409,14 @@ private:
         const bool graphed = seg.graphed && !run_eagerly_[std::size_t(seg.graph)];
         if (replaying_ && graphed) {
             if (execs_[std::size_t(seg.graph)]) {
-                if (!skip_replays_) execs_[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
-                detail::count_one(executor_.counters().replays);
+                // Launched when the segment closes: its regions updated in the graph are recorded
+                // again as the trainer's code reaches them, before (the code between them is host work).
                 mode_ = segment_mode::replayed;
                 return;
             }
             mode_ = segment_mode::capturing;
             try {
-                executor_.begin_capture(on_);
+                executor_.begin_capture(on_, calls_.data() + seg.first_call);
             } catch (const std::exception& e) {
                 fail_capture(e, cudaStreamCaptureStatusNone, {});
             }
@@ -454,15 +441,51 @@ private:
                 fail_capture(e, segment_executor::capture_status(on_), {});
             }
             mode_ = segment_mode::eager; // ended: nothing to abort if what follows throws
-            executor_.apply(execs_[std::size_t(seg.graph)], g, calls_[std::size_t(seg.first_call)].name);
-            execs_[std::size_t(seg.graph)].launch(on_);
+            const std::size_t at = std::size_t(seg.graph);
+            updates_[at] = executor_.take_captured_updates();
+            executor_.apply(execs_[at], g, calls_[std::size_t(seg.first_call)].name);
+            if (!updates_[at].empty()) kept_[at] = std::move(g); // its child nodes are updated through it
+            execs_[at].launch(on_);
+            detail::count_one(executor_.counters().replays);
+        } else if (mode_ == segment_mode::replayed) {
+            if (!skip_replays_) execs_[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
             detail::count_one(executor_.counters().replays);
         }
         executor_.record(seg.record, on_);
         open_ = -1;
     }
 
-    //! Calls [a, b) of the open segment: run, captured, or nothing (its graph was launched).
+    //! A region updated in the graph, reached in a segment whose graph is about to be launched:
+    //! recorded again now, with this step's values, and put in place.
+    void update_in_graph(int c) {
+        const plan_segment& seg = plan_.segments[std::size_t(open_)];
+        const std::size_t g = std::size_t(seg.graph);
+        for (const updated_node& u : updates_[g]) {
+            if (u.call != c - seg.first_call) continue;
+            std::string why;
+            const std::string_view refused = executor_.refresh_one(execs_[g], u, calls_[std::size_t(c)], why);
+            if (refused.empty()) return;
+            const segment_site where = site_of(plan_, program_->program, seg);
+            if (settings_.on_failure == capture_failure::run_eagerly) {
+                run_eagerly_[g] = 1;
+                detail::count_one(executor_.counters().update_fallbacks);
+            }
+            open_ = -1;
+            finish_step();
+            capture_failed f("capscope: updating " + where.where + " failed at region '" + std::string(refused) +
+                                 "': what it launches this step differs from what the graph holds in a way an update cannot take "
+                                 "(another kernel, another number or order of launches; CUDA: " + why + ")"
+                                 "\n  fix: keep the region's kernels and its number of launches the same every step (their arguments, grid "
+                                 "and block sizes may change)" +
+                                 (settings_.on_failure == capture_failure::run_eagerly ? "; the graph stays eager from the next step on" : ""),
+                             std::string(refused), where.layer, where.graph, where.index);
+            f.set_step_progress("this step stopped there: graph g" + std::to_string(seg.graph) + " had not been launched, so its regions "
+                                "before this one had not run either; restore the model's state before another step");
+            throw f;
+        }
+    }
+
+    //! Calls [a, b) of the open segment: run, captured, or nothing (its graph is launched at its close).
     void run_calls(int a, int b) {
         if (a >= b || mode_ == segment_mode::replayed) return;
         const plan_segment& seg = plan_.segments[std::size_t(open_)];
@@ -585,6 +608,8 @@ private:
     void release_graphs() noexcept {
         const bool had = graphs_alive() > 0;
         for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
+        for (cuda::graph& g : kept_) g = cuda::graph{};
+        for (auto& u : updates_) u.clear();
         run_eagerly_.assign(run_eagerly_.size(), 0);
         executor_.release(had);
     }
@@ -606,6 +631,8 @@ private:
     std::vector<region_slot*> slot_of_call_;
     std::vector<const stage*> recorded_stage_of_call_; //!< into program_->as_recorded
     std::vector<cuda::graph_exec> execs_;
+    std::vector<cuda::graph> kept_;                  //!< per graph with updated regions: the graph instantiated (their nodes)
+    std::vector<std::vector<updated_node>> updates_; //!< per graph: its regions updated in the graph
     std::vector<unsigned char> run_eagerly_;
     std::unique_ptr<capture_doctor> doctor_;
     std::string gap_label_;

@@ -168,8 +168,7 @@ public:
         int running = -1;
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         try {
-            begin_capture(origin);
-            capture_first_ = calls.data(); // calls updated in the graph are counted from here
+            begin_capture(origin, calls.data());
             try {
                 execute(calls, origin, origin_lane, running, true);
                 running = -1;
@@ -193,10 +192,11 @@ public:
         scratch_.begin_segment(false);
         forked_here_ = 0;
     }
-    void begin_capture(cudaStream_t origin) {
+    //! `first`: the segment's first call, from which calls updated in the graph are counted.
+    void begin_capture(cudaStream_t origin, const detail::bound_call* first = nullptr) {
         capture_started_ = std::chrono::steady_clock::now();
         captured_updates_.clear();
-        capture_first_ = nullptr;
+        capture_first_ = first;
         scratch_.reserve_arena();
         scratch_.begin_segment(true);
         forked_here_ = 0;
@@ -305,6 +305,23 @@ public:
             detail::count_one(counters_.graph_updates);
         }
         detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
+        return {};
+    }
+
+    //! One call updated in the graph, recorded again now and set in `exec` (an in_place_runner
+    //! at the region's own arrival). The same answer as `refresh`.
+    std::string_view refresh_one(const cuda::graph_exec& exec, const detail::updated_node& u, const detail::bound_call& c, std::string& why) {
+        if (detail::installed_breakage().skip_graph_updates) return {};
+        const auto started = std::chrono::steady_clock::now();
+        const cuda::graph g = record_alone(c);
+        const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
+        detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            why = cudaGetErrorString(e);
+            return c.name;
+        }
+        detail::count_one(counters_.graph_updates);
         return {};
     }
 
@@ -420,9 +437,14 @@ private:
         if (capturing || !c.capture_only) { // a capture-time call keeps its place in the stream order eagerly
             const detail::side_lane_mark side(scratch_, c.lane != 0); // a lane's work may not share the arena
             if (doctor_ && !c.collective) { // the last warmup step only: every CUDA call the stage makes is watched
-                doctor_->enter(c.name, c.call, on);
-                c.fn(on);
+                // A call updated in the graph is recorded alone on a stream of its own: watched, it
+                // runs there too (forked and joined back), so the doctor names one that keeps using
+                // the stream around it, whose work an update could never reach.
+                const cudaStream_t given = c.updated ? fork_to_update_stream(on) : on;
+                doctor_->enter(c.name, c.call, given);
+                c.fn(given);
                 doctor_->leave();
+                if (c.updated) join_from_update_stream(on);
                 return;
             }
             c.fn(on);
@@ -433,8 +455,8 @@ private:
     //! and added to the capture as a child graph node after what `on` had captured so far.
     void capture_child(const detail::bound_call& c, cudaStream_t on) {
         if (!capture_first_)
-            throw std::logic_error("capscope: stage '" + std::string(c.name) + "' is updated in the graph, which a segment captured piecewise "
-                                   "(in_place_runner) cannot do -- fix: declare the stage in a training_program");
+            throw std::logic_error("capscope: stage '" + std::string(c.name) + "' is updated in the graph, but its capture was begun "
+                                   "without its segment's first call (begin_capture(origin, first))");
         const cuda::graph child = record_alone(c);
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         cudaGraph_t parent = nullptr;
@@ -447,7 +469,28 @@ private:
         captured_updates_.push_back({int(&c - capture_first_), node});
     }
     //! `c` alone, recorded into a graph of its own (what it launches this step, with this step's values).
+    cudaStream_t fork_to_update_stream(cudaStream_t on) {
+        if (!update_stream_) update_stream_.emplace();
+        if (!update_fork_) update_fork_.emplace(), update_join_.emplace();
+        update_fork_->record(on);
+        update_fork_->wait_on(update_stream_->get());
+        return update_stream_->get();
+    }
+    void join_from_update_stream(cudaStream_t on) {
+        update_join_->record(update_stream_->get());
+        update_join_->wait_on(on);
+    }
+    //! What it launches must be on the stream it is given: a recording with nothing in it means
+    //! its work went elsewhere (a global stream), where no update reaches it.
     cuda::graph record_alone(const detail::bound_call& c) {
+        cuda::graph g = record_alone_unchecked(c);
+        if (g.node_count() == 0)
+            throw std::logic_error("capscope: stage '" + std::string(c.name) + "' is updated in the graph, but recorded alone it launched "
+                                   "nothing on the stream it was given: its work went to another stream (a global one), where a graph "
+                                   "update cannot reach it -- fix: enqueue its work on the stream the stage is called with");
+        return g;
+    }
+    cuda::graph record_alone_unchecked(const detail::bound_call& c) {
         if (!update_stream_) update_stream_.emplace();
         const cudaStream_t s = update_stream_->get();
         scope_label label(c.name);
@@ -567,6 +610,7 @@ private:
     std::optional<cuda::stream> body_stream_; //!< captures conditional nodes' bodies (created at the first)
     std::optional<cuda::event> body_fork_, body_join_; //!< a watched eager body on body_stream_ (created at the first)
     std::optional<cuda::stream> update_stream_; //!< records calls updated in the graph (created at the first)
+    std::optional<cuda::event> update_fork_, update_join_; //!< a watched eager updated call on update_stream_
     std::vector<detail::updated_node> captured_updates_; //!< met by the capture in progress
     const detail::bound_call* capture_first_ = nullptr;   //!< the first call of the capture in progress
     std::optional<cudaStream_t> previous_; //!< the stream of the last step or run (none before the first)

@@ -68,6 +68,10 @@ struct marked_region {
     bool synchronizes_with_host = false;
     bool shapes_depend_on_data = false;
     bool passes_host_values = false;
+    //! Passes host values (or is sized on the host) and is captured anyway: its code is recorded
+    //! again, alone, each time a step reaches it in a graph, and put in place before the graph's
+    //! launch (stage::updated_in_graph). Its work must go to the stream it is given.
+    bool updated_in_graph = false;
     //! Other layers whose parameters it reads (a kernel fused across a block boundary: {layer + 1}).
     list_view<int> reads_parameters_of = {};
     //! Module inputs its forward keeps for the backward (activation offloading may move them), and
