@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
             forward(&m, mb);
             backward(&m, mb);
         }
-        st.run({.kind = stage_kind::optimizer}, [&](cudaStream_t) { update(&m); });
+        st.run({.kind = stage_kind::optimizer, .updated_in_graph = true}, [&](cudaStream_t given) { update(&m, step, given); });
         st.end();
         printf("step %d loss %.6f\n", step, read_loss(&m));
     }

@@ -1,5 +1,6 @@
 #include "trainer.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -111,9 +112,13 @@ __global__ void head_wgrad(float* dw_out, const float* pred, const float* target
     dw_out[c] += scale * acc;
 }
 
-__global__ void sgd(float* w, const float* g, float lr, size_t n) {
+// AdamW (decoupled weight decay 0.01): the learning rate and both bias corrections come by value.
+__global__ void adamw(float* w, const float* g, float* m, float* v, float lr, float bc1, float bc2, size_t n) {
     const size_t i = size_t(blockIdx.x) * BLOCK + threadIdx.x;
-    if (i < n) w[i] -= lr * g[i];
+    if (i >= n) return;
+    m[i] = 0.9f * m[i] + 0.1f * g[i];
+    v[i] = 0.999f * v[i] + 0.001f * g[i] * g[i];
+    w[i] -= lr * ((m[i] / bc1) / (sqrtf(v[i] / bc2) + 1e-8f) + 0.01f * w[i]);
 }
 
 // Row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C. cuBLAS is column-major, where a
@@ -205,6 +210,10 @@ void model_init(model* m, const shape& s, unsigned seed) {
         m->inputs.push_back(upload(m, in));
         m->targets.push_back(upload(m, t));
     }
+    for (const tensor& t : parameters(m)) {
+        m->adam_m.push_back(upload(m, std::vector<float>(t.n, 0.f)));
+        m->adam_v.push_back(upload(m, std::vector<float>(t.n, 0.f)));
+    }
 }
 
 void model_free(model* m) {
@@ -276,8 +285,13 @@ void zero_grads(model* m) {
     for (const tensor& t : parameters(m)) CHECK_CUDA(cudaMemsetAsync(t.g, 0, t.n * sizeof(float), main_stream));
 }
 
-void update(model* m) {
-    for (const tensor& t : parameters(m)) sgd<<<blocks(t.n), BLOCK, 0, main_stream>>>(t.w, t.g, m->s.lr, t.n);
+void update(model* m, int step, cudaStream_t stream) {
+    // A linear warmup over 5 steps, then a cosine over 40; the bias corrections of step + 1.
+    const float t = float(step + 1), lr = m->s.lr * std::min(1.f, t / 5.f) * (0.5f + 0.5f * std::cos(3.14159265f * float(step) / 40.f));
+    const float bc1 = 1.f - std::pow(0.9f, t), bc2 = 1.f - std::pow(0.999f, t);
+    const std::vector<tensor> ts = parameters(m);
+    for (size_t i = 0; i < ts.size(); ++i)
+        adamw<<<blocks(ts[i].n), BLOCK, 0, stream>>>(ts[i].w, ts[i].g, m->adam_m[i], m->adam_v[i], lr, bc1, bc2, ts[i].n);
     CHECK_CUDA(cudaGetLastError());
 }
 

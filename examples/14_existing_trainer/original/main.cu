@@ -22,7 +22,7 @@ int main() {
             forward(&m, mb);
             backward(&m, mb);
         }
-        update(&m);
+        update(&m, step, main_stream);
         printf("step %d loss %.6f\n", step, read_loss(&m));
     }
 

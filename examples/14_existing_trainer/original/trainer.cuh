@@ -21,7 +21,7 @@ extern cublasHandle_t cublas;
 
 struct shape {
     int layers = 4, width = 256, hidden = 1024, rows = 512, microbatches = 2;
-    float lr = 0.05f;
+    float lr = 0.003f;  // AdamW's peak learning rate: warmed up, then cosine
 };
 
 // Matrices are row-major; x is (rows x width), h and a are (rows x hidden).
@@ -38,6 +38,7 @@ struct model {
     float *x_out, *xn_out, *rstd_out;                        // last block's output and the final norm
     float *pred, *loss_rows, *loss;                          // (rows), (rows), (microbatches)
     std::vector<float*> inputs, targets;                     // per microbatch: (rows x width), (rows)
+    std::vector<float*> adam_m, adam_v;                      // AdamW's moments, per parameter tensor
     float *y, *dres, *dxn, *dh;                              // scratch: branch output, d residual, d norm out, d hidden
     std::vector<float*> allocations;                         // everything above, for model_free
 };
@@ -47,6 +48,6 @@ void model_free(model* m);
 void forward(model* m, int microbatch);
 void backward(model* m, int microbatch);
 void zero_grads(model* m);
-void update(model* m);
+void update(model* m, int step, cudaStream_t stream);  // AdamW: the rate and bias corrections of `step`, by value
 float read_loss(model* m);                      // mean over the step's microbatches
 std::vector<float> read_parameters(model* m);  // all parameters, concatenated

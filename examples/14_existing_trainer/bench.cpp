@@ -1,0 +1,126 @@
+// Tutorial 14's trainer, timed: its own eager loop against per-layer graphs and against the whole
+// step as one graph, in which its AdamW (the learning rate and both bias corrections passed by
+// value) is updated before each replay. Round-robin in one process, at a launch-bound and a
+// compute-bound size; every contender trains the same steps, so their parameters must end equal.
+//
+//   14_existing_trainer_bench [--rounds N]      exit 77 without a GPU
+#include "adopted/trainer.cuh"
+
+#include <capscope/capscope.hpp>
+#include <capscope/engine.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+using namespace capscope;
+
+namespace {
+
+in_place_step* current = nullptr; // as adopted/main.cpp: the step the trainer's marks go to
+
+void mark(const char* kind, int layer, bool backward, void (*code)(void*), void* context) {
+    const marked_region r{.layer = layer, .kind = stage_kind_id(kind)};
+    auto run = [&](cudaStream_t) { code(context); };
+    backward ? current->backward(r, run) : current->forward(r, run);
+}
+
+struct contender {
+    const char* name;
+    ::model m;
+    int step = 0;
+    std::function<void(contender&)> one_step;
+    std::vector<double> ms; //!< per round, per step
+    const runner_counters* counters = nullptr;
+};
+
+template <class Runner>
+std::function<void(contender&)> in_place(Runner& cap) {
+    return [&cap](contender& c) {
+        marker = &mark;
+        in_place_step st = cap.step(main_stream);
+        current = &st;
+        st.run({.kind = stage_kind_id("zero_grads")}, [&](cudaStream_t) { zero_grads(&c.m); });
+        for (int mb = 0; mb < c.m.s.microbatches; ++mb) {
+            st.microbatch();
+            forward(&c.m, mb);
+            backward(&c.m, mb);
+        }
+        st.run({.kind = stage_kind::optimizer, .updated_in_graph = true}, [&](cudaStream_t given) { update(&c.m, c.step, given); });
+        st.end();
+    };
+}
+
+void own_loop(contender& c) {
+    marker = nullptr;
+    zero_grads(&c.m);
+    for (int mb = 0; mb < c.m.s.microbatches; ++mb) forward(&c.m, mb), backward(&c.m, mb);
+    update(&c.m, c.step, main_stream);
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+bool bench(const char* title, const shape& s, int rounds) {
+    in_place_runner<config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<2>>> per_layer;
+    in_place_runner<config<impl::whole_iteration, no_nan_check, warmup_steps<2>>> whole;
+    std::vector<contender> cs(3);
+    cs[0].name = "its own eager loop", cs[0].one_step = own_loop;
+    cs[1].name = "per-layer graphs (transformer_engine)", cs[1].one_step = in_place(per_layer), cs[1].counters = &per_layer.counters();
+    cs[2].name = "the whole step, one graph", cs[2].one_step = in_place(whole), cs[2].counters = &whole.counters();
+    for (contender& c : cs) model_init(&c.m, s, 1234);
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    const int per_round = 10;
+    for (int round = -1; round < rounds; ++round) // round -1: recording, warmup and capture, untimed
+        for (contender& c : cs) {
+            CHECK_CUDA(cudaEventRecord(start, main_stream));
+            for (int i = 0; i < (round < 0 ? 4 : per_round); ++i, ++c.step) c.one_step(c);
+            CHECK_CUDA(cudaEventRecord(stop, main_stream));
+            CHECK_CUDA(cudaEventSynchronize(stop));
+            float ms = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+            if (round >= 0) c.ms.push_back(double(ms) / per_round);
+        }
+    const std::vector<float> want = read_parameters(&cs[0].m);
+    bool same = true;
+    printf("\n%s: %d layers, width %d, hidden %d, %d rows, %d microbatches; median of %d rounds of %d steps\n", title, s.layers, s.width,
+           s.hidden, s.rows, s.microbatches, rounds, per_round);
+    for (contender& c : cs) {
+        const std::vector<float> got = read_parameters(&c.m);
+        const bool equal = got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+        same = same && equal;
+        printf("  %-38s %8.3f ms/step  %5.2fx", c.name, median(c.ms), median(cs[0].ms) / median(c.ms));
+        if (c.counters && c.counters->graph_updates)
+            printf("   AdamW updated in the graph: %.1f us of host time per step", double(c.counters->update_us) / double(c.counters->graph_updates));
+        printf("%s\n", equal ? "" : "   PARAMETERS DIFFER");
+    }
+    for (contender& c : cs) model_free(&c.m);
+    CHECK_CUDA(cudaEventDestroy(start));
+    CHECK_CUDA(cudaEventDestroy(stop));
+    return same;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    int rounds = 7;
+    if (argc == 3 && std::strcmp(argv[1], "--rounds") == 0) rounds = std::max(1, std::atoi(argv[2]));
+    else if (argc != 1) return printf("usage: 14_existing_trainer_bench [--rounds N]\n"), 2;
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return printf("no usable CUDA device: skipped\n"), 77;
+    CHECK_CUDA(cudaStreamCreate(&main_stream));
+    CHECK_CUBLAS(cublasCreate(&cublas));
+    CHECK_CUBLAS(cublasSetStream(cublas, main_stream));
+    bool same = bench("launch-bound", shape{8, 128, 512, 64, 2}, rounds);
+    same = bench("compute-bound", shape{4, 1024, 4096, 4096, 2}, rounds) && same;
+    printf("\n%s\n", same ? "every contender's parameters bitwise equal" : "FAIL: the contenders' parameters differ");
+    CHECK_CUBLAS(cublasDestroy(cublas));
+    CHECK_CUDA(cudaStreamDestroy(main_stream));
+    return same ? 0 : 1;
+}
