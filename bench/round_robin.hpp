@@ -6,6 +6,7 @@
 #include <capscope/cuda/device.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
+#include <capscope/run/step_meter.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -36,30 +37,8 @@ inline std::size_t device_used() {
     return total - free;
 }
 
-template <class T> double median(std::vector<T> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : (v.size() % 2 ? double(v[v.size() / 2]) : 0.5 * (double(v[v.size() / 2 - 1]) + double(v[v.size() / 2])));
-}
-
-//! `rounds` rounds; in each, `steps_per_round` steps of every variant in turn. A variant has
-//! `step(cudaStream_t)` and the vectors `device_ms` and `host_us` (floats) it appends to.
-template <class Variant> void time_round_robin(std::vector<Variant>& variants, int rounds, int steps_per_round, cudaStream_t s) {
-    std::vector<capscope::cuda::event> marks;
-    for (int i = 0; i <= steps_per_round; ++i) marks.push_back(capscope::cuda::event::timing());
-    for (int round = 0; round < rounds; ++round)
-        for (auto& x : variants) {
-            marks[0].record(s);
-            for (int i = 0; i < steps_per_round; ++i) {
-                const auto t0 = std::chrono::steady_clock::now();
-                x.step(s);
-                const auto t1 = std::chrono::steady_clock::now();
-                marks[std::size_t(i) + 1].record(s);
-                x.host_us.push_back(float(std::chrono::duration<double, std::micro>(t1 - t0).count()));
-            }
-            marks[std::size_t(steps_per_round)].synchronize();
-            for (int i = 0; i < steps_per_round; ++i)
-                x.device_ms.push_back(capscope::cuda::event::elapsed_ms(marks[std::size_t(i)], marks[std::size_t(i) + 1]));
-        }
-}
+// The library's (capscope/run/step_meter.hpp): what a trainer of its own times its step with too.
+using capscope::step_meter::median;
+using capscope::step_meter::time_round_robin;
 
 } // namespace bench

@@ -2,12 +2,15 @@
 // step as one graph, in which its AdamW (the learning rate and both bias corrections passed by
 // value) is updated before each replay. Round-robin in one process, at a launch-bound and a
 // compute-bound size; every contender trains the same steps, so their parameters must end equal.
+// Timed and counted with the library's step meter (capscope/run/step_meter.hpp): device and host
+// time per step, and CUDA API calls per step (CUPTI).
 //
 //   14_existing_trainer_bench [--rounds N]      exit 77 without a GPU
 #include "adopted/trainer.cuh"
 
 #include <capscope/capscope.hpp>
 #include <capscope/engine.hpp>
+#include <capscope/run/step_meter.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -30,10 +33,11 @@ void mark(const char* kind, int layer, bool backward, void (*code)(void*), void*
 struct contender {
     const char* name;
     ::model m;
-    int step = 0;
+    int at = 0; //!< steps taken
     std::function<void(contender&)> one_step;
-    std::vector<double> ms; //!< per round, per step
     const runner_counters* counters = nullptr;
+    std::vector<float> device_ms, host_us; // what capscope::step_meter::time_round_robin appends, per step
+    void step(cudaStream_t) { one_step(*this), ++at; }
 };
 
 template <class Runner>
@@ -48,7 +52,7 @@ std::function<void(contender&)> in_place(Runner& cap) {
             forward(&c.m, mb);
             backward(&c.m, mb);
         }
-        st.run({.kind = stage_kind::optimizer, .updated_in_graph = true}, [&](cudaStream_t given) { update(&c.m, c.step, given); });
+        st.run({.kind = stage_kind::optimizer, .updated_in_graph = true}, [&](cudaStream_t given) { update(&c.m, c.at, given); });
         st.end();
     };
 }
@@ -57,12 +61,7 @@ void own_loop(contender& c) {
     marker = nullptr;
     zero_grads(&c.m);
     for (int mb = 0; mb < c.m.s.microbatches; ++mb) forward(&c.m, mb), backward(&c.m, mb);
-    update(&c.m, c.step, main_stream);
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    update(&c.m, c.at, main_stream);
 }
 
 bool bench(const char* title, const shape& s, int rounds) {
@@ -73,36 +72,31 @@ bool bench(const char* title, const shape& s, int rounds) {
     cs[1].name = "per-layer graphs (transformer_engine)", cs[1].one_step = in_place(per_layer), cs[1].counters = &per_layer.counters();
     cs[2].name = "the whole step, one graph", cs[2].one_step = in_place(whole), cs[2].counters = &whole.counters();
     for (contender& c : cs) model_init(&c.m, s, 1234);
-    cudaEvent_t start, stop;
-    CHECK_CUDA(cudaEventCreate(&start));
-    CHECK_CUDA(cudaEventCreate(&stop));
     const int per_round = 10;
-    for (int round = -1; round < rounds; ++round) // round -1: recording, warmup and capture, untimed
-        for (contender& c : cs) {
-            CHECK_CUDA(cudaEventRecord(start, main_stream));
-            for (int i = 0; i < (round < 0 ? 4 : per_round); ++i, ++c.step) c.one_step(c);
-            CHECK_CUDA(cudaEventRecord(stop, main_stream));
-            CHECK_CUDA(cudaEventSynchronize(stop));
-            float ms = 0;
-            CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-            if (round >= 0) c.ms.push_back(double(ms) / per_round);
-        }
+    step_meter::time_round_robin(cs, 1, 4, main_stream); // recording, warmup and capture, untimed
+    for (contender& c : cs) c.device_ms.clear(), c.host_us.clear();
+    step_meter::time_round_robin(cs, rounds, per_round, main_stream);
+    // Its CUDA API calls per step, counted in a step of their own (the callbacks cost host time).
+    std::vector<step_meter::api_calls> calls;
+    for (contender& c : cs) calls.push_back(step_meter::api_counter().count([&] { c.step(main_stream); }));
+    CHECK_CUDA(cudaStreamSynchronize(main_stream));
     const std::vector<float> want = read_parameters(&cs[0].m);
     bool same = true;
     printf("\n%s: %d layers, width %d, hidden %d, %d rows, %d microbatches; median of %d rounds of %d steps\n", title, s.layers, s.width,
            s.hidden, s.rows, s.microbatches, rounds, per_round);
-    for (contender& c : cs) {
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+        contender& c = cs[i];
         const std::vector<float> got = read_parameters(&c.m);
         const bool equal = got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
         same = same && equal;
-        printf("  %-38s %8.3f ms/step  %5.2fx", c.name, median(c.ms), median(cs[0].ms) / median(c.ms));
+        const double ms = step_meter::median(c.device_ms), base = step_meter::median(cs[0].device_ms);
+        printf("  %-38s %8.3f ms/step  %5.2fx  host %7.1f us/step  %5ld CUDA API calls/step", c.name, ms, base / ms,
+               step_meter::median(c.host_us), calls[i].total());
         if (c.counters && c.counters->graph_updates)
-            printf("   AdamW updated in the graph: %.1f us of host time per step", double(c.counters->update_us) / double(c.counters->graph_updates));
+            printf("  (AdamW updated in the graph: %.1f us)", double(c.counters->update_us) / double(c.counters->graph_updates));
         printf("%s\n", equal ? "" : "   PARAMETERS DIFFER");
     }
     for (contender& c : cs) model_free(&c.m);
-    CHECK_CUDA(cudaEventDestroy(start));
-    CHECK_CUDA(cudaEventDestroy(stop));
     return same;
 }
 

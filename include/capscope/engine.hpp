@@ -12,3 +12,4 @@
 #include <capscope/run/inference_runner.hpp>
 #include <capscope/run/runner.hpp>
 #include <capscope/run/scratch.hpp>
+#include <capscope/run/step_meter.hpp>
