@@ -102,6 +102,12 @@ TEST_CASE("P8: a stage that passes host values to its kernels at launch stays ou
     p.microbatches[0][4].updated_in_graph = true;
     CHECK(plan_for<config<impl::lazy_per_layer>>(p).graph_count == 4);
     CHECK(plan_for<config<impl::whole_iteration, no_nan_check>>(p).graph_count == 1);
+    // The plan's text and DOT say which stages are updated.
+    const training_plan local = make_training_plan({graph_impl::lazy_per_layer, {}}, 1, p);
+    CHECK(to_text(local, p).find("layer1.mlp [updated before each replay]") != std::string::npos);
+    const training_plan whole = make_training_plan({graph_impl::whole_iteration, {}}, 1, p);
+    CHECK(to_text(whole, p).find("layer1.mlp (microbatch 0 forward): a child graph, recorded again and updated before each replay") != std::string::npos);
+    CHECK(to_dot(whole, p).find("[updated before each replay: 'layer1.mlp']") != std::string::npos);
 }
 
 TEST_CASE("P21: a stage updated in the graph cannot be guarded, or sit in a trainer's marks") {

@@ -199,6 +199,12 @@ inline std::string to_dot(const training_plan& plan, const training_program& pro
             label = "g0: " + std::to_string(s.call_count) + " stage calls\\n(" + std::to_string(plan.microbatches) +
                     " microbatches + optimizer)";
             if (const std::string g = detail::guard_list(plan, program, s); !g.empty()) label += "\\n[conditional nodes: " + g + "]";
+            std::string updated; // (per-layer labels list their stages, each marked)
+            for (int k = 0; k < s.call_count; ++k) {
+                const stage& st = stage_of(program, plan.calls[std::size_t(s.first_call + k)]);
+                if (st.updated_in_graph && updated.find("'" + st.name + "'") == std::string::npos) updated += (updated.empty() ? "'" : ", '") + st.name + "'";
+            }
+            if (!updated.empty()) label += "\\n[updated before each replay: " + updated + "]";
         } else {
             label = (s.graphed ? "g" + std::to_string(s.graph) + (s.shared ? " (shared)" : "") + "\\n" : std::string()) +
                     detail::segment_stages(plan, program, s, "\\n", true) + (s.lane ? "\\n[side lane " + std::to_string(s.lane) + "]" : std::string()) +
