@@ -98,6 +98,11 @@ inline void check_inference_program(inference_scope scope, const capture_scope& 
             if (list[i].lane != 0)
                 throw plan_error("P3", list[i].name, "stage '" + list[i].name + "' of an inference program uses a side lane",
                                  "inference runners run a forward on one stream; fork and join inside the stage (stage::forks_to) instead");
+            if (list[i].updated_in_graph)
+                throw plan_error("P21", list[i].name,
+                                 "stage '" + list[i].name + "' of an inference program is updated in the graph, which only the training "
+                                 "runners do (an inference runner would replay the values of its capture)",
+                                 "keep the stage's values in device memory, or leave it out of the captured regions (passes_host_values)");
         }
     }
     const auto facts = facts_of(first);

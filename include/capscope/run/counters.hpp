@@ -28,8 +28,9 @@ struct runner_counters {
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them
     long longest_capture_us = 0;     //!< the longest single capture
     long longest_instantiate_us = 0; //!< the longest single instantiation or update
+    // On the replay path, for stages updated in the graph only (host microseconds).
     long update_us = 0;              //!< recording and putting in place the calls updated in the graph, all of them
-    long longest_update_us = 0;      //!< the longest single replay's updates
+    long longest_update_us = 0;      //!< the longest single update (a replay's, or in place one region's)
     friend constexpr bool operator==(const runner_counters&, const runner_counters&) = default;
 };
 

@@ -21,14 +21,15 @@
 //! at its end the recorded program is checked and planned as a declared one is (rules, plan,
 //! derived stream order, verifier, layer schemas). From then on each region's code runs where the
 //! plan says eager, and is captured or replayed where it says graph: when the trainer's code
-//! reaches the first region of a graph, the graph is launched (captured the first time), and the
-//! graph's regions' code is not run. capscope's own calls (hooks) run in the plan's order: those
-//! in a region's segment right after it, the others just before the next region (or at `end()`).
-//! A graph is launched when the step's code leaves it (its last region): a region marked
-//! `updated_in_graph` in it is recorded again as the code reaches it, with the step's values, and
-//! put in place first. A step whose regions differ from the recorded ones (another order, another
-//! region, buffers at other addresses) is an error naming the first difference, before that
-//! region's code, or the graph that holds it, runs; `record_again()` records the next step instead.
+//! reaches the first region of a graph, the graph is launched (captured the first time, and
+//! launched when the code leaves its last region), and the graph's regions' code is not run. A
+//! graph that holds a region marked `updated_in_graph` is launched when the code leaves its last
+//! region: that region is recorded again as the code reaches it, with the step's values, and put
+//! in place first. capscope's own calls (hooks) run in the plan's order: those in a region's
+//! segment right after it, the others just before the next region (or at `end()`). A step whose
+//! regions differ from the recorded ones (another order, another region, buffers at other
+//! addresses) is an error naming the first difference, before that region's code runs (inside a
+//! graph already launched: the error says the graph ran); `record_again()` records the next step.
 //!
 //! The trainer's code between two regions runs every step, in order. Host work there is fine.
 //! CUDA work there is fine between graphs, but not between two regions one graph holds: it would
@@ -365,8 +366,13 @@ private:
                                                                          .size()) +
                                                       " recorded, or at other addresses): a graph would use the recorded ones";
         const long step = executor_.counters().steps + 1;
+        const std::string ran = open_ >= 0 && mode_ == segment_mode::replayed && launched_
+                                    ? "; graph g" + std::to_string(plan_.segments[std::size_t(open_)].graph) +
+                                          ", which holds the regions before it, had been launched, so the recorded work of all its regions "
+                                          "has run this step: restore the model's state before another step"
+                                    : "";
         abandon();
-        throw std::logic_error("capscope: step " + std::to_string(step) + ": " + what +
+        throw std::logic_error("capscope: step " + std::to_string(step) + ": " + what + ran +
                                " -- fix: make every step's marks as the recorded step made them, or call record_again() before a step whose "
                                "regions change (its graphs are captured again after the warmup)");
     }
@@ -409,9 +415,12 @@ private:
         const bool graphed = seg.graphed && !run_eagerly_[std::size_t(seg.graph)];
         if (replaying_ && graphed) {
             if (execs_[std::size_t(seg.graph)]) {
-                // Launched when the segment closes: its regions updated in the graph are recorded
-                // again as the trainer's code reaches them, before (the code between them is host work).
                 mode_ = segment_mode::replayed;
+                // A graph with regions updated in the graph is launched when the segment closes: they
+                // are recorded again as the trainer's code reaches them (the code between is host
+                // work). Any other is launched now, so the device starts while the host goes on.
+                launched_ = updates_[std::size_t(seg.graph)].empty();
+                if (launched_) launch_open();
                 return;
             }
             mode_ = segment_mode::capturing;
@@ -447,12 +456,18 @@ private:
             if (!updates_[at].empty()) kept_[at] = std::move(g); // its child nodes are updated through it
             execs_[at].launch(on_);
             detail::count_one(executor_.counters().replays);
-        } else if (mode_ == segment_mode::replayed) {
-            if (!skip_replays_) execs_[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
-            detail::count_one(executor_.counters().replays);
+        } else if (mode_ == segment_mode::replayed && !launched_) {
+            launch_open();
         }
         executor_.record(seg.record, on_);
         open_ = -1;
+    }
+
+    void launch_open() {
+        const plan_segment& seg = plan_.segments[std::size_t(open_)];
+        if (!skip_replays_) execs_[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
+        detail::count_one(executor_.counters().replays);
+        launched_ = true;
     }
 
     //! A region updated in the graph, reached in a segment whose graph is about to be launched:
@@ -643,6 +658,7 @@ private:
     unsigned long generation_ = 0;
     segment_mode mode_ = segment_mode::eager;
     bool skip_replays_ = false; //!< broken on purpose (detail::breakage)
+    bool launched_ = false;     //!< the open replayed segment's graph has been launched
     bool in_step_ = false, recording_ = false, dry_ = false, replaying_ = false, watched_ = false, in_gap_ = false, warmup_started_ = false;
 };
 

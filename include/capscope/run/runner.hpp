@@ -151,6 +151,7 @@ public:
     //! another stream than the last waits for the last (an event recorded on that stream, so it
     //! must still exist when this step is enqueued).
     void step(cudaStream_t s) {
+        ++step_serial_; // every call, finished or not: what `fresh_` compares
         if (plan_.graph_count > 0) detail::require_capturable_stream(s);
         executor_.follow_previous_step(s); // a step on another stream than the last waits for it
         if (!warmup_started_) {
@@ -264,7 +265,11 @@ private:
 
     void capture_ahead_of_time(cudaStream_t s) {
         for (int g = 0; g < plan_.graph_count; ++g)
-            if (!execs_[std::size_t(g)] && !run_eagerly_[std::size_t(g)]) capture(plan_.segments[std::size_t(first_segment_[std::size_t(g)])], s);
+            if (!execs_[std::size_t(g)] && !run_eagerly_[std::size_t(g)]) {
+                capture(plan_.segments[std::size_t(first_segment_[std::size_t(g)])], s);
+                // Captured before this step's eager work ran: its updated calls are recorded again at their launch.
+                fresh_[std::size_t(g)] = {-1, -1};
+            }
         captured_ahead_ = true;
     }
 
@@ -280,7 +285,7 @@ private:
         updates_[at] = executor_.take_captured_updates();
         executor_.apply(execs_[at], g, calls_[std::size_t(seg.first_call)].name);
         if (!updates_[at].empty()) kept_[at] = std::move(g); // its child nodes are updated through the graph instantiated
-        fresh_[at] = {executor_.counters().steps, int(&seg - plan_.segments.data())};
+        fresh_[at] = {step_serial_, int(&seg - plan_.segments.data())};
         return true;
     }
 
@@ -291,7 +296,7 @@ private:
     bool updated(const plan_segment& seg) {
         const std::size_t g = std::size_t(seg.graph);
         if (updates_[g].empty()) return true;
-        if (fresh_[g].first == executor_.counters().steps && fresh_[g].second == int(&seg - plan_.segments.data())) return true;
+        if (fresh_[g].first == step_serial_ && fresh_[g].second == int(&seg - plan_.segments.data())) return true;
         std::string why;
         const std::string_view refused = executor_.refresh(execs_[g], updates_[g], calls_of(seg), why);
         if (refused.empty()) return true;
@@ -300,13 +305,19 @@ private:
             return false;
         }
         const segment_site where = site(seg);
-        throw capture_failed("capscope: updating " + where.where + " before its replay failed at stage '" + std::string(refused) +
+        capture_failed failed("capscope: updating " + where.where + " before its replay failed at stage '" + std::string(refused) +
                                  "': what it launches this step differs from what the graph holds in a way an update cannot take "
                                  "(another kernel, another number or order of launches; CUDA: " + why + ")"
                                  "\n  fix: keep the stage's kernels and its number of launches the same every step (their arguments, grid "
                                  "and block sizes may change), or build the runner with on_capture_failure<capture_failure::run_eagerly>, "
                                  "under which such a step runs that segment eagerly (counted in update_fallbacks)",
                              std::string(refused), where.layer, where.graph, where.index);
+        const int done = int(&seg - plan_.segments.data());
+        failed.set_step_progress(done == 0 ? std::string("nothing of this step had run")
+                                           : "this step stopped there: its first " + std::to_string(done) + " of " +
+                                                 std::to_string(plan_.segments.size()) + " segments had run, the rest had not; restore the "
+                                                 "model's state before another step");
+        throw failed;
     }
 
     //! A lazy capture in the middle of a step: a failure says how much of the step had run.
@@ -407,6 +418,7 @@ private:
     std::vector<std::vector<detail::updated_node>> updates_;
     std::vector<cuda::graph> kept_;
     std::vector<std::pair<long, int>> fresh_;
+    long step_serial_ = 0; //!< step() calls so far
     std::vector<unsigned char> run_eagerly_;
     //! The last warmup step's (capscope/run/capture_doctor.hpp); kept, as a callback on another
     //! thread may still read it while CUPTI lets go; on the heap, so the runner moves.

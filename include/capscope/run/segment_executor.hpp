@@ -294,7 +294,7 @@ public:
         const auto started = std::chrono::steady_clock::now();
         for (const detail::updated_node& u : nodes) {
             const detail::bound_call& c = calls[std::size_t(u.call)];
-            const cuda::graph g = record_alone(c);
+            const cuda::graph g = record_for_update(c);
             const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
             if (e != cudaSuccess) {
                 (void)cudaGetLastError();
@@ -313,7 +313,7 @@ public:
     std::string_view refresh_one(const cuda::graph_exec& exec, const detail::updated_node& u, const detail::bound_call& c, std::string& why) {
         if (detail::installed_breakage().skip_graph_updates) return {};
         const auto started = std::chrono::steady_clock::now();
-        const cuda::graph g = record_alone(c);
+        const cuda::graph g = record_for_update(c);
         const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
         detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
         if (e != cudaSuccess) {
@@ -457,6 +457,7 @@ private:
         if (!capture_first_)
             throw std::logic_error("capscope: stage '" + std::string(c.name) + "' is updated in the graph, but its capture was begun "
                                    "without its segment's first call (begin_capture(origin, first))");
+#if CUDART_VERSION >= 13000
         const cuda::graph child = record_alone(c);
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         cudaGraph_t parent = nullptr;
@@ -467,6 +468,11 @@ private:
         CAPSCOPE_CHECK(cudaGraphAddChildGraphNode(&node, parent, deps, count, child.get()));
         CAPSCOPE_CHECK(cudaStreamUpdateCaptureDependencies(on, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
         captured_updates_.push_back({int(&c - capture_first_), node});
+#else
+        (void)on;
+        throw std::runtime_error("capscope: stage '" + std::string(c.name) + "' is updated in the graph, which needs CUDA 13 (its capture "
+                                 "dependency calls) -- fix: build with CUDA 13, or keep the stage's values in device memory");
+#endif
     }
     //! `c` alone, recorded into a graph of its own (what it launches this step, with this step's values).
     cudaStream_t fork_to_update_stream(cudaStream_t on) {
@@ -479,6 +485,21 @@ private:
     void join_from_update_stream(cudaStream_t on) {
         update_join_->record(update_stream_->get());
         update_join_->wait_on(on);
+    }
+    //! A recording for an update, outside any segment: scratch memory comes from the arena, as it
+    //! did in the capture, so the recording has the captured topology.
+    cuda::graph record_for_update(const detail::bound_call& c) {
+        scratch_.begin_segment(true);
+        const detail::side_lane_mark side(scratch_, c.lane != 0);
+        cuda::graph g;
+        try {
+            g = record_alone(c);
+        } catch (...) {
+            scratch_.begin_segment(false);
+            throw;
+        }
+        scratch_.end_segment(c.name);
+        return g;
     }
     //! What it launches must be on the stream it is given: a recording with nothing in it means
     //! its work went elsewhere (a global stream), where no update reaches it.
@@ -494,7 +515,7 @@ private:
         if (!update_stream_) update_stream_.emplace();
         const cudaStream_t s = update_stream_->get();
         scope_label label(c.name);
-        CAPSCOPE_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        CAPSCOPE_CHECK(cudaStreamBeginCapture(s, detail::cuda_capture_mode(mode_)));
         try {
             c.fn(s);
         } catch (...) {

@@ -22,6 +22,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace capscope::step_meter {
@@ -80,8 +81,9 @@ struct api_calls {
 };
 
 //! Counts CUDA API calls with CUPTI's callback API while `count` runs its work: every entry into a
-//! runtime function, and every driver function called directly; driver calls made inside a runtime
-//! call are the runtime's own work and are not counted again. Throws `std::runtime_error` when
+//! runtime function, and every driver function called directly, by the thread that called
+//! `count`; driver calls made inside a runtime call are the runtime's own work and are not counted
+//! again. Throws `std::runtime_error` when
 //! CUPTI cannot be had (not installed, or a profiler holds its one subscriber).
 class api_counter {
 public:
@@ -93,10 +95,11 @@ public:
         if (!e.missing.empty()) throw std::runtime_error("capscope::step_meter::api_counter: " + e.missing);
         calls_ = {};
         depth_ = 0;
+        thread_ = std::this_thread::get_id(); // the work's own calls: another thread's (NCCL's proxy, a watchdog) are not counted
         CUpti_SubscriberHandle subscriber{};
         if (e.subscribe(&subscriber, &api_counter::callback, this) != CUPTI_SUCCESS)
-            throw std::runtime_error("capscope::step_meter::api_counter: CUPTI has a subscriber already (a profiler, a sanitizer, or the "
-                                     "capture doctor of a runner in its last warmup step)");
+            throw std::runtime_error("capscope::step_meter::api_counter: CUPTI refused a subscriber (it has one already: a profiler, a "
+                                     "sanitizer, or the capture doctor of a runner in its last warmup step)");
         struct unsubscribe {
             const detail::cupti_entry_points& e;
             CUpti_SubscriberHandle s;
@@ -116,6 +119,7 @@ private:
     }
     static void CUPTIAPI callback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
         auto& c = *static_cast<api_counter*>(self);
+        if (std::this_thread::get_id() != c.thread_) return;
         const auto* info = static_cast<const CUpti_CallbackData*>(data);
         const bool enter = info->callbackSite == CUPTI_API_ENTER;
         try { // nothing may be thrown through CUDA's own code
@@ -134,7 +138,8 @@ private:
         }
     }
     api_calls calls_;
-    int depth_ = 0; //!< runtime calls in progress
+    int depth_ = 0; //!< runtime calls in progress, on the counted thread
+    std::thread::id thread_;
 };
 
 } // namespace capscope::step_meter
