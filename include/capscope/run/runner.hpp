@@ -67,6 +67,15 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
     }
     return calls;
 }
+//! What a training runner of `Config` checks of its program before planning it: the layer schemas
+//! it names (`schema_mismatch`), the config's model facts (P10), a guarded optimizer (P17).
+template <class Config, class... Layers>
+void check_program_for(const training_program& p) {
+    if constexpr (sizeof...(Layers) > 0) match_schemas(layer_schemas<Layers...>{}, p);
+    if (!p.microbatches.empty()) check_model_facts(Config::normalized, p.microbatches.front());
+    if constexpr (Config::normalized.nan_check_on_device) require_guarded_optimizer(p); // P17
+}
+
 //! Where a segment is, for a failed capture's message.
 inline segment_site site_of(const training_plan& plan, const training_program& program, const plan_segment& seg) {
     return {"graph g" + std::to_string(seg.graph) + " (" + (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
@@ -252,10 +261,8 @@ public:
 
 private:
     static const training_program& checked(const training_program& p) {
-        if constexpr (sizeof...(Layers) > 0) match_schemas(layer_schemas<Layers...>{}, p);
-        if (!p.microbatches.empty()) check_model_facts(Config::normalized, p.microbatches.front());
-        if constexpr (Config::normalized.nan_check_on_device) detail::require_guarded_optimizer(p); // P17
-        detail::require_safe_rerun(p, Config::normalized.static_expert_capacity);                   // P18
+        detail::check_program_for<Config, Layers...>(p);
+        detail::require_safe_rerun(p, Config::normalized.static_expert_capacity); // P18
         return p;
     }
 
