@@ -164,7 +164,7 @@ public:
         executor_.wait(plan_.waits_of(plan_.end_waits), s_);
         finish_step();
         detail::count_one(executor_.counters().steps);
-        if (watched_) act_on_findings(*doctor_, plan_, calls_, run_eagerly_, executor_.counters(), settings_.on_failure);
+        if (watched_) act_on_findings(*doctor_, plan_, calls_, graphs_.run_eagerly, executor_.counters(), settings_.on_failure);
         if (warm_steps_ < plan_.warmup_steps && ++warm_steps_ == plan_.warmup_steps) run_warmup_hooks(false);
     }
 
@@ -194,16 +194,8 @@ public:
     const training_program& program() const { return require_recorded(), program_->program; }
     const runner_counters& counters() const noexcept { return executor_.counters(); }
     const std::string& last_failure() const noexcept { return executor_.last_failure(); }
-    int graphs_alive() const {
-        int n = 0;
-        for (const auto& e : execs_) n += e ? 1 : 0;
-        return n;
-    }
-    int graphs_run_eagerly() const {
-        int n = 0;
-        for (auto f : run_eagerly_) n += f;
-        return n;
-    }
+    int graphs_alive() const { return graphs_.alive(); }
+    int graphs_run_eagerly() const { return graphs_.left_eager(); }
 
 private:
     enum class segment_mode { eager, capturing, replayed };
@@ -250,12 +242,7 @@ private:
         program_ = std::move(owned);
         plan_ = std::move(plan);
         calls_ = bind_calls(plan_, program_->program);
-        execs_.clear();
-        execs_.resize(std::size_t(plan_.graph_count));
-        kept_.clear();
-        kept_.resize(std::size_t(plan_.graph_count));
-        updates_.assign(std::size_t(plan_.graph_count), {});
-        run_eagerly_.assign(std::size_t(plan_.graph_count), 0);
+        graphs_.resize(std::size_t(plan_.graph_count));
         // Per call: its segment, its slot (a trainer's region) or none (capscope's own), the next region.
         seg_of_call_.assign(calls_.size(), -1);
         for (std::size_t i = 0; i < plan_.segments.size(); ++i)
@@ -372,14 +359,14 @@ private:
         executor_.wait(plan_.waits_of(seg.waits), on_);
         open_ = si;
         last_region_in_open_ = -1;
-        const bool graphed = seg.graphed && !run_eagerly_[std::size_t(seg.graph)];
+        const bool graphed = seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)];
         if (replaying_ && graphed) {
-            if (execs_[std::size_t(seg.graph)]) {
+            if (graphs_.execs[std::size_t(seg.graph)]) {
                 mode_ = segment_mode::replayed;
                 // A graph with regions updated in the graph is launched when the segment closes: they
                 // are recorded again as the trainer's code reaches them (the code between is host
                 // work). Any other is launched now, so the device starts while the host goes on.
-                launched_ = updates_[std::size_t(seg.graph)].empty();
+                launched_ = graphs_.updates[std::size_t(seg.graph)].empty();
                 if (launched_) launch_open();
                 return;
             }
@@ -411,10 +398,10 @@ private:
             }
             mode_ = segment_mode::eager; // ended: nothing to abort if what follows throws
             const std::size_t at = std::size_t(seg.graph);
-            updates_[at] = executor_.take_captured_updates();
-            executor_.apply(execs_[at], g, calls_[std::size_t(seg.first_call)].name);
-            if (!updates_[at].empty()) kept_[at] = std::move(g); // its child nodes are updated through it
-            execs_[at].launch(on_);
+            graphs_.updates[at] = executor_.take_captured_updates();
+            executor_.apply(graphs_.execs[at], g, calls_[std::size_t(seg.first_call)].name);
+            if (!graphs_.updates[at].empty()) graphs_.kept[at] = std::move(g); // its child nodes are updated through it
+            graphs_.execs[at].launch(on_);
             detail::count_one(executor_.counters().replays);
         } else if (mode_ == segment_mode::replayed && !launched_) {
             launch_open();
@@ -425,7 +412,7 @@ private:
 
     void launch_open() {
         const plan_segment& seg = plan_.segments[std::size_t(open_)];
-        if (!skip_replays_) execs_[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
+        if (!skip_replays_) graphs_.execs[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
         detail::count_one(executor_.counters().replays);
         launched_ = true;
     }
@@ -435,21 +422,19 @@ private:
     void update_in_graph(int c) {
         const plan_segment& seg = plan_.segments[std::size_t(open_)];
         const std::size_t g = std::size_t(seg.graph);
-        for (const updated_node& u : updates_[g]) {
+        for (const updated_node& u : graphs_.updates[g]) {
             if (u.call != c - seg.first_call) continue;
             std::string why;
-            const std::string_view refused = executor_.refresh_one(execs_[g], u, calls_[std::size_t(c)], why);
+            const std::string_view refused = executor_.refresh_one(graphs_.execs[g], u, calls_[std::size_t(c)], why);
             if (refused.empty()) return;
             const segment_site where = site_of(plan_, program_->program, seg);
             if (settings_.on_failure == capture_failure::run_eagerly) {
-                run_eagerly_[g] = 1;
+                graphs_.run_eagerly[g] = 1;
                 detail::count_one(executor_.counters().update_fallbacks);
             }
             open_ = -1;
             finish_step();
-            capture_failed f("capscope: updating " + where.where + " failed at region '" + std::string(refused) +
-                                 "': what it launches this step differs from what the graph holds in a way an update cannot take "
-                                 "(another kernel, another number or order of launches; CUDA: " + why + ")"
+            capture_failed f("capscope: updating " + where.where + " failed at region '" + std::string(refused) + update_refusal(why) +
                                  "\n  fix: keep the region's kernels and its number of launches the same every step (their arguments, grid "
                                  "and block sizes may change)" +
                                  (settings_.on_failure == capture_failure::run_eagerly ? "; the graph stays eager from the next step on" : ""),
@@ -495,7 +480,7 @@ private:
             throw;
         }
         // run_eagerly: the graph stays eager from the next step on
-        run_eagerly_[std::size_t(seg.graph)] = 1;
+        graphs_.run_eagerly[std::size_t(seg.graph)] = 1;
         finish_step();
         capture_failed f(executor_.last_failure() + "\n  the graph stays eager from the next step on (capture_failure::run_eagerly)",
                          std::string(running), seg.layer, seg.graph, seg.microbatch);
@@ -510,7 +495,7 @@ private:
         last_region_in_open_ = c;
         if (mode_ == segment_mode::capturing) {
             gap_nodes_ = captured_nodes();
-        } else if (mode_ == segment_mode::eager && watched_ && seg.graphed && !run_eagerly_[std::size_t(seg.graph)]) {
+        } else if (mode_ == segment_mode::eager && watched_ && seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)]) {
             const int next = next_trainer_[std::size_t(cursor_)];
             gap_label_ = "between '" + stage_of(program_->program, plan_.calls[std::size_t(c)]).name + "' and '" +
                          stage_of(program_->program, plan_.calls[std::size_t(next)]).name + "' (graph g" + std::to_string(seg.graph) + ")";
@@ -533,7 +518,7 @@ private:
         executor_.scratch().begin_segment(false); // forget the failed segment's scratch, as failed_capture does
         open_ = -1;
         detail::count_one(executor_.counters().capture_failures);
-        if (settings_.on_failure == capture_failure::run_eagerly) run_eagerly_[std::size_t(seg.graph)] = 1;
+        if (settings_.on_failure == capture_failure::run_eagerly) graphs_.run_eagerly[std::size_t(seg.graph)] = 1;
         finish_step();
         capture_failed f("capscope: capturing " + site_of(plan_, program_->program, seg).where + " failed: the trainer's code between regions '" +
                              before + "' and '" + after + "' enqueued CUDA work while graph g" + std::to_string(seg.graph) +
@@ -563,13 +548,7 @@ private:
         return long(n);
     }
 
-    bool start_doctor() {
-        doctor_ = std::make_unique<capture_doctor>(settings_.mode != capture_mode::relaxed);
-        if (doctor_->start()) return true;
-        std::fprintf(stderr, "capscope: the capture doctor did not watch the last warmup step: %s; captures are not checked before they run\n",
-                     doctor_->unavailable().c_str());
-        return false;
-    }
+    bool start_doctor() { return detail::start_doctor(doctor_, settings_.mode); }
 
     void finish_step() noexcept {
         if (!in_step_) return;
@@ -580,14 +559,7 @@ private:
         active_scratch = previous_scratch_;
     }
 
-    void release_graphs() noexcept {
-        const bool had = graphs_alive() > 0;
-        for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
-        for (cuda::graph& g : kept_) g = cuda::graph{};
-        for (auto& u : updates_) u.clear();
-        run_eagerly_.assign(run_eagerly_.size(), 0);
-        executor_.release(had);
-    }
+    void release_graphs() noexcept { executor_.release(graphs_.release()); }
     void run_warmup_hooks(bool before) {
         const warmup_work& w = program_->program.warmup;
         if (w.run) w.run(w.pipeline, before, s_);
@@ -605,10 +577,7 @@ private:
     std::vector<int> seg_of_call_, next_trainer_;
     std::vector<region_slot*> slot_of_call_;
     std::vector<const stage*> recorded_stage_of_call_; //!< into program_->as_recorded
-    std::vector<cuda::graph_exec> execs_;
-    std::vector<cuda::graph> kept_;                  //!< per graph with updated regions: the graph instantiated (their nodes)
-    std::vector<std::vector<updated_node>> updates_; //!< per graph: its regions updated in the graph
-    std::vector<unsigned char> run_eagerly_;
+    training_graphs graphs_;
     std::unique_ptr<capture_doctor> doctor_;
     std::string gap_label_;
     scratch_pool* previous_scratch_ = nullptr;

@@ -76,6 +76,59 @@ void check_program_for(const training_program& p) {
     if constexpr (Config::normalized.nan_check_on_device) require_guarded_optimizer(p); // P17
 }
 
+//! The last warmup step's doctor, started (false, said on stderr, when CUPTI cannot be had).
+inline bool start_doctor(std::unique_ptr<capture_doctor>& doctor, capture_mode mode) {
+    doctor = std::make_unique<capture_doctor>(mode != capture_mode::relaxed);
+    if (doctor->start()) return true;
+    std::fprintf(stderr, "capscope: the capture doctor did not watch the last warmup step: %s; captures are not checked before they run\n",
+                 doctor->unavailable().c_str());
+    return false;
+}
+
+//! A training runner's graphs, per plan graph: the executable, the graph it was instantiated from
+//! when calls in it are updated in the graph (their nodes are its nodes), those calls, and
+//! whether a failure left it eager.
+struct training_graphs {
+    std::vector<cuda::graph_exec> execs;
+    std::vector<cuda::graph> kept;
+    std::vector<std::vector<updated_node>> updates;
+    std::vector<unsigned char> run_eagerly;
+
+    void resize(std::size_t n) {
+        execs.clear();
+        execs.resize(n);
+        kept.clear();
+        kept.resize(n);
+        updates.assign(n, {});
+        run_eagerly.assign(n, 0);
+    }
+    int alive() const {
+        int n = 0;
+        for (const auto& e : execs) n += e ? 1 : 0;
+        return n;
+    }
+    int left_eager() const {
+        int n = 0;
+        for (auto f : run_eagerly) n += f;
+        return n;
+    }
+    //! Frees every graph (the executables before the graphs they came from); true when any was alive.
+    bool release() noexcept {
+        const bool had = alive() > 0;
+        for (cuda::graph_exec& e : execs) e = cuda::graph_exec{};
+        for (cuda::graph& g : kept) g = cuda::graph{};
+        for (auto& u : updates) u.clear();
+        run_eagerly.assign(run_eagerly.size(), 0);
+        return had;
+    }
+};
+
+//! What an update the graph could not take comes to, for the message of either runner.
+inline std::string update_refusal(const std::string& why) {
+    return "': what it launches this step differs from what the graph holds in a way an update cannot take (another kernel, another "
+           "number or order of launches; CUDA: " + why + ")";
+}
+
 //! Where a segment is, for a failed capture's message.
 inline segment_site site_of(const training_plan& plan, const training_program& program, const plan_segment& seg) {
     return {"graph g" + std::to_string(seg.graph) + " (" + (seg.layer >= 0 ? "layer " + std::to_string(seg.layer) : std::string("outside the layers")) +
@@ -137,11 +190,8 @@ public:
           plan_(make_training_plan(capture_scope_of<Config>, Config::warmup_steps, checked(program_))),
           calls_(detail::bind_calls(plan_, program_)),
           executor_(Config::engine.mode, Config::engine.on_failure) {
-        execs_.resize(std::size_t(plan_.graph_count));
-        updates_.resize(std::size_t(plan_.graph_count));
-        kept_.resize(std::size_t(plan_.graph_count));
+        graphs_.resize(std::size_t(plan_.graph_count));
         fresh_.assign(std::size_t(plan_.graph_count), {-1, -1});
-        run_eagerly_.assign(std::size_t(plan_.graph_count), 0);
         first_segment_.assign(std::size_t(plan_.graph_count), -1);
         for (std::size_t i = 0; i < plan_.segments.size(); ++i) {
             const plan_segment& s = plan_.segments[i];
@@ -190,12 +240,12 @@ public:
             // A segment on a side lane forks from the step's stream; the plan's waits come before it.
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
             executor_.wait(plan_.waits_of(seg.waits), on);
-            if (replaying && seg.graphed && !run_eagerly_[std::size_t(seg.graph)] &&
-                (execs_[std::size_t(seg.graph)] || capture_in_step(seg, on)) && updated(seg)) {
-                execs_[std::size_t(seg.graph)].launch(on);
+            if (replaying && seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)] &&
+                (graphs_.execs[std::size_t(seg.graph)] || capture_in_step(seg, on)) && updated(seg)) {
+                graphs_.execs[std::size_t(seg.graph)].launch(on);
                 detail::count_one(executor_.counters().replays);
             } else {
-                if (doctor) doctor->segment(seg.graphed && !run_eagerly_[std::size_t(seg.graph)]);
+                if (doctor) doctor->segment(seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)]);
                 executor_.run_eagerly(calls_of(seg), on, seg.lane);
             }
             executor_.record(seg.record, on);
@@ -245,19 +295,11 @@ public:
     std::string plan_text() const { return to_text(plan_, program_); }
     std::string plan_dot() const { return to_dot(plan_, program_); }
     //! Executable graphs currently alive.
-    int graphs_alive() const {
-        int n = 0;
-        for (const auto& e : execs_) n += e ? 1 : 0;
-        return n;
-    }
+    int graphs_alive() const { return graphs_.alive(); }
     //! The runner's scratch memory (capscope/run/scratch.hpp): its pool, and the arena its graphs share.
     const scratch_pool& scratch() const noexcept { return executor_.scratch(); }
     //! Graphs that failed to capture and run eagerly (policy `capture_failure::run_eagerly`).
-    int graphs_run_eagerly() const {
-        int n = 0;
-        for (auto f : run_eagerly_) n += f;
-        return n;
-    }
+    int graphs_run_eagerly() const { return graphs_.left_eager(); }
 
 private:
     static const training_program& checked(const training_program& p) {
@@ -272,7 +314,7 @@ private:
 
     void capture_ahead_of_time(cudaStream_t s) {
         for (int g = 0; g < plan_.graph_count; ++g)
-            if (!execs_[std::size_t(g)] && !run_eagerly_[std::size_t(g)]) {
+            if (!graphs_.execs[std::size_t(g)] && !graphs_.run_eagerly[std::size_t(g)]) {
                 capture(plan_.segments[std::size_t(first_segment_[std::size_t(g)])], s);
                 // Captured before this step's eager work ran: its updated calls are recorded again at their launch.
                 fresh_[std::size_t(g)] = {-1, -1};
@@ -286,12 +328,12 @@ private:
         cuda::graph g = executor_.capture(calls_of(seg), s, seg.lane, [&] { return site(seg); });
         const std::size_t at = std::size_t(seg.graph);
         if (!g) {
-            run_eagerly_[at] = 1;
+            graphs_.run_eagerly[at] = 1;
             return false;
         }
-        updates_[at] = executor_.take_captured_updates();
-        executor_.apply(execs_[at], g, calls_[std::size_t(seg.first_call)].name);
-        if (!updates_[at].empty()) kept_[at] = std::move(g); // its child nodes are updated through the graph instantiated
+        graphs_.updates[at] = executor_.take_captured_updates();
+        executor_.apply(graphs_.execs[at], g, calls_[std::size_t(seg.first_call)].name);
+        if (!graphs_.updates[at].empty()) graphs_.kept[at] = std::move(g); // its child nodes are updated through the graph instantiated
         fresh_[at] = {step_serial_, int(&seg - plan_.segments.data())};
         return true;
     }
@@ -302,10 +344,10 @@ private:
     //! then runs eagerly this step (counted); under raise, `capture_failed` names the stage.
     bool updated(const plan_segment& seg) {
         const std::size_t g = std::size_t(seg.graph);
-        if (updates_[g].empty()) return true;
+        if (graphs_.updates[g].empty()) return true;
         if (fresh_[g].first == step_serial_ && fresh_[g].second == int(&seg - plan_.segments.data())) return true;
         std::string why;
-        const std::string_view refused = executor_.refresh(execs_[g], updates_[g], calls_of(seg), why);
+        const std::string_view refused = executor_.refresh(graphs_.execs[g], graphs_.updates[g], calls_of(seg), why);
         if (refused.empty()) return true;
         if (Config::engine.on_failure == capture_failure::run_eagerly) {
             detail::count_one(executor_.counters().update_fallbacks);
@@ -313,9 +355,7 @@ private:
         }
         const segment_site where = site(seg);
         capture_failed failed("capscope: updating " + where.where + " before its replay failed at stage '" + std::string(refused) +
-                                 "': what it launches this step differs from what the graph holds in a way an update cannot take "
-                                 "(another kernel, another number or order of launches; CUDA: " + why + ")"
-                                 "\n  fix: keep the stage's kernels and its number of launches the same every step (their arguments, grid "
+                                 detail::update_refusal(why) + "\n  fix: keep the stage's kernels and its number of launches the same every step (their arguments, grid "
                                  "and block sizes may change), or build the runner with on_capture_failure<capture_failure::run_eagerly>, "
                                  "under which such a step runs that segment eagerly (counted in update_fallbacks)",
                              std::string(refused), where.layer, where.graph, where.index);
@@ -349,18 +389,13 @@ private:
     }
 
     bool start_doctor() {
-        doctor_ = std::make_unique<detail::capture_doctor>(Config::engine.mode != capture_mode::relaxed);
-        if (doctor_->start()) {
-            executor_.watch_with(doctor_.get());
-            return true;
-        }
-        std::fprintf(stderr, "capscope: the capture doctor did not watch the last warmup step: %s; captures are not checked before they run\n",
-                     doctor_->unavailable().c_str());
-        return false;
+        if (!detail::start_doctor(doctor_, Config::engine.mode)) return false;
+        executor_.watch_with(doctor_.get());
+        return true;
     }
 
     void act_on(const detail::capture_doctor& doctor) {
-        detail::act_on_findings(doctor, plan_, calls_, run_eagerly_, executor_.counters(), Config::engine.on_failure);
+        detail::act_on_findings(doctor, plan_, calls_, graphs_.run_eagerly, executor_.counters(), Config::engine.on_failure);
     }
 
     //! The rerun flag, read on the host once the step's work is done.
@@ -406,27 +441,16 @@ private:
 
     segment_site site(const plan_segment& seg) const { return detail::site_of(plan_, program_, seg); }
 
-    void release_graphs() noexcept {
-        const bool had = graphs_alive() > 0;
-        for (cuda::graph_exec& e : execs_) e = cuda::graph_exec{};
-        for (cuda::graph& g : kept_) g = cuda::graph{};
-        for (auto& u : updates_) u.clear();
-        run_eagerly_.assign(run_eagerly_.size(), 0);
-        executor_.release(had);
-    }
+    void release_graphs() noexcept { executor_.release(graphs_.release()); }
 
     training_program program_;
     training_plan plan_;
     std::vector<detail::bound_call> calls_; //!< names and forks_to point into program_'s stages
     segment_executor executor_;
-    std::vector<cuda::graph_exec> execs_;
-    //! Per graph, its calls updated in the graph (stage::updated_in_graph), the graph they were
-    //! captured in (kept: their nodes are its nodes), and the step and segment of its capture.
-    std::vector<std::vector<detail::updated_node>> updates_;
-    std::vector<cuda::graph> kept_;
+    detail::training_graphs graphs_;
+    //! Per graph, the step and segment of its capture (whose updated calls hold that step's values).
     std::vector<std::pair<long, int>> fresh_;
     long step_serial_ = 0; //!< step() calls so far
-    std::vector<unsigned char> run_eagerly_;
     //! The last warmup step's (capscope/run/capture_doctor.hpp); kept, as a callback on another
     //! thread may still read it while CUPTI lets go; on the heap, so the runner moves.
     std::unique_ptr<detail::capture_doctor> doctor_;

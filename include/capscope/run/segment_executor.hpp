@@ -292,20 +292,11 @@ public:
                              std::string& why) {
         if (detail::installed_breakage().skip_graph_updates) return {}; // a test, broken on purpose: the graph keeps old values
         const auto started = std::chrono::steady_clock::now();
-        for (const detail::updated_node& u : nodes) {
-            const detail::bound_call& c = calls[std::size_t(u.call)];
-            const cuda::graph g = record_for_update(c);
-            const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
-            if (e != cudaSuccess) {
-                (void)cudaGetLastError();
-                why = cudaGetErrorString(e);
-                detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
-                return c.name;
-            }
-            detail::count_one(counters_.graph_updates);
-        }
+        std::string_view refused;
+        for (const detail::updated_node& u : nodes)
+            if (!(refused = update_node(exec, u, calls[std::size_t(u.call)], why)).empty()) break;
         detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
-        return {};
+        return refused;
     }
 
     //! One call updated in the graph, recorded again now and set in `exec` (an in_place_runner
@@ -313,16 +304,9 @@ public:
     std::string_view refresh_one(const cuda::graph_exec& exec, const detail::updated_node& u, const detail::bound_call& c, std::string& why) {
         if (detail::installed_breakage().skip_graph_updates) return {};
         const auto started = std::chrono::steady_clock::now();
-        const cuda::graph g = record_for_update(c);
-        const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
+        const std::string_view refused = update_node(exec, u, c, why);
         detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            why = cudaGetErrorString(e);
-            return c.name;
-        }
-        detail::count_one(counters_.graph_updates);
-        return {};
+        return refused;
     }
 
     //! Makes `exec` run `g`: updated in place when it exists and CUDA accepts the update,
@@ -449,6 +433,20 @@ private:
             }
             c.fn(on);
         }
+    }
+
+    //! `c` recorded again and set in `exec` in place of node `u`: {} when taken, else its name
+    //! (and CUDA's reason in `why`).
+    std::string_view update_node(const cuda::graph_exec& exec, const detail::updated_node& u, const detail::bound_call& c, std::string& why) {
+        const cuda::graph g = record_for_update(c);
+        const cudaError_t e = cudaGraphExecChildGraphNodeSetParams(exec.get(), u.node, g.get());
+        if (e == cudaSuccess) {
+            detail::count_one(counters_.graph_updates);
+            return {};
+        }
+        (void)cudaGetLastError();
+        why = cudaGetErrorString(e);
+        return c.name;
     }
 
     //! A call updated in the graph, while `on` is captured: recorded alone on a stream of its own
