@@ -98,7 +98,15 @@ TEST_CASE("an order no declared program has is refused, naming the region") {
         r.mark(phase::backward, {.layer = 1, .kind = stage_kind_id("block"), .name = "b"});
         (void)r.finish();
     };
-    CHECK(error_of(other_layer).find("differs from its forward") != std::string::npos);
+    CHECK(error_of(other_layer).find("differs from its forward in layer") != std::string::npos);
+    auto updated_forward_only = [] { // the first difference is named: here a fact
+        program_recorder r;
+        r.begin_microbatch();
+        r.mark(phase::forward, {.layer = -1, .kind = stage_kind_id("input"), .updated_in_graph = true});
+        r.mark(phase::backward, {.layer = -1, .kind = stage_kind_id("input")});
+        (void)r.finish();
+    };
+    CHECK(error_of(updated_forward_only).find("backward region 'input' differs from its forward in updated_in_graph") != std::string::npos);
     auto microbatch_after_end = [] {
         program_recorder r;
         r.begin_microbatch();

@@ -6,8 +6,10 @@
 #include <capscope/engine.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 
 using namespace capscope;
@@ -18,12 +20,20 @@ using runners = std::variant<in_place_runner<config<impl::eager>>, in_place_runn
 static std::optional<runners> cap;
 static in_place_step* current = nullptr; // the step the trainer's marks go to
 
-// A mark of trainer.cu, for the current step. Block l's fused kernel normalises with block l + 1's weights.
+// A mark of trainer.cu, for the current step. Block l's fused kernel normalises with block l + 1's
+// weights. The sampler's seed and the head's example count come by value: those regions are
+// updated in the graph, recorded on a stream capscope gives them, so the trainer's global stream
+// points there while their code runs (no cuBLAS in them; every other region runs on the step's).
 static void mark(const char* kind, int layer, bool backward, void (*code)(void*), void* context) {
     const int next[] = {layer + 1};
-    const marked_region r{.layer = layer, .kind = stage_kind_id(kind),
+    const bool host_valued = std::strcmp(kind, "data") == 0 || std::strcmp(kind, "head") == 0;
+    const marked_region r{.layer = layer, .kind = stage_kind_id(kind), .updated_in_graph = host_valued,
                           .reads_parameters_of = layer >= 0 && layer + 1 < shape{}.layers && !backward ? list_view<int>(next) : list_view<int>()};
-    auto run = [&](cudaStream_t) { code(context); }; // the trainer keeps its global stream: it is the step's
+    auto run = [&](cudaStream_t given) {
+        const cudaStream_t own = std::exchange(main_stream, host_valued ? given : main_stream);
+        code(context);
+        main_stream = own;
+    };
     backward ? current->backward(r, run) : current->forward(r, run);
 }
 static bool choose(const std::string& impl) {
@@ -52,14 +62,15 @@ int main(int argc, char** argv) {
     const shape s;
     ::model m; // (capscope has a model<> of its own)
     model_init(&m, s, 1234);
-    for (int step = 0; step < 20; ++step) {
+    for (int step = 0; step < s.steps; ++step) {
         in_place_step st = begin_step();
         current = &st;
         st.run({.kind = stage_kind_id("zero_grads")}, [&](cudaStream_t) { zero_grads(&m); });
         for (int mb = 0; mb < s.microbatches; ++mb) {
             st.microbatch();
-            forward(&m, mb);
-            backward(&m, mb);
+            const batch b = next_batch(s, step, mb);
+            forward(&m, b, mb);
+            backward(&m, b, mb);
         }
         st.run({.kind = stage_kind::optimizer, .updated_in_graph = true}, [&](cudaStream_t given) { update(&m, step, given); });
         st.end();

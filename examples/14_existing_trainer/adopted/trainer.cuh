@@ -23,7 +23,16 @@ extern cublasHandle_t cublas;
 struct shape {
     int layers = 4, width = 256, hidden = 1024, rows = 512, microbatches = 2;
     float lr = 0.003f;  // AdamW's peak learning rate: warmed up, then cosine
+    int steps = 100;    // the cosine's length
 };
+
+// What the data loader picked for one microbatch of one step, on the host: a seed for the rows
+// sampled from the pool, and how many of the microbatch's rows are examples (the rest is padding).
+struct batch {
+    unsigned seed;
+    int examples;
+};
+batch next_batch(const shape& s, int step, int microbatch);
 
 // Matrices are row-major; x is (rows x width), h and a are (rows x hidden).
 struct layer {
@@ -38,7 +47,8 @@ struct model {
     float *final_norm_w, *w_out, *d_final_norm_w, *d_w_out;  // (width) each
     float *x_out, *xn_out, *rstd_out;                        // last block's output and the final norm
     float *pred, *loss_rows, *loss;                          // (rows), (rows), (microbatches)
-    std::vector<float*> inputs, targets;                     // per microbatch: (rows x width), (rows)
+    float *pool_x, *pool_t;                                  // the data: (rows * microbatches) examples and targets
+    std::vector<float*> targets;                             // per microbatch, sampled with its inputs: (rows)
     std::vector<float*> adam_m, adam_v;                      // AdamW's moments, per parameter tensor
     float *y, *dres, *dxn, *dh;                              // scratch: branch output, d residual, d norm out, d hidden
     std::vector<float*> allocations;                         // everything above, for model_free
@@ -56,8 +66,8 @@ void region(const char* kind, int layer, bool backward, F&& code) {
 
 void model_init(model* m, const shape& s, unsigned seed);
 void model_free(model* m);
-void forward(model* m, int microbatch);
-void backward(model* m, int microbatch);
+void forward(model* m, const batch& b, int microbatch);
+void backward(model* m, const batch& b, int microbatch);
 void zero_grads(model* m);
 void update(model* m, int step, cudaStream_t stream);  // AdamW: the rate and bias corrections of `step`, by value
 float read_loss(model* m);                      // mean over the step's microbatches

@@ -16,11 +16,12 @@ int main() {
     const shape s;
     model m;
     model_init(&m, s, 1234);
-    for (int step = 0; step < 20; ++step) {
+    for (int step = 0; step < s.steps; ++step) {
         zero_grads(&m);
         for (int mb = 0; mb < s.microbatches; ++mb) {
-            forward(&m, mb);
-            backward(&m, mb);
+            const batch b = next_batch(s, step, mb);
+            forward(&m, b, mb);
+            backward(&m, b, mb);
         }
         update(&m, step, main_stream);
         printf("step %d loss %.6f\n", step, read_loss(&m));

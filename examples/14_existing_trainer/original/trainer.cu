@@ -38,6 +38,15 @@ __device__ void norm_row(float* xn, float* rstd, const float* x, const float* w,
     if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
+// The data: row r of a microbatch is pool row hash(seed, r), or zeros past the batch's examples.
+__global__ void sample_rows(float* x, float* target, const float* pool_x, const float* pool_t, int pool_rows, unsigned seed,
+                            int examples, int C) {
+    const int r = blockIdx.x;
+    const size_t row = size_t(r) * C, from = size_t((seed ^ (unsigned(r) * 0x9E3779B9u)) * 0x85EBCA6Bu % unsigned(pool_rows)) * C;
+    for (int c = threadIdx.x; c < C; c += BLOCK) x[row + c] = r < examples ? pool_x[from + c] : 0.f;
+    if (threadIdx.x == 0) target[r] = r < examples ? pool_t[from / C] : 0.f;
+}
+
 __global__ void rmsnorm_fwd(float* xn, float* rstd, const float* x, const float* w, int C) { norm_row(xn, rstd, x, w, C); }
 
 // Block l's residual add fused with block l+1's norm (llm.c style): one pass over the new row.
@@ -81,7 +90,7 @@ __global__ void gelu_bwd(float* dh, const float* h, size_t n) {  // in place: da
     if (i < n) dh[i] *= gelu_grad(h[i]);
 }
 
-// One block per row: pred = xn . w_out, loss_row = (pred - target)^2.
+// One block per example row (padding has no loss): pred = xn . w_out, loss_row = (pred - target)^2.
 __global__ void head_loss(float* pred, float* loss_rows, const float* xn, const float* w_out, const float* target, int C) {
     const size_t row = size_t(blockIdx.x) * C;
     float dot = 0.f;
@@ -98,11 +107,12 @@ __global__ void mean_rows(float* out, const float* v, int n) {  // one block
     s = block_sum(s);
     if (threadIdx.x == 0) *out = s / n;
 }
-// d pred = scale * (pred - target); dxn = d pred * w_out.
-__global__ void head_bwd(float* dxn, const float* pred, const float* target, const float* w_out, float scale, int R, int C) {
+// d pred = scale * (pred - target) for the examples, 0 for the padding; dxn = d pred * w_out.
+__global__ void head_bwd(float* dxn, const float* pred, const float* target, const float* w_out, float scale, int examples, int R, int C) {
     const size_t i = size_t(blockIdx.x) * BLOCK + threadIdx.x;
-    if (i < size_t(R) * C) dxn[i] = scale * (pred[i / C] - target[i / C]) * w_out[i % C];
+    if (i < size_t(R) * C) dxn[i] = i / C < size_t(examples) ? scale * (pred[i / C] - target[i / C]) * w_out[i % C] : 0.f;
 }
+// Over the example rows (R of them) only.
 __global__ void head_wgrad(float* dw_out, const float* pred, const float* target, const float* xn, float scale, int R, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -179,6 +189,13 @@ float* upload(model* m, const std::vector<float>& v) {
 
 }  // namespace
 
+batch next_batch(const shape& s, int step, int microbatch) {
+    uint64_t z = uint64_t(step) * 0x9E3779B97F4A7C15ull + uint64_t(microbatch + 1) * 0xD1B54A32D192ED03ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    const unsigned seed = unsigned(z >> 32);
+    return {seed, s.rows - int(seed % unsigned(s.rows / 4 + 1))};  // at least three quarters of the rows are examples
+}
+
 void model_init(model* m, const shape& s, unsigned seed) {
     m->s = s;
     const size_t C = size_t(s.width), H = size_t(s.hidden), R = size_t(s.rows);
@@ -199,16 +216,15 @@ void model_init(model* m, const shape& s, unsigned seed) {
     m->x_out = alloc(m, R * C), m->xn_out = alloc(m, R * C), m->rstd_out = alloc(m, R);
     m->pred = alloc(m, R), m->loss_rows = alloc(m, R), m->loss = alloc(m, size_t(s.microbatches));
     m->y = alloc(m, R * C), m->dres = alloc(m, R * C), m->dxn = alloc(m, R * C), m->dh = alloc(m, R * H);
-    // The data: uniform inputs, targets from a fixed random linear teacher.
+    // The data: a pool of uniform inputs, targets from a fixed random linear teacher.
     const std::vector<float> teacher = uniform(C, 1.f / std::sqrt(float(C)), seed, id++);
-    for (int mb = 0; mb < s.microbatches; ++mb) {
-        const std::vector<float> in = uniform(R * C, 1.f, seed, id++);
-        std::vector<float> t(R, 0.f);
-        for (size_t r = 0; r < R; ++r)
-            for (size_t c = 0; c < C; ++c) t[r] += in[r * C + c] * teacher[c];
-        m->inputs.push_back(upload(m, in));
-        m->targets.push_back(upload(m, t));
-    }
+    const size_t P = R * size_t(s.microbatches);
+    const std::vector<float> in = uniform(P * C, 1.f, seed, id++);
+    std::vector<float> t(P, 0.f);
+    for (size_t r = 0; r < P; ++r)
+        for (size_t c = 0; c < C; ++c) t[r] += in[r * C + c] * teacher[c];
+    m->pool_x = upload(m, in), m->pool_t = upload(m, t);
+    for (int mb = 0; mb < s.microbatches; ++mb) m->targets.push_back(alloc(m, R));
     for (const tensor& t : parameters(m)) {
         m->adam_m.push_back(upload(m, std::vector<float>(t.n, 0.f)));
         m->adam_v.push_back(upload(m, std::vector<float>(t.n, 0.f)));
@@ -220,12 +236,13 @@ void model_free(model* m) {
     m->allocations.clear();
 }
 
-void forward(model* m, int mb) {
+void forward(model* m, const batch& b, int mb) {
     const shape& s = m->s;
-    const size_t RC = size_t(s.rows) * s.width, RH = size_t(s.rows) * s.hidden;
+    const size_t RH = size_t(s.rows) * s.hidden;
     // Input: x_0 and block 0's norm (every later norm is fused into the previous block's residual add).
     layer& first = m->layers[0];
-    CHECK_CUDA(cudaMemcpyAsync(first.x, m->inputs[size_t(mb)], RC * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+    sample_rows<<<s.rows, BLOCK, 0, main_stream>>>(first.x, m->targets[size_t(mb)], m->pool_x, m->pool_t, s.rows * s.microbatches,
+                                                   b.seed, b.examples, s.width);
     rmsnorm_fwd<<<s.rows, BLOCK, 0, main_stream>>>(first.xn, first.rstd, first.x, first.norm_w, s.width);
     for (int l = 0; l < s.layers; ++l) {
         layer& L = m->layers[size_t(l)];
@@ -235,20 +252,20 @@ void forward(model* m, int mb) {
         matmul(m->y, L.a, L.w2, s.rows, s.width, s.hidden, false, true, 0.f);  // y = a W2^T
         residual_rmsnorm_fwd<<<s.rows, BLOCK, 0, main_stream>>>(next.x, next.xn, next.rstd, L.x, m->y, next.w, s.width);
     }
-    // Head: one prediction per row, and this microbatch's mean squared error.
-    head_loss<<<s.rows, BLOCK, 0, main_stream>>>(m->pred, m->loss_rows, m->xn_out, m->w_out, m->targets[size_t(mb)], s.width);
-    mean_rows<<<1, BLOCK, 0, main_stream>>>(m->loss + mb, m->loss_rows, s.rows);
+    // Head: one prediction per example, and this microbatch's mean squared error over its examples.
+    head_loss<<<b.examples, BLOCK, 0, main_stream>>>(m->pred, m->loss_rows, m->xn_out, m->w_out, m->targets[size_t(mb)], s.width);
+    mean_rows<<<1, BLOCK, 0, main_stream>>>(m->loss + mb, m->loss_rows, b.examples);
     CHECK_CUDA(cudaGetLastError());
 }
 
-void backward(model* m, int mb) {
+void backward(model* m, const batch& b, int mb) {
     const shape& s = m->s;
     const size_t RC = size_t(s.rows) * s.width, RH = size_t(s.rows) * s.hidden;
-    // Head: the step's loss is the mean over microbatches of each one's mean over rows.
-    const float scale = 2.f / (float(s.rows) * float(s.microbatches));
+    // Head: the step's loss is the mean over microbatches of each one's mean over its examples.
+    const float scale = 2.f / (float(b.examples) * float(s.microbatches));
     const float* target = m->targets[size_t(mb)];
-    head_bwd<<<blocks(RC), BLOCK, 0, main_stream>>>(m->dxn, m->pred, target, m->w_out, scale, s.rows, s.width);
-    head_wgrad<<<blocks(size_t(s.width)), BLOCK, 0, main_stream>>>(m->d_w_out, m->pred, target, m->xn_out, scale, s.rows, s.width);
+    head_bwd<<<blocks(RC), BLOCK, 0, main_stream>>>(m->dxn, m->pred, target, m->w_out, scale, b.examples, s.rows, s.width);
+    head_wgrad<<<blocks(size_t(s.width)), BLOCK, 0, main_stream>>>(m->d_w_out, m->pred, target, m->xn_out, scale, b.examples, s.width);
     CHECK_CUDA(cudaMemsetAsync(m->dres, 0, RC * sizeof(float), main_stream));  // x_out feeds only the final norm
     for (int l = s.layers - 1; l >= 0; --l) {
         layer& L = m->layers[size_t(l)];
@@ -273,8 +290,8 @@ void zero_grads(model* m) {
 }
 
 void update(model* m, int step, cudaStream_t stream) {
-    // A linear warmup over 5 steps, then a cosine over 40; the bias corrections of step + 1.
-    const float t = float(step + 1), lr = m->s.lr * std::min(1.f, t / 5.f) * (0.5f + 0.5f * std::cos(3.14159265f * float(step) / 40.f));
+    // A linear warmup over 5 steps, then a cosine over the run; the bias corrections of step + 1.
+    const float t = float(step + 1), lr = m->s.lr * std::min(1.f, t / 5.f) * (0.5f + 0.5f * std::cos(3.14159265f * float(step) / float(m->s.steps)));
     const float bc1 = 1.f - std::pow(0.9f, t), bc2 = 1.f - std::pow(0.999f, t);
     const std::vector<tensor> ts = parameters(m);
     for (size_t i = 0; i < ts.size(); ++i)

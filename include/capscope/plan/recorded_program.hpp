@@ -214,11 +214,18 @@ private:
                 continue;
             }
             stage& s = list[std::size_t(found)];
-            if (s.layer != b.layer || !(s.kind == b.kind) || !(s.captured_by == b.captured_by) ||
-                s.synchronizes_with_host != b.synchronizes_with_host || s.shapes_depend_on_data != b.shapes_depend_on_data ||
-                s.passes_host_values != b.passes_host_values || s.updated_in_graph != b.updated_in_graph || !(s.guard == b.guard))
-                throw plan_error("P3", b.name, "backward region '" + b.name + "' differs from its forward in layer, kind, regions, capture facts or guard",
-                                 "mark a region's backward with the layer, kind, regions, facts and guard of its forward");
+            if (const char* differs = s.layer != b.layer                                 ? "layer"
+                                      : !(s.kind == b.kind)                               ? "kind"
+                                      : !(s.captured_by == b.captured_by)                 ? "regions"
+                                      : s.synchronizes_with_host != b.synchronizes_with_host ? "synchronizes_with_host"
+                                      : s.shapes_depend_on_data != b.shapes_depend_on_data   ? "shapes_depend_on_data"
+                                      : s.updated_in_graph != b.updated_in_graph             ? "updated_in_graph" // (implies the next)
+                                      : s.passes_host_values != b.passes_host_values         ? "passes_host_values"
+                                      : !(s.guard == b.guard)                             ? "guard"
+                                                                                          : nullptr)
+                throw plan_error("P3", b.name, "backward region '" + b.name + "' differs from its forward in " + differs + " (a region's facts are one stage's, both passes)",
+                                 "mark a region's backward with the layer, kind, regions, facts and guard of its forward; work whose facts "
+                                 "differ goes in a region of its own");
             s.backward = slot_fn("backward:" + b.name);
             s.backward_inputs = std::move(b.inputs);
             s.backward_outputs = std::move(b.outputs);
