@@ -17,6 +17,7 @@ ROOMS = [
     ["cuda"],
     ["rules", "validate.hpp", "describe.hpp"],
     ["config", "config.hpp"],
+    ["pipeline", "pipeline.hpp"],
     ["flags", "emit_cpp.hpp"],
     ["stage"],
     ["plan"],

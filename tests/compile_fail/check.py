@@ -47,6 +47,8 @@ def check(rule, cmd):
         needle = f"capscope composition rule {rule}:"
     elif rule[0] == "K" and rule[1:].isdigit():  # how a config is spelled (capscope/config/spelling.hpp)
         needle = f"capscope config rule {rule}:"
+    elif rule.startswith("PP") and rule[2:].isdigit():  # a pipeline schedule (capscope/pipeline/)
+        needle = f"capscope pipeline rule {rule}:"
     else:
         needle = f"capscope plan rule {rule}:" if is_plan_rule else f"capscope rule {rule}:"
     if needle not in first_error:

@@ -1,0 +1,269 @@
+#pragma once
+//! @file
+//! Will a schedule's sends and receives complete when a graph replays them? Every rank's groups
+//! are simulated as replay issues them, before anything runs:
+//! - a communicator matches sends and receives between two ranks in the order they were issued
+//!   (FIFO), whatever they carry; a receive matched to another message's send is data silently
+//!   wrong (`crosses`);
+//! - a send or receive completes only when its partner is issued too (rendezvous, NCCL's worst
+//!   case), and a group only when all its operations do;
+//! - a group is issued after the pass it follows and after the groups before it on its
+//!   communicator (one stream per communicator on each rank); a pass waits for the groups that
+//!   hold its receives.
+//! Eager execution may happen to avoid an ordering cycle that replay meets; this is replay's
+//! order. Layouts: one communicator for all of a rank's sends and receives, or one per directed
+//! rank-to-rank edge and kind of traffic (each its own stream), which breaks cycles through
+//! unrelated edges and keeps activations and gradients on one edge from crossing.
+
+#include <capscope/pipeline/p2p_program.hpp>
+
+#include <string>
+#include <vector>
+
+namespace capscope::pipeline {
+
+enum class communicator_layout {
+    shared,        //!< one communicator, one stream, for every send and receive of a rank
+    per_direction, //!< one for activations (forward traffic) and one for gradients (PyTorch's before #195760)
+    per_edge,      //!< one communicator (and stream) per directed rank-to-rank edge and kind of traffic:
+                   //!< on two ranks one edge carries activations and gradients, in orders that differ
+};
+
+constexpr std::string_view name_of(communicator_layout l) {
+    return l == communicator_layout::shared ? "shared" : l == communicator_layout::per_direction ? "per-direction" : "per-edge";
+}
+
+//! How the sends and receives between two passes are issued: in one group (Megatron's
+//! send_forward_recv_backward and the like), or each alone, in the same order (PyTorch's eager
+//! pipelining, before its batched sends and receives).
+enum class p2p_grouping { paired, one_by_one };
+
+struct replay_verdict {
+    enum class outcome { completes, deadlocks, crosses };
+    outcome result = outcome::completes;
+    //! deadlocks: `waiting` is issued and cannot complete, because its partner `held` is not
+    //! issued: `held`'s rank is held at pass `held_at` (or, with `held_at.microbatch` -1, behind
+    //! another group on its stream). crosses: the send `waiting` is matched to the receive `held`.
+    p2p_op waiting{}, held{};
+    int waiting_rank = 0, held_rank = 0;
+    compute_action waiting_after{}, held_at{};
+    bool waiting_before_first = false, held_by_stream = false;
+    constexpr bool completes() const { return result == outcome::completes; }
+};
+
+namespace detail {
+
+struct replay_part {
+    int rank = 0, lane = 0, after = -1;
+    int first_op = 0, op_count = 0, ops_done = 0;
+    int previous_on_lane = -1, next_on_lane = -1; //!< the parts issued before and after it on its stream
+    int receives_for = -1;   //!< the pass (numbered over every rank) waiting for it, if it holds a receive
+    bool issued = false, complete = false;
+};
+struct replay_op {
+    p2p_op op;
+    int part = 0, partner = -1;
+    bool done = false;
+};
+
+constexpr int lane_count(const schedule_shape& s, communicator_layout layout) {
+    return layout == communicator_layout::shared ? 1 : layout == communicator_layout::per_direction ? 2 : s.ranks * s.ranks * 2;
+}
+constexpr int lane_of(const schedule_shape& s, communicator_layout layout, const p2p_op& o) {
+    if (layout == communicator_layout::shared) return 0;
+    if (layout == communicator_layout::per_direction) return o.m.what == carries::activation ? 0 : 1;
+    return (o.m.from * s.ranks + o.m.to) * 2 + (o.m.what == carries::gradient ? 1 : 0);
+}
+
+} // namespace detail
+
+//! Replays every rank's program on `layout`'s communicators (worklist: each part is issued and
+//! completed once, so the cost grows with the operations, and it stays within what compilers
+//! evaluate in a constant expression for the counts a type declares).
+//! `orders[r]` is rank r's passes (compute_order's, or any other order to be checked).
+constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<std::vector<compute_action>>& orders, communicator_layout layout,
+                                      p2p_grouping grouping = p2p_grouping::paired) {
+    using namespace detail;
+    const int lanes = lane_count(s, layout);
+    std::vector<int> first_pass(std::size_t(s.ranks) + 1, 0); // passes numbered over every rank
+    for (int r = 0; r < s.ranks; ++r) first_pass[std::size_t(r) + 1] = first_pass[std::size_t(r)] + int(orders[std::size_t(r)].size());
+    std::vector<replay_part> parts;
+    std::vector<replay_op> ops;
+    parts.reserve(std::size_t(first_pass.back()) * 2), ops.reserve(std::size_t(first_pass.back()) * 2);
+    std::vector<int> lane_last(std::size_t(s.ranks * lanes), -1);
+    // Per pass (numbered over every rank, one more per rank for "before the first"): the parts
+    // issued after it, [begin, end) in `parts`.
+    const std::size_t slots = std::size_t(first_pass.back() + s.ranks);
+    std::vector<int> parts_after_begin(slots, 0), parts_after_end(slots, 0);
+    for (int r = 0; r < s.ranks; ++r) {
+        const std::vector<compute_action>& order = orders[std::size_t(r)];
+        for (int k = 0; k <= int(order.size()); ++k) { // the group after pass k - 1: its sends, then pass k's receives
+            detail::group_ops group;
+            if (k > 0) detail::add_sends(s, r, order[std::size_t(k - 1)], group);
+            if (k < int(order.size())) detail::add_receives(s, r, order[std::size_t(k)], group);
+            const std::size_t slot = std::size_t(first_pass[std::size_t(r)] + r + k);
+            parts_after_begin[slot] = int(parts.size());
+            // One part per stream the group's operations go to (paired), or one per operation.
+            for (int first = 0; first < group.count; ++first) {
+                const int lane = lane_of(s, layout, group.ops[first]);
+                bool placed = false; // an earlier operation of the group on the same stream took it
+                for (int i = 0; i < first && grouping == p2p_grouping::paired; ++i) placed = placed || lane_of(s, layout, group.ops[i]) == lane;
+                if (placed) continue;
+                replay_part part{r, lane, k - 1, int(ops.size())};
+                for (int i = first; i < group.count; ++i) {
+                    const p2p_op& o = group.ops[i];
+                    if (lane_of(s, layout, o) != lane || (grouping == p2p_grouping::one_by_one && i != first)) continue;
+                    if (!o.send) part.receives_for = first_pass[std::size_t(r)] + k;
+                    ops.push_back({o, int(parts.size()), -1, false});
+                    ++part.op_count;
+                }
+                int& last = lane_last[std::size_t(r * lanes + lane)];
+                if (last >= 0) parts[std::size_t(last)].next_on_lane = int(parts.size());
+                part.previous_on_lane = last;
+                last = int(parts.size());
+                parts.push_back(part);
+            }
+            parts_after_end[slot] = int(parts.size());
+        }
+    }
+    // A communicator matches the k-th send from a to b with the k-th receive at b from a: sort
+    // each side by (pair of ranks, communicator), keeping issue order (counting sort).
+    // (A per-edge lane is one pair of ranks already.)
+    const bool lane_is_pair = layout == communicator_layout::per_edge;
+    const std::size_t keys = std::size_t(lane_is_pair ? lanes : s.ranks * s.ranks * lanes);
+    auto key_of = [&](const replay_op& o) {
+        const int lane = parts[std::size_t(o.part)].lane;
+        return std::size_t(lane_is_pair ? lane : (o.op.m.from * s.ranks + o.op.m.to) * lanes + lane);
+    };
+    std::vector<int> send_start(keys + 1, 0), receive_start(keys + 1, 0);
+    for (const replay_op& o : ops) ++(o.op.send ? send_start : receive_start)[key_of(o) + 1];
+    for (std::size_t k = 0; k < keys; ++k) send_start[k + 1] += send_start[k], receive_start[k + 1] += receive_start[k];
+    std::vector<int> sends(static_cast<std::size_t>(send_start[keys]), 0), receives(static_cast<std::size_t>(receive_start[keys]), 0); // (n, 0): clang 14 cannot default-fill in a constant expression
+    {
+        std::vector<int> send_at(send_start.begin(), send_start.end() - 1), receive_at(receive_start.begin(), receive_start.end() - 1);
+        for (int i = 0; i < int(ops.size()); ++i) {
+            const std::size_t key = key_of(ops[std::size_t(i)]);
+            if (ops[std::size_t(i)].op.send) sends[std::size_t(send_at[key]++)] = i;
+            else receives[std::size_t(receive_at[key]++)] = i;
+        }
+    }
+    replay_verdict v;
+    for (std::size_t key = 0; key < keys; ++key)
+        for (int k = 0; k < send_start[key + 1] - send_start[key] && k < receive_start[key + 1] - receive_start[key]; ++k) {
+            const int si = sends[std::size_t(send_start[key] + k)], ri = receives[std::size_t(receive_start[key] + k)];
+            replay_op &a = ops[std::size_t(si)], &b = ops[std::size_t(ri)];
+            if (!(a.op.m == b.op.m)) {
+                v.result = replay_verdict::outcome::crosses;
+                v.waiting = a.op, v.held = b.op, v.waiting_rank = a.op.m.from, v.held_rank = b.op.m.to;
+                return v;
+            }
+            a.partner = ri, b.partner = si;
+        }
+
+    std::vector<int> receiving(std::size_t(first_pass.back()) + 1, 0); // per pass: parts with its receives not complete
+    for (const replay_part& p : parts)
+        if (p.receives_for >= 0) ++receiving[std::size_t(p.receives_for)];
+    std::vector<int> passes_done(std::size_t(s.ranks), 0);
+    std::vector<int> todo; // parts to try to issue
+    auto after_pass = [&](int rank, int after) { // the parts issued after pass `after` of `rank` (-1: before the first)
+        const std::size_t slot = std::size_t(first_pass[std::size_t(rank)] + rank + after + 1);
+        for (int i = parts_after_begin[slot]; i < parts_after_end[slot]; ++i) todo.push_back(i);
+    };
+    auto run_passes = [&](int rank) {
+        const int n = int(orders[std::size_t(rank)].size());
+        int& done = passes_done[std::size_t(rank)];
+        while (done < n && receiving[std::size_t(first_pass[std::size_t(rank)] + done)] == 0) after_pass(rank, done++);
+    };
+    auto complete = [&](replay_part& p) {
+        p.complete = true;
+        if (p.next_on_lane >= 0) todo.push_back(p.next_on_lane);
+        if (p.receives_for >= 0 && --receiving[std::size_t(p.receives_for)] == 0) run_passes(p.rank);
+    };
+    for (int r = 0; r < s.ranks; ++r) after_pass(r, -1), run_passes(r);
+    while (!todo.empty()) {
+        replay_part& p = parts[std::size_t(todo.back())];
+        todo.pop_back();
+        // Issued once the group before it on its stream is complete and the pass it follows has run.
+        if (p.issued || (p.previous_on_lane >= 0 && !parts[std::size_t(p.previous_on_lane)].complete)) continue;
+        if (p.after >= 0 && passes_done[std::size_t(p.rank)] <= p.after) continue;
+        p.issued = true;
+        for (int o = p.first_op; o < p.first_op + p.op_count; ++o) {
+            replay_op& op = ops[std::size_t(o)];
+            if (op.partner < 0) continue; // unmatched: the replay cannot finish, which the end names
+            replay_op& partner = ops[std::size_t(op.partner)];
+            replay_part& theirs = parts[std::size_t(partner.part)];
+            if (!theirs.issued) continue;
+            op.done = partner.done = true;
+            ++p.ops_done;
+            if (++theirs.ops_done == theirs.op_count) complete(theirs);
+        }
+        if (p.ops_done == p.op_count) complete(p);
+    }
+
+    bool finished = true;
+    for (int r = 0; r < s.ranks; ++r) finished = finished && passes_done[std::size_t(r)] == int(orders[std::size_t(r)].size());
+    for (const replay_part& p : parts) finished = finished && p.complete;
+    if (finished) return v;
+    v.result = replay_verdict::outcome::deadlocks;
+    // An issued group one of whose operations waits for a partner that is not issued: name both.
+    for (const replay_part& mine : parts) {
+        if (!mine.issued || mine.complete) continue;
+        for (int o = mine.first_op; o < mine.first_op + mine.op_count; ++o) {
+            const replay_op& op = ops[std::size_t(o)];
+            if (op.done || op.partner < 0) continue;
+            const replay_op& partner = ops[std::size_t(op.partner)];
+            const replay_part& theirs = parts[std::size_t(partner.part)];
+            v.waiting = op.op, v.held = partner.op, v.waiting_rank = mine.rank, v.held_rank = theirs.rank;
+            v.waiting_before_first = mine.after < 0;
+            if (mine.after >= 0) v.waiting_after = orders[std::size_t(mine.rank)][std::size_t(mine.after)];
+            const int at = passes_done[std::size_t(theirs.rank)];
+            v.held_by_stream = theirs.after < at; // its own pass ran: a group before it on its stream holds it
+            if (at < int(orders[std::size_t(theirs.rank)].size())) v.held_at = orders[std::size_t(theirs.rank)][std::size_t(at)];
+            return v;
+        }
+    }
+    return v;
+}
+
+constexpr replay_verdict check_replay(const schedule_shape& s, int microbatches, communicator_layout layout,
+                                      p2p_grouping grouping = p2p_grouping::paired) {
+    std::vector<std::vector<compute_action>> orders;
+    for (int r = 0; r < s.ranks; ++r) orders.push_back(compute_order(s, r, microbatches));
+    return check_replay(s, orders, layout, grouping);
+}
+
+//! The communicators a shape's sends and receives use with `microbatches` microbatches: the
+//! shape's choice, or under `automatic` one shared communicator where replay completes on it
+//! and one per directed edge otherwise. The verdict is the chosen layout's.
+struct communicator_plan {
+    communicator_layout layout = communicator_layout::shared;
+    replay_verdict verdict{};
+};
+constexpr communicator_plan choose_communicators(const schedule_shape& s, int microbatches) {
+    if (s.communicators != communicator_choice::automatic) {
+        const communicator_layout l = s.communicators == communicator_choice::shared ? communicator_layout::shared : communicator_layout::per_edge;
+        return {l, check_replay(s, microbatches, l)};
+    }
+    if (replay_verdict v = check_replay(s, microbatches, communicator_layout::shared); v.completes()) return {communicator_layout::shared, v};
+    return {communicator_layout::per_edge, check_replay(s, microbatches, communicator_layout::per_edge)};
+}
+
+//! The verdict in words, for plan errors and reports.
+inline std::string describe(const replay_verdict& v) {
+    switch (v.result) {
+    case replay_verdict::outcome::completes: return "every send and receive completes";
+    case replay_verdict::outcome::crosses:
+        return "rank " + std::to_string(v.held_rank) + "'s communicator with rank " + std::to_string(v.waiting_rank) + " matches the send of " +
+               describe(v.waiting.m) + " with the receive of " + describe(v.held.m) + ", which would take its data silently";
+    case replay_verdict::outcome::deadlocks: break;
+    }
+    const char* verb = v.waiting.send ? "sends " : "receives ";
+    std::string text = "rank " + std::to_string(v.waiting_rank) + " " + verb + describe(v.waiting.m) +
+                       (v.waiting_before_first ? " before its first pass" : " after its " + describe(v.waiting_after)) + ", and rank " +
+                       std::to_string(v.held_rank) + " never issues the matching " + (v.held.send ? "send" : "receive") + ": ";
+    text += v.held_by_stream ? "a group before it on that rank's stream never completes"
+                             : "it is held before its " + describe(v.held_at) + ", waiting for what that pass receives";
+    return text;
+}
+
+} // namespace capscope::pipeline

@@ -1,0 +1,99 @@
+#pragma once
+//! @file
+//! What a pipeline schedule is: its kind, the ranks it spans, the model chunks (virtual stages)
+//! each rank holds, the layers they split, and Megatron's microbatch grouping. The rules a
+//! shape must keep (PP1-PP6) are checked here, in constant expressions as at run time; the
+//! microbatch count is a run-time value, so the rules that need it take it apart.
+//!
+//! Megatron's names: `--pipeline-model-parallel-size` (ranks), `--num-layers-per-virtual-
+//! pipeline-stage` (layers / (ranks * virtual_stages)), `--microbatch-group-size-per-virtual-
+//! pipeline-stage` (group, default the ranks).
+
+#include <string_view>
+
+namespace capscope::pipeline {
+
+enum class schedule_kind {
+    gpipe,            //!< every forward, then every backward: in-flight activations grow with the microbatches
+    one_f_one_b,      //!< warmup forwards, then one forward and one backward in turn (Megatron's default)
+    interleaved_1f1b, //!< 1F1B over several model chunks per rank (Megatron's virtual pipeline)
+};
+
+constexpr std::string_view name_of(schedule_kind k) {
+    switch (k) {
+    case schedule_kind::gpipe: return "gpipe";
+    case schedule_kind::one_f_one_b: return "1f1b";
+    case schedule_kind::interleaved_1f1b: return "interleaved 1f1b";
+    }
+    return "?";
+}
+
+//! Which communicators carry a schedule's sends and receives (replay_check.hpp says why it matters).
+enum class communicator_choice {
+    automatic, //!< one shared communicator where replay completes on it, else one per directed rank edge and kind of traffic
+    shared,    //!< one for all of a rank's sends and receives
+    per_edge,  //!< one per directed rank-to-rank edge and kind of traffic (activations, gradients)
+};
+
+struct schedule_shape {
+    schedule_kind kind = schedule_kind::one_f_one_b;
+    int ranks = 2;          //!< pipeline ranks (stages of the non-interleaved schedules)
+    int virtual_stages = 1; //!< model chunks per rank; chunk c of rank r is virtual stage c * ranks + r
+    int layers = 2;         //!< the model's layers, split evenly over the ranks * virtual_stages chunks
+    int group = 0;          //!< interleaved: forwards of one chunk before the next chunk's (0: ranks)
+    communicator_choice communicators = communicator_choice::automatic;
+
+    constexpr int group_size() const { return group > 0 ? group : ranks; }
+    constexpr int stages() const { return ranks * virtual_stages; }
+    constexpr int layers_per_chunk() const { return layers / stages(); }
+    //! The virtual stage of rank `r`'s chunk `c`, and back.
+    constexpr int stage_of(int rank, int chunk) const { return chunk * ranks + rank; }
+    constexpr int rank_of(int stage) const { return stage % ranks; }
+    constexpr int chunk_of(int stage) const { return stage / ranks; }
+    friend constexpr bool operator==(const schedule_shape&, const schedule_shape&) = default;
+};
+
+//! The rules, in the order they are checked. PP7 (a schedule that deadlocks or crosses its
+//! messages on the communicators it is given) is the simulation's (deadlock.hpp).
+enum class schedule_rule {
+    none,
+    PP1, //!< a count below its least: ranks < 2, virtual stages < 1, layers < 1, group < 1, microbatches < 1
+    PP2, //!< layers not divisible by ranks * virtual stages
+    PP3, //!< more than one chunk per rank on a schedule that runs one (gpipe, 1f1b)
+    PP4, //!< 1f1b with fewer microbatches than ranks (it runs as gpipe; Megatron accepts it)
+    PP5, //!< interleaved with a microbatch count its grouping forbids (Megatron's schedules.py)
+    PP6, //!< interleaved with one chunk per rank
+};
+
+constexpr std::string_view rule_id(schedule_rule r) {
+    constexpr std::string_view ids[] = {"", "PP1", "PP2", "PP3", "PP4", "PP5", "PP6"};
+    return ids[int(r)];
+}
+
+//! The first rule the shape breaks, whatever the microbatch count.
+constexpr schedule_rule check_shape(const schedule_shape& s) {
+    if (s.ranks < 2 || s.virtual_stages < 1 || s.layers < 1 || s.group < 0) return schedule_rule::PP1;
+    if (s.layers % s.stages() != 0) return schedule_rule::PP2;
+    if (s.kind != schedule_kind::interleaved_1f1b && s.virtual_stages != 1) return schedule_rule::PP3;
+    if (s.kind == schedule_kind::interleaved_1f1b && s.virtual_stages < 2) return schedule_rule::PP6;
+    return schedule_rule::none;
+}
+
+//! The first rule the shape breaks with `microbatches` microbatches in a step.
+constexpr schedule_rule check_shape(const schedule_shape& s, int microbatches) {
+    if (const schedule_rule r = check_shape(s); r != schedule_rule::none) return r;
+    if (microbatches < 1) return schedule_rule::PP1;
+    // Every rank's warmup would hold all its forwards: the declared 1f1b runs as gpipe.
+    if (s.kind == schedule_kind::one_f_one_b && microbatches < s.ranks) return schedule_rule::PP4;
+    // Megatron's interleaved schedule takes each group of microbatches round the ring chunk by
+    // chunk: a group smaller than the ranks, or a last group smaller than the ranks, leaves the
+    // ring's first rank waiting for a chunk the ring has not reached (schedules.py: ranks <= group
+    // <= microbatches, and a remainder of 0 or at least the ranks).
+    if (s.kind == schedule_kind::interleaved_1f1b) {
+        const int g = s.group_size(), rest = microbatches % g;
+        if (g < s.ranks || g > microbatches || (rest != 0 && rest < s.ranks)) return schedule_rule::PP5;
+    }
+    return schedule_rule::none;
+}
+
+} // namespace capscope::pipeline

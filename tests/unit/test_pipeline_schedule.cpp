@@ -1,0 +1,268 @@
+// Pipeline schedules (capscope/pipeline/): each rank's passes in Megatron's order, memory by
+// in-flight slots, and the replay check of the sends and receives on their communicators.
+
+#include <capscope/pipeline.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace capscope;
+using namespace capscope::pipeline;
+
+namespace {
+
+schedule_shape one_f_one_b(int ranks) { return {schedule_kind::one_f_one_b, ranks, 1, ranks}; }
+schedule_shape interleaved(int ranks, int chunks, int group = 0) { return {schedule_kind::interleaved_1f1b, ranks, chunks, ranks * chunks, group}; }
+
+std::string letters(const std::vector<compute_action>& order) {
+    std::string s;
+    for (const compute_action& a : order)
+        s += (s.empty() ? "" : " ") + std::string(a.direction == pass::forward ? "F" : "B") + std::to_string(a.chunk) + "." + std::to_string(a.microbatch);
+    return s;
+}
+
+std::vector<std::vector<compute_action>> orders_of(const schedule_shape& s, int m) {
+    std::vector<std::vector<compute_action>> o;
+    for (int r = 0; r < s.ranks; ++r) o.push_back(compute_order(s, r, m));
+    return o;
+}
+
+} // namespace
+
+TEST_CASE("each rank runs Megatron's order: warmup forwards, one forward one backward, the rest of the backwards") {
+    // 1F1B (forward_backward_pipelining_without_interleaving): rank r warms up with p - r - 1 forwards.
+    CHECK(letters(compute_order(one_f_one_b(4), 0, 6)) == "F0.0 F0.1 F0.2 F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 B0.3 B0.4 B0.5");
+    CHECK(letters(compute_order(one_f_one_b(4), 3, 4)) == "F0.0 B0.0 F0.1 B0.1 F0.2 B0.2 F0.3 B0.3");
+    CHECK(letters(compute_order({schedule_kind::gpipe, 2, 1, 2}, 1, 3)) == "F0.0 F0.1 F0.2 B0.0 B0.1 B0.2");
+    // Interleaved: groups of `ranks` microbatches through chunk 0, then chunk 1; backwards run the
+    // chunks in reverse; warmup (p - r - 1) * 2 + (v - 1) * group.
+    CHECK(warmup_forwards(interleaved(2, 2), 0, 4) == 4);
+    CHECK(warmup_forwards(interleaved(2, 2), 1, 4) == 2);
+    CHECK(letters(compute_order(interleaved(2, 2), 0, 4)) == "F0.0 F0.1 F1.0 F1.1 F0.2 B1.0 F0.3 B1.1 F1.2 B0.0 F1.3 B0.1 B1.2 B1.3 B0.2 B0.3");
+    CHECK(letters(compute_order(interleaved(2, 2), 1, 4)) == "F0.0 F0.1 F1.0 B1.0 F1.1 B1.1 F0.2 B0.0 F0.3 B0.1 F1.2 B1.2 F1.3 B1.3 B0.2 B0.3");
+    // A group of 3 on 2 ranks: 6 microbatches in two groups of 3 per chunk.
+    std::vector<compute_action> forwards;
+    for (const compute_action& a : compute_order(interleaved(2, 2, 3), 1, 6))
+        if (a.direction == pass::forward) forwards.push_back(a);
+    CHECK(letters(forwards) == "F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 F0.3 F0.4 F0.5 F1.3 F1.4 F1.5");
+
+    // Every (chunk, microbatch) once each way, its backward after its forward, on every shape.
+    for (const schedule_shape& s : {one_f_one_b(2), one_f_one_b(4), schedule_shape{schedule_kind::gpipe, 3, 1, 3}, interleaved(2, 2), interleaved(4, 2), interleaved(4, 3)})
+        for (int m : {s.ranks, 2 * s.ranks, 4 * s.ranks})
+            for (int r = 0; r < s.ranks; ++r) {
+                const std::vector<compute_action> o = compute_order(s, r, m);
+                REQUIRE(int(o.size()) == 2 * m * s.virtual_stages);
+                std::set<std::pair<int, int>> forwards, backwards;
+                for (const compute_action& a : o) {
+                    if (a.direction == pass::forward) CHECK(forwards.insert({a.chunk, a.microbatch}).second);
+                    else CHECK((forwards.count({a.chunk, a.microbatch}) == 1 && backwards.insert({a.chunk, a.microbatch}).second));
+                }
+                CHECK(int(backwards.size()) == m * s.virtual_stages);
+            }
+}
+
+TEST_CASE("the rules a shape keeps, each named") {
+    CHECK(check_shape(one_f_one_b(4), 8) == schedule_rule::none);
+    CHECK(check_shape({schedule_kind::one_f_one_b, 1, 1, 4}) == schedule_rule::PP1);
+    CHECK(check_shape(one_f_one_b(4), 0) == schedule_rule::PP1);
+    CHECK(check_shape({schedule_kind::one_f_one_b, 4, 1, 10}) == schedule_rule::PP2);
+    CHECK(check_shape({schedule_kind::interleaved_1f1b, 4, 2, 12}) == schedule_rule::PP2); // 12 layers over 8 chunks
+    CHECK(check_shape({schedule_kind::one_f_one_b, 4, 2, 8}) == schedule_rule::PP3);
+    CHECK(check_shape(one_f_one_b(4), 3) == schedule_rule::PP4);
+    CHECK(check_shape({schedule_kind::gpipe, 4, 1, 4}, 3) == schedule_rule::none); // GPipe takes any count
+    // Megatron's schedules.py: ranks <= group <= microbatches, and a remainder of 0 or >= ranks.
+    CHECK(check_shape(interleaved(4, 2), 6) == schedule_rule::PP5);    // 6 % 4 = 2 < 4
+    CHECK(check_shape(interleaved(4, 2), 2) == schedule_rule::PP5);    // a group larger than the microbatches
+    CHECK(check_shape(interleaved(4, 2, 2), 8) == schedule_rule::PP5); // a group smaller than the ranks
+    CHECK(check_shape(interleaved(4, 2), 12) == schedule_rule::none);
+    CHECK(check_shape(interleaved(2, 2, 3), 8) == schedule_rule::none); // 8 % 3 = 2 >= 2 ranks: a last group of 2
+    CHECK(check_shape({schedule_kind::interleaved_1f1b, 4, 1, 4}) == schedule_rule::PP6);
+    CHECK(rule_id(schedule_rule::PP5) == "PP5");
+}
+
+TEST_CASE("memory by in-flight slots: flat in the microbatch count, never two live microbatches in one slot") {
+    for (int p : {2, 4, 8})
+        for (int r = 0; r < p; ++r)
+            for (int m : {p, 2 * p, 8 * p}) // Megatron's 1F1B keeps p - r forwards in flight
+                CHECK(plan_slots(one_f_one_b(p), r, m).slots == std::vector<int>{p - r});
+    CHECK(plan_slots({schedule_kind::gpipe, 4, 1, 4}, 2, 32).slots == std::vector<int>{32}); // GPipe: every microbatch
+    for (const schedule_shape& s : {interleaved(2, 2), interleaved(4, 2), interleaved(4, 4)})
+        for (int r = 0; r < s.ranks; ++r) {
+            const std::vector<int> at8 = plan_slots(s, r, 2 * s.ranks).slots;
+            for (int m : {4 * s.ranks, 8 * s.ranks, 16 * s.ranks}) CHECK(plan_slots(s, r, m).slots == at8);
+        }
+    // The FIFO allocator: a slot is reused only after its last microbatch's backward.
+    for (const schedule_shape& s : {one_f_one_b(4), interleaved(4, 2), interleaved(2, 3)})
+        for (int r = 0; r < s.ranks; ++r) {
+            const slot_plan plan = plan_slots(s, r, 4 * s.ranks);
+            for (const slot_use& a : plan.uses) {
+                REQUIRE(a.backward > a.forward);
+                CHECK(a.slot < plan.slots[std::size_t(a.chunk)]);
+                for (const slot_use& b : plan.uses)
+                    if (&a != &b && a.chunk == b.chunk && a.slot == b.slot) CHECK((a.backward < b.forward || b.backward < a.forward));
+            }
+        }
+}
+
+TEST_CASE("replay: 1f1b and gpipe complete on one shared communicator; interleaved needs one per edge, and the check names why") {
+    for (int p : {2, 3, 4, 8})
+        for (int m : {p, p + 1, 3 * p}) {
+            CHECK(check_replay(one_f_one_b(p), m, communicator_layout::shared).completes());
+            CHECK(check_replay({schedule_kind::gpipe, p, 1, p}, m, communicator_layout::shared).completes());
+        }
+    // Megatron's interleaved order, with a group of the previous pass's sends and this pass's
+    // receives, meets an ordering cycle through the shared communicator's FIFO order.
+    const replay_verdict v = check_replay(interleaved(4, 2), 8, communicator_layout::shared);
+    REQUIRE(v.result == replay_verdict::outcome::deadlocks);
+    CHECK(describe(v) ==
+          "rank 0 sends the gradient of microbatch 0 for stage 3 (rank 0 to rank 3) after its backward of chunk 1, microbatch 0, and rank 3 "
+          "never issues the matching receive: it is held before its forward of chunk 0, microbatch 4, waiting for what that pass receives");
+    for (int p : {2, 4, 8})
+        for (int v2 : {2, 3, 4})
+            for (int m : {p, 2 * p, 4 * p}) {
+                INFO("ranks " << p << ", chunks " << v2 << ", microbatches " << m);
+                CHECK(check_replay(interleaved(p, v2), m, communicator_layout::per_edge).completes());
+                const communicator_plan plan = choose_communicators(interleaved(p, v2), m);
+                CHECK(plan.verdict.completes());
+            }
+    // A last, partial group (Megatron allows one of at least the ranks). On two ranks one edge
+    // carries activations and gradients in orders the two ranks do not share: one communicator
+    // for both would cross them, so per_edge keys its communicators by the kind of traffic too.
+    CHECK(check_replay(interleaved(2, 2, 3), 8, communicator_layout::per_edge).completes());
+    const replay_verdict crossed = check_replay(interleaved(2, 2, 3), 8, communicator_layout::shared);
+    REQUIRE(crossed.result == replay_verdict::outcome::crosses);
+    CHECK(describe(crossed) == "rank 1's communicator with rank 0 matches the send of the gradient of microbatch 0 for stage 1 (rank 0 to rank 1) "
+                               "with the receive of the activation of microbatch 3 for stage 1 (rank 0 to rank 1), which would take its data silently");
+    CHECK(plan_slots(interleaved(2, 2, 3), 0, 8).slots == plan_slots(interleaved(2, 2, 3), 0, 14).slots);
+    CHECK(choose_communicators(one_f_one_b(4), 8).layout == communicator_layout::shared);
+    CHECK(choose_communicators(interleaved(4, 2), 8).layout == communicator_layout::per_edge);
+}
+
+TEST_CASE("replay, every shape the rules accept: it completes on the communicators chosen, and memory stays flat") {
+    std::mt19937 rng(11);
+    int checked = 0;
+    for (int trial = 0; trial < 300; ++trial) {
+        const int p = 2 + int(rng() % 7), v = 1 + int(rng() % 4);
+        const schedule_kind kind = v > 1 ? schedule_kind::interleaved_1f1b : (rng() % 2 ? schedule_kind::one_f_one_b : schedule_kind::gpipe);
+        const schedule_shape s{kind, p, v, p * v, v > 1 ? p + int(rng() % 3) : 0};
+        const int m = 1 + int(rng() % unsigned(4 * p));
+        if (check_shape(s, m) != schedule_rule::none) continue;
+        INFO(std::string(name_of(kind)) << ", " << p << " ranks, " << v << " chunks, group " << s.group << ", " << m << " microbatches");
+        const communicator_plan plan = choose_communicators(s, m);
+        CHECK(plan.verdict.completes());
+        // Fewer microbatches than a full warmup need fewer slots; past it, no more.
+        if (kind != schedule_kind::gpipe)
+            for (int r = 0; r < p; ++r) {
+                const std::vector<int> few = plan_slots(s, r, m).slots, more = plan_slots(s, r, m + 8 * s.group_size()).slots;
+                CHECK(more == plan_slots(s, r, m + 16 * s.group_size()).slots);
+                for (std::size_t c = 0; c < few.size(); ++c) CHECK(few[c] <= more[c]);
+            }
+        ++checked;
+    }
+    CHECK(checked > 100);
+}
+
+TEST_CASE("replay: sends and receives issued one by one, as PyTorch's eager pipelining did") {
+    // 1F1B with each send and receive alone deadlocks on one shared communicator: the reason
+    // Megatron pairs them (send_forward_recv_backward).
+    const replay_verdict alone = check_replay(one_f_one_b(4), 8, communicator_layout::shared, p2p_grouping::one_by_one);
+    CHECK(alone.result == replay_verdict::outcome::deadlocks);
+    CHECK(check_replay(one_f_one_b(4), 8, communicator_layout::shared, p2p_grouping::paired).completes());
+    CHECK(check_replay(one_f_one_b(4), 8, communicator_layout::per_direction, p2p_grouping::one_by_one).completes());
+    // PyTorch #195760's looped example: 2 microbatches, 8 stages on 4 ranks (rank r holds stages r
+    // and r + 4), one group of 2 (ScheduleInterleaved1F1B: max(1, 2 / 4) rounds). On one shared
+    // communicator, rank 0's receive for stage 4 waits behind its sends to rank 1 and a cycle
+    // closes; one communicator per directed edge completes. (The PR calls the per-direction
+    // layout it replaced one that "can" deadlock and shows no trace: in this model, rendezvous
+    // and FIFO, it completes.)
+    const schedule_shape looped{schedule_kind::interleaved_1f1b, 4, 2, 8, 2};
+    CHECK(letters(compute_order(looped, 0, 2)) == "F0.0 F0.1 F1.0 F1.1 B1.0 B1.1 B0.0 B0.1"); // the PR's 0F0 -> 1F0 -> 0F4 -> 1F4
+    CHECK(check_replay(looped, 2, communicator_layout::shared, p2p_grouping::one_by_one).result == replay_verdict::outcome::deadlocks);
+    CHECK(check_replay(looped, 2, communicator_layout::per_edge, p2p_grouping::one_by_one).completes());
+    CHECK(check_replay(looped, 2, communicator_layout::per_direction, p2p_grouping::one_by_one).completes());
+    // With more microbatches than its group reaches round the ring, no layout helps: rank 0
+    // waits for a chunk the ring has not reached, which is why PP5 refuses a group below the ranks.
+    CHECK(check_shape(looped, 8) == schedule_rule::PP5);
+    CHECK(check_replay(looped, 8, communicator_layout::per_edge).result == replay_verdict::outcome::deadlocks);
+}
+
+TEST_CASE("replay: orders that disagree are named, as a crossing or a deadlock") {
+    const schedule_shape s = one_f_one_b(2);
+    std::vector<std::vector<compute_action>> orders = orders_of(s, 4);
+    REQUIRE(check_replay(s, orders, communicator_layout::shared).completes());
+    // Rank 1 takes microbatch 1's forward before microbatch 0's: the communicator would hand it
+    // microbatch 0's activation as microbatch 1's.
+    std::vector<compute_action>& r1 = orders[1];
+    std::swap(r1[0], r1[2]); // F0.0 B0.0 F0.1 ... -> F0.1 B0.0 F0.0
+    const replay_verdict crossed = check_replay(s, orders, communicator_layout::shared);
+    REQUIRE(crossed.result == replay_verdict::outcome::crosses);
+    CHECK(describe(crossed).find("matches the send of the activation of microbatch 0 for stage 1 (rank 0 to rank 1) with the receive of the "
+                                 "activation of microbatch 1") != std::string::npos);
+    // Rank 0 wants microbatch 0's gradient before it sends microbatch 1's activation; rank 1
+    // wants that activation before it runs microbatch 0's backward: a cycle on any communicators.
+    orders = orders_of(s, 2);
+    orders[0] = {{pass::forward, 0, 0}, {pass::backward, 0, 0}, {pass::forward, 0, 1}, {pass::backward, 0, 1}};
+    orders[1] = {{pass::forward, 0, 0}, {pass::forward, 0, 1}, {pass::backward, 0, 0}, {pass::backward, 0, 1}};
+    for (communicator_layout layout : {communicator_layout::shared, communicator_layout::per_edge}) {
+        const replay_verdict stuck = check_replay(s, orders, layout);
+        REQUIRE(stuck.result == replay_verdict::outcome::deadlocks);
+        CHECK(describe(stuck) == "rank 0 receives the gradient of microbatch 0 for stage 0 (rank 1 to rank 0) after its forward of chunk 0, "
+                                 "microbatch 0, and rank 1 never issues the matching send: it is held before its forward of chunk 0, "
+                                 "microbatch 1, waiting for what that pass receives");
+    }
+}
+
+TEST_CASE("replay, random orders: a verdict of completes means every rank's passes ran in an order that respects every message") {
+    // The simulation against a brute-force reading: shuffle one rank's forwards and see the
+    // verdict agree with whether its receive order still matches the sender's.
+    std::mt19937 rng(7);
+    int crossed = 0, completed = 0;
+    for (int trial = 0; trial < 200; ++trial) {
+        const schedule_shape s = one_f_one_b(2 + int(rng() % 3));
+        const int m = s.ranks + int(rng() % 4);
+        std::vector<std::vector<compute_action>> orders = orders_of(s, m);
+        const int rank = 1 + int(rng() % unsigned(s.ranks - 1));
+        std::vector<int> forwards;
+        for (int i = 0; i < int(orders[std::size_t(rank)].size()); ++i)
+            if (orders[std::size_t(rank)][std::size_t(i)].direction == pass::forward) forwards.push_back(i);
+        const int a = forwards[rng() % forwards.size()], b = forwards[rng() % forwards.size()];
+        std::swap(orders[std::size_t(rank)][std::size_t(a)].microbatch, orders[std::size_t(rank)][std::size_t(b)].microbatch);
+        // The swap keeps each forward before its backward only if the earlier slot took the smaller microbatch.
+        bool valid = true;
+        std::set<int> seen;
+        for (const compute_action& x : orders[std::size_t(rank)]) {
+            if (x.direction == pass::forward) seen.insert(x.microbatch);
+            else valid = valid && seen.count(x.microbatch);
+        }
+        if (!valid) continue;
+        const replay_verdict v = check_replay(s, orders, communicator_layout::shared);
+        const bool same_order = orders[std::size_t(rank)] == compute_order(s, rank, m);
+        if (same_order) CHECK(v.completes());
+        else CHECK(!v.completes()); // its receives no longer come in the order rank - 1 sends them
+        (v.result == replay_verdict::outcome::crosses ? crossed : completed) += 1;
+    }
+    CHECK(crossed > 20);
+    CHECK(completed > 20);
+}
+
+TEST_CASE("a schedule as a type: checked for its declared microbatch counts, with the communicators chosen") {
+    using interleaved_4x2 = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 8, 12, 16>;
+    static_assert(interleaved_4x2::communicators == communicator_layout::per_edge);
+    static_assert(interleaved_4x2::declared_microbatches.size() == 3);
+    using plain = pipeline_schedule<schedule_shape{.kind = schedule_kind::one_f_one_b, .ranks = 4, .layers = 8}, 4, 8, 64>;
+    static_assert(plain::communicators == communicator_layout::shared);
+    CHECK(plain::slots(0, 64).slots == std::vector<int>{4});
+    CHECK(interleaved_4x2::replay_report(12) == "every send and receive completes");
+    const rank_program p = interleaved_4x2::program(3, 8);
+    CHECK(p.compute.size() == 32);
+    // The first group of the last rank receives chunk 0's activation of microbatch 0 from rank 2.
+    REQUIRE(!p.groups.empty());
+    CHECK(p.groups[0].after == -1);
+    CHECK(p.groups[0].ops[0] == p2p_op{false, {2, 3, carries::activation, 3, 0}});
+}
