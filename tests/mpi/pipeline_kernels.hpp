@@ -1,0 +1,16 @@
+#pragma once
+// The pipeline probe's stage: y = x * w + 1/4, elementwise, in fp32 without fused multiply-adds,
+// so that the CPU reference computes the same bits.
+#include <cuda_runtime.h>
+
+namespace pipeline_kernels {
+
+void forward(const float* x, const float* w, float* y, int n, cudaStream_t s);
+//! dw += dy * x; dx = dy * w (where dx is given).
+void backward(const float* dy, const float* x, const float* w, float* dw, float* dx, int n, cudaStream_t s);
+//! The last stage: dy = x * w + 1/4 (the loss is half the output's square), then as `backward`.
+void last_backward(const float* x, const float* w, float* dw, float* dx, int n, cudaStream_t s);
+//! w -= lr * dw; dw = 0.
+void sgd(float* w, float* dw, float lr, int n, cudaStream_t s);
+
+} // namespace pipeline_kernels

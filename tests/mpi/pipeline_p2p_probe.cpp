@@ -1,0 +1,181 @@
+// A pipeline step with its sends and receives captured inside one graph, on every rank of an MPI
+// job (one process per GPU): 1F1B and GPipe, each rank one stage of y = x * w + 1/4, trained a few
+// steps three ways that must agree bit for bit:
+// - eager: the rank's program (capscope/parallel/pipeline_p2p.hpp) issued step by step;
+// - graph: one eager step (NCCL opens its connections on the first send), then the whole step,
+//   sends, receives and the optimizer included, captured once and replayed;
+// - the CPU: the same microbatches through every stage in turn, the same float operations.
+// Activations wait in slots (pipeline::plan_slots): memory by in-flight microbatches.
+//
+//   pipeline_p2p_probe gpus                    prints the usable GPU count
+//   pipeline_p2p_probe [--floats N] [--steps T] [--microbatches M] [--kind 1f1b|gpipe]
+//       exit 0 when every case agrees, 1 when one differs, 77 with one rank; under
+//       CAPSCOPE_BREAK=skip_replay_check with --grouping one_by_one, sends and receives the replay
+//       check refuses are issued anyway (does the hang it predicts happen?)
+
+#include "../gpu/breakage.hpp"
+#include "../gpu/mpi_support.hpp"
+#include "pipeline_kernels.hpp"
+
+#include <capscope/cuda/buffer.hpp>
+#include <capscope/cuda/device.hpp>
+#include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/stream.hpp>
+#include <capscope/parallel/pipeline_p2p.hpp>
+#include <capscope/pipeline/activation_slots.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace capscope;
+using pipeline::compute_action;
+using pipeline::pass;
+
+namespace {
+
+constexpr float lr = 0.01f;
+
+float data_at(int mb, int i) { return float((i * 7 + mb * 31) % 29) / 29.f - 0.5f; }
+float weight_at(int stage, int i) { return 1.f + float((i * 13 + stage * 7) % 17) / 170.f; }
+
+//! The CPU's answer: stage `stage`'s weights after `steps` steps of every microbatch through
+//! every stage, backwards in microbatch order (as every rank runs them).
+std::vector<float> reference(int stages, int stage, int microbatches, int steps, int n) {
+    const std::size_t S = std::size_t(stages), N = std::size_t(n);
+    std::vector<std::vector<float>> w(S, std::vector<float>(N, 0.f)), dw = w, x = w;
+    for (std::size_t s = 0; s < S; ++s)
+        for (std::size_t i = 0; i < N; ++i) w[s][i] = weight_at(int(s), int(i));
+    for (int t = 0; t < steps; ++t) {
+        for (int mb = 0; mb < microbatches; ++mb)
+            for (std::size_t i = 0; i < N; ++i) {
+                float v = data_at(mb, int(i));
+                for (std::size_t s = 0; s < S; ++s) {
+                    x[s][i] = v;
+                    const float product = v * w[s][i];
+                    v = product + 0.25f;
+                }
+                float g = v; // the last stage's output is its own gradient
+                for (std::size_t s = S; s-- > 0;) {
+                    const float product = g * x[s][i];
+                    dw[s][i] = dw[s][i] + product;
+                    g = g * w[s][i];
+                }
+            }
+        for (std::size_t s = 0; s < S; ++s)
+            for (std::size_t i = 0; i < N; ++i) {
+                const float step = lr * dw[s][i];
+                w[s][i] = w[s][i] - step;
+                dw[s][i] = 0.f;
+            }
+    }
+    return w[std::size_t(stage)];
+}
+
+//! One rank's stage: its weights and gradients, its activation slots and its message buffers.
+struct stage_state {
+    int n, stage, stages;
+    cuda::device_buffer<float> w, dw, out, grad_in, grad_out;
+    std::vector<cuda::device_buffer<float>> slots, data;
+    std::vector<int> slot_of; //!< per microbatch
+    stage_state(int n_, int stage_, int stages_, const pipeline::slot_plan& plan, int microbatches, cudaStream_t s)
+        : n(n_), stage(stage_), stages(stages_), w(std::size_t(n_)), dw(std::size_t(n_)), out(std::size_t(n_)), grad_in(std::size_t(n_)),
+          grad_out(std::size_t(n_)), slot_of(std::size_t(microbatches), -1) {
+        std::vector<float> host(static_cast<std::size_t>(n));
+        for (int i = 0; i < n; ++i) host[std::size_t(i)] = weight_at(stage, i);
+        w.copy_from_host(host, s);
+        dw.fill_bytes(0, s);
+        for (int k = 0; k < plan.slots[0]; ++k) slots.emplace_back(std::size_t(n));
+        for (const pipeline::slot_use& u : plan.uses) slot_of[std::size_t(u.microbatch)] = u.slot;
+        if (stage == 0)
+            for (int mb = 0; mb < microbatches; ++mb) {
+                for (int i = 0; i < n; ++i) host[std::size_t(i)] = data_at(mb, i);
+                data.emplace_back(std::size_t(n)).copy_from_host(host, s);
+            }
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s)); // the host vectors go
+    }
+    float* input(int mb) { return stage == 0 ? data[std::size_t(mb)].data() : slots[std::size_t(slot_of[std::size_t(mb)])].data(); }
+
+    p2p_buffer buffer_of(const pipeline::p2p_op& op) {
+        const std::size_t bytes = std::size_t(n) * sizeof(float);
+        if (op.m.what == pipeline::carries::activation) return {op.send ? out.data() : input(op.m.microbatch), bytes};
+        return {op.send ? grad_out.data() : grad_in.data(), bytes};
+    }
+    void run(const compute_action& a, cudaStream_t s) {
+        float* x = input(a.microbatch);
+        float* dx = stage > 0 ? grad_out.data() : nullptr;
+        if (a.direction == pass::forward) pipeline_kernels::forward(x, w.data(), out.data(), n, s);
+        else if (stage == stages - 1) pipeline_kernels::last_backward(x, w.data(), dw.data(), dx, n, s);
+        else pipeline_kernels::backward(grad_in.data(), x, w.data(), dw.data(), dx, n, s);
+    }
+    void step(const pipeline_p2p& p2p, cudaStream_t s) {
+        p2p.run([&](const pipeline::p2p_op& op) { return buffer_of(op); }, [&](const compute_action& a, cudaStream_t on) { run(a, on); }, s);
+        pipeline_kernels::sgd(w.data(), dw.data(), lr, n, s);
+    }
+    std::vector<float> weights(cudaStream_t s) const {
+        std::vector<float> host(static_cast<std::size_t>(n));
+        w.copy_to_host(host, s);
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        return host;
+    }
+};
+
+bool all_ranks(bool mine) {
+    int ok = mine ? 1 : 0, all = 0;
+    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    return all == 1;
+}
+
+bool run_case(pipeline::schedule_kind kind, int microbatches, int steps, int n, pipeline::p2p_grouping grouping) {
+    const int ranks = support::comm().size(), rank = support::comm().rank();
+    const pipeline::schedule_shape shape{kind, ranks, 1, ranks};
+    cuda::stream s;
+    const pipeline_p2p p2p(support::comm(), shape, microbatches, grouping);
+    const pipeline::slot_plan plan = pipeline::plan_slots(shape, rank, microbatches);
+    stage_state eager(n, rank, ranks, plan, microbatches, s), graphed(n, rank, ranks, plan, microbatches, s);
+    for (int t = 0; t < steps; ++t) eager.step(p2p, s);
+    graphed.step(p2p, s); // NCCL opens its connections on the first send: eagerly, before the capture
+    const cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { graphed.step(p2p, on); });
+    const cuda::graph_exec exec(g);
+    for (int t = 1; t < steps; ++t) exec.launch(s);
+    const std::vector<float> a = eager.weights(s), b = graphed.weights(s), want = reference(ranks, rank, microbatches, steps, n);
+    const bool same = a == b && b == want;
+    const bool everywhere = all_ranks(same);
+    if (rank == 0 || !same)
+        std::printf("rank %d, %s, %d ranks, %d microbatches (%d activation slots on rank %d), %d steps: eager %s graph %s CPU%s\n", rank,
+                    std::string(pipeline::name_of(kind)).c_str(), ranks, microbatches, plan.slots[0], rank, steps, a == b ? "=" : "!=",
+                    b == want ? "=" : "!=", everywhere ? ", bitwise on every rank" : "");
+    return everywhere;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    if (argc == 2 && std::strcmp(argv[1], "gpus") == 0) return std::printf("%d\n", cuda::usable_device_count()), 0;
+    breakage::install_from_environment();
+    int n = 1 << 16, steps = 3, only_m = 0;
+    std::string only_kind;
+    pipeline::p2p_grouping grouping = pipeline::p2p_grouping::paired;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string flag = argv[i], value = argv[i + 1];
+        if (flag == "--floats") n = std::stoi(value);
+        else if (flag == "--steps") steps = std::stoi(value);
+        else if (flag == "--microbatches") only_m = std::stoi(value);
+        else if (flag == "--kind") only_kind = value;
+        else if (flag == "--grouping" && (value == "paired" || value == "one_by_one"))
+            grouping = value == "paired" ? pipeline::p2p_grouping::paired : pipeline::p2p_grouping::one_by_one;
+        else return std::fprintf(stderr, "pipeline_p2p_probe: unknown option %s %s\n", flag.c_str(), value.c_str()), 2;
+    }
+    if (cuda::usable_device_count() == 0) return std::puts("no usable CUDA device: skipped"), 77;
+    support::comm(); // takes this rank's GPU before any stream or buffer is made
+    const int ranks = support::comm().size();
+    if (ranks < 2) return std::puts("one rank: a pipeline needs two (mpirun -np 2): skipped"), 77;
+    bool ok = true;
+    for (pipeline::schedule_kind kind : {pipeline::schedule_kind::one_f_one_b, pipeline::schedule_kind::gpipe}) {
+        if (!only_kind.empty() && only_kind != pipeline::name_of(kind)) continue;
+        for (int m : only_m ? std::vector<int>{only_m} : std::vector<int>{ranks, 2 * ranks + 1}) ok = run_case(kind, m, steps, n, grouping) && ok;
+    }
+    if (support::mpi().rank() == 0) std::printf("%s\n", ok ? "every case bitwise equal: eager, graph and CPU" : "FAIL");
+    return ok ? 0 : 1;
+}
