@@ -21,7 +21,7 @@ using plain = pipeline_schedule<schedule_shape{.kind = schedule_kind::one_f_one_
 // And --num-layers-per-virtual-pipeline-stage 2 on 16 layers: two chunks per rank.
 using interleaved = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 8, 16>;
 static_assert(plain::communicators == pipeline::communicator_layout::shared);
-static_assert(interleaved::communicators == pipeline::communicator_layout::per_edge); // a shared one would deadlock
+static_assert(interleaved::communicators == pipeline::communicator_layout::per_edge); // paired pass by pass, a shared one would deadlock
 // [snippet schedules]
 
 int main(int argc, char** argv) {

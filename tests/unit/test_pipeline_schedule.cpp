@@ -74,16 +74,21 @@ TEST_CASE("the rules a shape keeps, each named") {
     CHECK(check_shape({schedule_kind::one_f_one_b, 4, 1, 10}) == schedule_rule::PP2);
     CHECK(check_shape({schedule_kind::interleaved_1f1b, 4, 2, 12}) == schedule_rule::PP2); // 12 layers over 8 chunks
     CHECK(check_shape({schedule_kind::one_f_one_b, 4, 2, 8}) == schedule_rule::PP3);
-    CHECK(check_shape(one_f_one_b(4), 3) == schedule_rule::PP4);
-    CHECK(check_shape({schedule_kind::gpipe, 4, 1, 4}, 3) == schedule_rule::none); // GPipe takes any count
+    // 1F1B with fewer microbatches than ranks: Megatron accepts it, every rank still runs 1F1B's
+    // order (not GPipe's), and replay completes.
+    CHECK(check_shape(one_f_one_b(4), 3) == schedule_rule::none);
+    CHECK(letters(compute_order(one_f_one_b(4), 2, 3)) == "F0.0 F0.1 B0.0 F0.2 B0.1 B0.2");
+    CHECK(check_replay(one_f_one_b(4), 3, communicator_layout::shared).completes());
+    CHECK(check_shape({schedule_kind::gpipe, 4, 1, 4}, 3) == schedule_rule::none);
     // Megatron's schedules.py: ranks <= group <= microbatches, and a remainder of 0 or >= ranks.
-    CHECK(check_shape(interleaved(4, 2), 6) == schedule_rule::PP5);    // 6 % 4 = 2 < 4
-    CHECK(check_shape(interleaved(4, 2), 2) == schedule_rule::PP5);    // a group larger than the microbatches
-    CHECK(check_shape(interleaved(4, 2, 2), 8) == schedule_rule::PP5); // a group smaller than the ranks
+    CHECK(check_shape(interleaved(4, 2), 6) == schedule_rule::PP4);     // 6 % 4 = 2 < 4
+    CHECK(check_shape(interleaved(4, 2), 2) == schedule_rule::PP4);     // a group larger than the microbatches
+    CHECK(check_shape(interleaved(4, 2, 2)) == schedule_rule::PP4);     // a group smaller than the ranks, whatever the count
     CHECK(check_shape(interleaved(4, 2), 12) == schedule_rule::none);
     CHECK(check_shape(interleaved(2, 2, 3), 8) == schedule_rule::none); // 8 % 3 = 2 >= 2 ranks: a last group of 2
-    CHECK(check_shape({schedule_kind::interleaved_1f1b, 4, 1, 4}) == schedule_rule::PP6);
-    CHECK(rule_id(schedule_rule::PP5) == "PP5");
+    CHECK(check_shape({schedule_kind::interleaved_1f1b, 4, 1, 4}) == schedule_rule::PP5);
+    CHECK(rule_id(schedule_rule::PP4) == "PP4");
+    CHECK(describe(schedule_rule::PP4).find("-- fix: ranks <= group <= microbatches") != std::string_view::npos);
 }
 
 TEST_CASE("memory by in-flight slots: flat in the microbatch count, never two live microbatches in one slot") {
@@ -101,8 +106,11 @@ TEST_CASE("memory by in-flight slots: flat in the microbatch count, never two li
     for (const schedule_shape& s : {one_f_one_b(4), interleaved(4, 2), interleaved(2, 3)})
         for (int r = 0; r < s.ranks; ++r) {
             const slot_plan plan = plan_slots(s, r, 4 * s.ranks);
+            const std::vector<compute_action> order = compute_order(s, r, 4 * s.ranks);
             for (const slot_use& a : plan.uses) {
                 REQUIRE(a.backward > a.forward);
+                CHECK(order[std::size_t(a.backward)] == compute_action{pass::backward, a.chunk, a.microbatch});
+                CHECK(order[std::size_t(a.forward)] == compute_action{pass::forward, a.chunk, a.microbatch});
                 CHECK(a.slot < plan.slots[std::size_t(a.chunk)]);
                 for (const slot_use& b : plan.uses)
                     if (&a != &b && a.chunk == b.chunk && a.slot == b.slot) CHECK((a.backward < b.forward || b.backward < a.forward));
@@ -188,7 +196,7 @@ TEST_CASE("replay: sends and receives issued one by one, as PyTorch's eager pipe
     CHECK(check_replay(looped, 2, communicator_layout::per_direction, p2p_grouping::one_by_one).completes());
     // With more microbatches than its group reaches round the ring, no layout helps: rank 0
     // waits for a chunk the ring has not reached, which is why PP5 refuses a group below the ranks.
-    CHECK(check_shape(looped, 8) == schedule_rule::PP5);
+    CHECK(check_shape(looped, 8) == schedule_rule::PP4);
     CHECK(check_replay(looped, 8, communicator_layout::per_edge).result == replay_verdict::outcome::deadlocks);
 }
 
@@ -216,6 +224,20 @@ TEST_CASE("replay: orders that disagree are named, as a crossing or a deadlock")
                                  "microbatch 0, and rank 1 never issues the matching send: it is held before its forward of chunk 0, "
                                  "microbatch 1, waiting for what that pass receives");
     }
+}
+
+TEST_CASE("replay: an operation with no partner is named, and orders for other ranks are refused") {
+    const schedule_shape s = one_f_one_b(2);
+    std::vector<std::vector<compute_action>> orders = orders_of(s, 2);
+    orders[1] = {{pass::forward, 0, 0}, {pass::backward, 0, 0}}; // rank 1 forgets microbatch 1
+    const replay_verdict v = check_replay(s, orders, communicator_layout::shared);
+    REQUIRE(v.result == replay_verdict::outcome::unmatched);
+    CHECK(describe(v) == "rank 0 sends the activation of microbatch 1 for stage 1 (rank 0 to rank 1), and rank 1's program has no matching "
+                         "receive: it would never complete");
+    orders.pop_back();
+    CHECK_THROWS_WITH_AS(check_replay(s, orders, communicator_layout::shared),
+                         "capscope pipeline: check_replay was given 1 ranks' orders for a schedule of 2 ranks -- fix: one order per rank",
+                         std::invalid_argument);
 }
 
 TEST_CASE("replay, random orders: a verdict of completes means every rank's passes ran in an order that respects every message") {
@@ -259,6 +281,22 @@ TEST_CASE("a schedule as a type: checked for its declared microbatch counts, wit
     static_assert(plain::communicators == communicator_layout::shared);
     CHECK(plain::slots(0, 64).slots == std::vector<int>{4});
     CHECK(interleaved_4x2::replay_report(12) == "every send and receive completes");
+    // A count the type did not declare is checked when asked for, against the rules and on the
+    // type's communicators.
+    CHECK_THROWS_WITH_AS(interleaved_4x2::program(0, 6),
+                         "capscope pipeline rule PP4 with 6 microbatches: interleaved with a group smaller than the ranks or larger than the "
+                         "microbatches, or a last, partial group smaller than the ranks -- fix: ranks <= group <= microbatches, and "
+                         "microbatches % group either 0 or at least the ranks",
+                         std::invalid_argument);
+    CHECK(interleaved_4x2::program(0, 20).compute.size() == 80); // undeclared, valid, and it completes per edge
+    using shared_for_4 = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 4>;
+    static_assert(shared_for_4::communicators == communicator_layout::shared); // 4 microbatches complete on one
+    try {
+        (void)shared_for_4::program(0, 8); // 8 would not
+        FAIL("8 microbatches on the shared communicator chosen for 4 were accepted");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).starts_with("capscope pipeline rule PP6 with 8 microbatches, on the shared communicators the type chose"));
+    }
     const rank_program p = interleaved_4x2::program(3, 8);
     CHECK(p.compute.size() == 32);
     // The first group of the last rank receives chunk 0's activation of microbatch 0 from rank 2.

@@ -49,7 +49,7 @@ public:
                                         "not issue yet -- fix: communicator_choice::shared or automatic, on a schedule that completes on one");
         const pipeline::replay_verdict v = pipeline::check_replay(shape, microbatches, pipeline::communicator_layout::shared, grouping);
         if (!v.completes() && !detail::installed_breakage().skip_replay_check) // (a test, broken on purpose: does the predicted hang happen?)
-            throw std::invalid_argument("capscope pipeline rule PP7: issued on one communicator and one stream per rank, " + pipeline::describe(v) +
+            throw std::invalid_argument("capscope pipeline rule PP6: issued on one communicator and one stream per rank, " + pipeline::describe(v) +
                                         " -- fix: pair each pass's sends with the next pass's receives (p2p_grouping::paired), or a "
                                         "schedule that completes on one communicator (1f1b, gpipe)");
         program_ = pipeline::program_of(shape, rank_, microbatches);

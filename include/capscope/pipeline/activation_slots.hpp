@@ -27,23 +27,24 @@ struct slot_plan {
 constexpr slot_plan plan_slots(const schedule_shape& s, int rank, int microbatches) {
     const std::vector<compute_action> order = compute_order(s, rank, microbatches);
     slot_plan plan{std::vector<int>(std::size_t(s.virtual_stages), 0), {}};
-    std::vector<std::vector<int>> free(std::size_t(s.virtual_stages)); // per chunk, in the order freed
+    // Per chunk: slots in the order freed, and the live uses (a chunk's backwards run in its
+    // forwards' order in every schedule here, so both are queues: vector and read position).
+    std::vector<std::vector<int>> free(std::size_t(s.virtual_stages)), live(std::size_t(s.virtual_stages));
+    std::vector<std::size_t> next_free(std::size_t(s.virtual_stages), 0), next_live(std::size_t(s.virtual_stages), 0);
     for (int k = 0; k < int(order.size()); ++k) {
         const compute_action& a = order[std::size_t(k)];
-        std::vector<int>& f = free[std::size_t(a.chunk)];
+        const std::size_t c = std::size_t(a.chunk);
         if (a.direction == pass::forward) {
-            int slot = plan.slots[std::size_t(a.chunk)];
-            if (!f.empty()) slot = f.front(), f.erase(f.begin());
-            else ++plan.slots[std::size_t(a.chunk)];
+            int slot = plan.slots[c];
+            if (next_free[c] < free[c].size()) slot = free[c][next_free[c]++];
+            else ++plan.slots[c];
+            live[c].push_back(int(plan.uses.size()));
             plan.uses.push_back({a.chunk, a.microbatch, slot, k, -1});
             continue;
         }
-        for (slot_use& u : plan.uses)
-            if (u.chunk == a.chunk && u.microbatch == a.microbatch && u.backward < 0) {
-                u.backward = k;
-                f.push_back(u.slot);
-                break;
-            }
+        slot_use& u = plan.uses[std::size_t(live[c][next_live[c]++])];
+        u.backward = k; // (u.microbatch == a.microbatch: the unit test checks every lifetime)
+        free[c].push_back(u.slot);
     }
     return plan;
 }

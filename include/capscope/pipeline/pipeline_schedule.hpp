@@ -14,6 +14,8 @@
 #include <capscope/pipeline/replay_check.hpp>
 
 #include <array>
+#include <stdexcept>
+#include <string>
 
 namespace capscope {
 
@@ -70,7 +72,8 @@ template <schedule_shape S, int... M>
 struct shape_rules_hold<schedule_rule::PP2, S, M...> {
     static_assert(never<S>, "capscope pipeline rule PP2: the layers do not split evenly over ranks x chunks per rank (Megatron: "
                             "--num-layers divisible by --pipeline-model-parallel-size x virtual stages) -- fix: make layers a multiple of "
-                            "ranks * virtual_stages, or choose virtual_stages (--num-layers-per-virtual-pipeline-stage) that divides them");
+                            "ranks * virtual_stages (Megatron: virtual stages = --num-layers / (ranks x "
+                            "--num-layers-per-virtual-pipeline-stage), or --num-virtual-stages-per-pipeline-rank)");
 };
 template <schedule_shape S, int... M>
 struct shape_rules_hold<schedule_rule::PP3, S, M...> {
@@ -79,23 +82,18 @@ struct shape_rules_hold<schedule_rule::PP3, S, M...> {
 };
 template <schedule_shape S, int... M>
 struct shape_rules_hold<schedule_rule::PP4, S, M...> {
-    static_assert(never<S>, "capscope pipeline rule PP4: 1f1b with fewer microbatches than ranks never leaves its warmup: every "
-                            "rank runs all its forwards before any backward, which is gpipe (Megatron accepts it; a declared schedule "
-                            "says which one runs) -- fix: at least as many microbatches as ranks (Megatron: --global-batch-size / "
-                            "(--micro-batch-size x data-parallel size)), or schedule_kind::gpipe");
+    static_assert(never<S>, "capscope pipeline rule PP4: interleaved 1f1b takes the microbatches round the ranks in groups, chunk "
+                            "by chunk; Megatron's schedule refuses a group smaller than the ranks (the ring's first rank would wait for "
+                            "a chunk the ring has not reached: a deadlock), a group larger than the microbatches, and a last, partial "
+                            "group smaller than the ranks -- fix: ranks <= group <= microbatches "
+                            "(--microbatch-group-size-per-virtual-pipeline-stage, default the ranks), and microbatches % group either 0 "
+                            "or at least the ranks");
 };
 template <schedule_shape S, int... M>
 struct shape_rules_hold<schedule_rule::PP5, S, M...> {
-    static_assert(never<S>, "capscope pipeline rule PP5: interleaved 1f1b takes the microbatches round the ranks in groups, chunk "
-                            "by chunk, and a group (or the last, partial group) smaller than the ranks, or larger than the microbatches, "
-                            "leaves a rank waiting for a chunk the ring has not reached (Megatron's schedules.py refuses it too) -- fix: "
-                            "ranks <= group <= microbatches (--microbatch-group-size-per-virtual-pipeline-stage, default the ranks), "
-                            "and microbatches % group either 0 or at least the ranks");
-};
-template <schedule_shape S, int... M>
-struct shape_rules_hold<schedule_rule::PP6, S, M...> {
-    static_assert(never<S>, "capscope pipeline rule PP6: interleaved 1f1b with one chunk per rank is 1f1b -- fix: virtual_stages of 2 "
-                            "or more (--num-layers-per-virtual-pipeline-stage), or schedule_kind::one_f_one_b");
+    static_assert(never<S>, "capscope pipeline rule PP5: interleaved 1f1b with one chunk per rank is 1f1b -- fix: virtual_stages of 2 "
+                            "or more (Megatron: --num-virtual-stages-per-pipeline-rank, or --num-layers-per-virtual-pipeline-stage "
+                            "below layers / ranks), or schedule_kind::one_f_one_b");
 };
 
 template <replay_failure F>
@@ -103,7 +101,7 @@ struct replay_completes {};
 template <replay_failure F>
     requires(F.microbatches != 0)
 struct replay_completes<F> {
-    static_assert(never<F>, "capscope pipeline rule PP7: replayed on its communicators, this schedule's sends and receives would "
+    static_assert(never<F>, "capscope pipeline rule PP6: replayed on its communicators, this schedule's sends and receives would "
                             "deadlock or take each other's data (the note names the microbatch count, the layout and the two "
                             "operations) -- fix: communicator_choice::automatic or per_edge (one communicator per directed rank edge and kind of traffic); "
                             "schedule::replay_report(microbatches) says it in words");
@@ -119,7 +117,7 @@ struct pipeline_schedule : pipeline::detail::shape_rules_hold<pipeline::detail::
 
 private:
     static constexpr bool shape_holds = pipeline::detail::first_broken_rule<Shape, Microbatches...>() == pipeline::schedule_rule::none;
-    // Replay is simulated only for a shape that keeps the rules (PP1-PP6 first).
+    // Replay is simulated only for a shape that keeps the rules (PP1-PP5 first).
     static constexpr pipeline::detail::replay_outcome replay =
         shape_holds ? pipeline::detail::replay_for_all<Shape, Microbatches...>() : pipeline::detail::replay_outcome{};
     [[no_unique_address]] pipeline::detail::replay_completes<replay.failure> replay_check_{};
@@ -127,9 +125,31 @@ private:
 public:
     //! The communicators for every declared count (automatic: shared where each completes on it).
     static constexpr pipeline::communicator_layout communicators = replay.layout;
-    static pipeline::rank_program program(int rank, int microbatches) { return pipeline::program_of(Shape, rank, microbatches); }
-    static pipeline::slot_plan slots(int rank, int microbatches) { return pipeline::plan_slots(Shape, rank, microbatches); }
+    //! Rank `rank`'s passes and groups with `microbatches` microbatches. A count the type did not
+    //! declare is checked here, against the rules and on the type's communicators, and refused
+    //! with `std::invalid_argument` naming the rule (an undeclared count may need others).
+    static pipeline::rank_program program(int rank, int microbatches) {
+        require(microbatches);
+        return pipeline::program_of(Shape, rank, microbatches);
+    }
+    static pipeline::slot_plan slots(int rank, int microbatches) {
+        require(microbatches);
+        return pipeline::plan_slots(Shape, rank, microbatches);
+    }
     static std::string replay_report(int microbatches) { return describe(pipeline::check_replay(Shape, microbatches, communicators)); }
+
+    static void require(int microbatches) {
+        for (int declared : declared_microbatches)
+            if (declared == microbatches) return;
+        const std::string with = " with " + std::to_string(microbatches) + " microbatches";
+        if (const pipeline::schedule_rule r = pipeline::check_shape(Shape, microbatches); r != pipeline::schedule_rule::none)
+            throw std::invalid_argument("capscope pipeline rule " + std::string(pipeline::rule_id(r)) + with + ": " + std::string(pipeline::describe(r)));
+        if (const pipeline::replay_verdict v = pipeline::check_replay(Shape, microbatches, communicators); !v.completes())
+            throw std::invalid_argument("capscope pipeline rule PP6" + with + ", on the " + std::string(pipeline::name_of(communicators)) +
+                                        " communicators the type chose for its declared counts: " + describe(v) +
+                                        " -- fix: declare the count in the type (pipeline_schedule<shape, ..., " + std::to_string(microbatches) +
+                                        ">), which chooses the communicators for it too");
+    }
 };
 
 } // namespace capscope

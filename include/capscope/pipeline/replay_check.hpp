@@ -4,19 +4,28 @@
 //! are simulated as replay issues them, before anything runs:
 //! - a communicator matches sends and receives between two ranks in the order they were issued
 //!   (FIFO), whatever they carry; a receive matched to another message's send is data silently
-//!   wrong (`crosses`);
-//! - a send or receive completes only when its partner is issued too (rendezvous, NCCL's worst
-//!   case), and a group only when all its operations do;
+//!   wrong (`crosses`), and one with no partner never completes (`unmatched`);
+//! - a send or receive completes only when its partner is issued too (rendezvous: NCCL buffers
+//!   small messages, so a real run may escape a cycle this finds, at one size and not another),
+//!   and a group only when all its operations do;
 //! - a group is issued after the pass it follows and after the groups before it on its
-//!   communicator (one stream per communicator on each rank); a pass waits for the groups that
-//!   hold its receives.
+//!   communicator's stream; a pass waits for the groups that hold its receives.
 //! Eager execution may happen to avoid an ordering cycle that replay meets; this is replay's
-//! order. Layouts: one communicator for all of a rank's sends and receives, or one per directed
-//! rank-to-rank edge and kind of traffic (each its own stream), which breaks cycles through
-//! unrelated edges and keeps activations and gradients on one edge from crossing.
+//! order. Layouts: one communicator for all of a rank's sends and receives; one for activations
+//! and one for gradients; or one per directed rank-to-rank edge and kind of traffic, which
+//! breaks cycles through unrelated edges and keeps activations and gradients on one edge from
+//! crossing.
+//!
+//! The contract a verdict holds for, which an issuer must keep: each group's operations on one
+//! communicator are one NCCL group on that communicator's own stream, in the program's order;
+//! a pass waits only for the streams of its receives; a send's buffer is not written again
+//! before its send completes. Issuing a group that spans communicators as one NCCL group, or
+//! making a pass wait for every operation before it, joins the streams, and is the shared
+//! layout's model instead (per_edge verdicts do not carry over).
 
 #include <capscope/pipeline/p2p_program.hpp>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,11 +48,12 @@ constexpr std::string_view name_of(communicator_layout l) {
 enum class p2p_grouping { paired, one_by_one };
 
 struct replay_verdict {
-    enum class outcome { completes, deadlocks, crosses };
+    enum class outcome { completes, deadlocks, crosses, unmatched };
     outcome result = outcome::completes;
     //! deadlocks: `waiting` is issued and cannot complete, because its partner `held` is not
-    //! issued: `held`'s rank is held at pass `held_at` (or, with `held_at.microbatch` -1, behind
-    //! another group on its stream). crosses: the send `waiting` is matched to the receive `held`.
+    //! issued: `held`'s rank is held before pass `held_at`, or (`held_by_stream`) behind another
+    //! group on its stream. crosses: the communicator matches the send `waiting` with the receive
+    //! `held`. unmatched: `waiting` has no partner in the other rank's program.
     p2p_op waiting{}, held{};
     int waiting_rank = 0, held_rank = 0;
     compute_action waiting_after{}, held_at{};
@@ -78,12 +88,15 @@ constexpr int lane_of(const schedule_shape& s, communicator_layout layout, const
 } // namespace detail
 
 //! Replays every rank's program on `layout`'s communicators (worklist: each part is issued and
-//! completed once, so the cost grows with the operations, and it stays within what compilers
-//! evaluate in a constant expression for the counts a type declares).
+//! completed once, so the cost grows with the operations; in a constant expression, clang++
+//! stops at a million steps by default: see docs/pipeline.md).
 //! `orders[r]` is rank r's passes (compute_order's, or any other order to be checked).
 constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<std::vector<compute_action>>& orders, communicator_layout layout,
                                       p2p_grouping grouping = p2p_grouping::paired) {
     using namespace detail;
+    if (int(orders.size()) != s.ranks)
+        throw std::invalid_argument("capscope pipeline: check_replay was given " + std::to_string(orders.size()) + " ranks' orders for a schedule of " +
+                                    std::to_string(s.ranks) + " ranks -- fix: one order per rank");
     const int lanes = lane_count(s, layout);
     std::vector<int> first_pass(std::size_t(s.ranks) + 1, 0); // passes numbered over every rank
     for (int r = 0; r < s.ranks; ++r) first_pass[std::size_t(r) + 1] = first_pass[std::size_t(r)] + int(orders[std::size_t(r)].size());
@@ -159,6 +172,15 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
             }
             a.partner = ri, b.partner = si;
         }
+    // An operation whose count on its communicator the other side does not match never completes.
+    for (std::size_t key = 0; key < keys; ++key) {
+        const int sent = send_start[key + 1] - send_start[key], received = receive_start[key + 1] - receive_start[key];
+        if (sent == received) continue;
+        const replay_op& alone = ops[std::size_t(sent > received ? sends[std::size_t(send_start[key] + received)] : receives[std::size_t(receive_start[key] + sent)])];
+        v.result = replay_verdict::outcome::unmatched;
+        v.waiting = alone.op, v.waiting_rank = parts[std::size_t(alone.part)].rank, v.held_rank = alone.op.send ? alone.op.m.to : alone.op.m.from;
+        return v;
+    }
 
     std::vector<int> receiving(std::size_t(first_pass.back()) + 1, 0); // per pass: parts with its receives not complete
     for (const replay_part& p : parts)
@@ -255,6 +277,9 @@ inline std::string describe(const replay_verdict& v) {
     case replay_verdict::outcome::crosses:
         return "rank " + std::to_string(v.held_rank) + "'s communicator with rank " + std::to_string(v.waiting_rank) + " matches the send of " +
                describe(v.waiting.m) + " with the receive of " + describe(v.held.m) + ", which would take its data silently";
+    case replay_verdict::outcome::unmatched:
+        return "rank " + std::to_string(v.waiting_rank) + (v.waiting.send ? " sends " : " receives ") + describe(v.waiting.m) + ", and rank " +
+               std::to_string(v.held_rank) + "'s program has no matching " + (v.waiting.send ? "receive" : "send") + ": it would never complete";
     case replay_verdict::outcome::deadlocks: break;
     }
     const char* verb = v.waiting.send ? "sends " : "receives ";

@@ -53,21 +53,37 @@ struct schedule_shape {
     friend constexpr bool operator==(const schedule_shape&, const schedule_shape&) = default;
 };
 
-//! The rules, in the order they are checked. PP7 (a schedule that deadlocks or crosses its
-//! messages on the communicators it is given) is the simulation's (deadlock.hpp).
+//! The rules, in the order they are checked. PP6 (sends and receives that would deadlock or cross
+//! when replayed on the communicators chosen) is the replay check's (replay_check.hpp).
+//! 1F1B with fewer microbatches than ranks is accepted, as Megatron accepts it: every rank still
+//! runs 1F1B's order, and its replay completes.
 enum class schedule_rule {
     none,
-    PP1, //!< a count below its least: ranks < 2, virtual stages < 1, layers < 1, group < 1, microbatches < 1
+    PP1, //!< a count below its least: ranks < 2, virtual stages < 1, layers < 1, group < 0, microbatches < 1
     PP2, //!< layers not divisible by ranks * virtual stages
     PP3, //!< more than one chunk per rank on a schedule that runs one (gpipe, 1f1b)
-    PP4, //!< 1f1b with fewer microbatches than ranks (it runs as gpipe; Megatron accepts it)
-    PP5, //!< interleaved with a microbatch count its grouping forbids (Megatron's schedules.py)
-    PP6, //!< interleaved with one chunk per rank
+    PP4, //!< interleaved with a group or a microbatch count Megatron's schedule refuses
+    PP5, //!< interleaved with one chunk per rank
 };
 
 constexpr std::string_view rule_id(schedule_rule r) {
-    constexpr std::string_view ids[] = {"", "PP1", "PP2", "PP3", "PP4", "PP5", "PP6"};
+    constexpr std::string_view ids[] = {"", "PP1", "PP2", "PP3", "PP4", "PP5"};
     return ids[int(r)];
+}
+
+//! What a rule refuses and its fix, in words (the compile-time messages say it at more length).
+constexpr std::string_view describe(schedule_rule r) {
+    switch (r) {
+    case schedule_rule::none: return "";
+    case schedule_rule::PP1: return "a count below its least (ranks < 2, chunks, layers or microbatches < 1, group < 0) -- fix: counts of at least 1, two ranks or more";
+    case schedule_rule::PP2: return "layers that do not split evenly over ranks x chunks -- fix: layers a multiple of ranks * virtual_stages";
+    case schedule_rule::PP3: return "more than one chunk per rank on gpipe or 1f1b -- fix: interleaved_1f1b, or virtual_stages = 1";
+    case schedule_rule::PP4:
+        return "interleaved with a group smaller than the ranks or larger than the microbatches, or a last, partial group smaller than the ranks -- fix: "
+               "ranks <= group <= microbatches, and microbatches % group either 0 or at least the ranks";
+    case schedule_rule::PP5: return "interleaved with one chunk per rank -- fix: virtual_stages of 2 or more, or one_f_one_b";
+    }
+    return "";
 }
 
 //! The first rule the shape breaks, whatever the microbatch count.
@@ -75,7 +91,8 @@ constexpr schedule_rule check_shape(const schedule_shape& s) {
     if (s.ranks < 2 || s.virtual_stages < 1 || s.layers < 1 || s.group < 0) return schedule_rule::PP1;
     if (s.layers % s.stages() != 0) return schedule_rule::PP2;
     if (s.kind != schedule_kind::interleaved_1f1b && s.virtual_stages != 1) return schedule_rule::PP3;
-    if (s.kind == schedule_kind::interleaved_1f1b && s.virtual_stages < 2) return schedule_rule::PP6;
+    if (s.kind == schedule_kind::interleaved_1f1b && s.virtual_stages < 2) return schedule_rule::PP5;
+    if (s.kind == schedule_kind::interleaved_1f1b && s.group_size() < s.ranks) return schedule_rule::PP4; // no count can mend it
     return schedule_rule::none;
 }
 
@@ -83,15 +100,14 @@ constexpr schedule_rule check_shape(const schedule_shape& s) {
 constexpr schedule_rule check_shape(const schedule_shape& s, int microbatches) {
     if (const schedule_rule r = check_shape(s); r != schedule_rule::none) return r;
     if (microbatches < 1) return schedule_rule::PP1;
-    // Every rank's warmup would hold all its forwards: the declared 1f1b runs as gpipe.
-    if (s.kind == schedule_kind::one_f_one_b && microbatches < s.ranks) return schedule_rule::PP4;
-    // Megatron's interleaved schedule takes each group of microbatches round the ring chunk by
-    // chunk: a group smaller than the ranks, or a last group smaller than the ranks, leaves the
-    // ring's first rank waiting for a chunk the ring has not reached (schedules.py: ranks <= group
-    // <= microbatches, and a remainder of 0 or at least the ranks).
+    // Megatron's interleaved schedule (schedules.py) takes the microbatches round the ring in
+    // groups, chunk by chunk, and refuses a group larger than the microbatches, and a last,
+    // partial group smaller than the ranks ("dependency bubbles"). (A group smaller than the
+    // ranks, refused above, leaves the ring's first rank waiting for a chunk the ring has not
+    // reached: a deadlock on any communicators.)
     if (s.kind == schedule_kind::interleaved_1f1b) {
         const int g = s.group_size(), rest = microbatches % g;
-        if (g < s.ranks || g > microbatches || (rest != 0 && rest < s.ranks)) return schedule_rule::PP5;
+        if (g > microbatches || (rest != 0 && rest < s.ranks)) return schedule_rule::PP4;
     }
     return schedule_rule::none;
 }

@@ -27,7 +27,7 @@ inline std::string schedule_text(const schedule_shape& s, int microbatches) {
     char bubble[32];
     std::snprintf(bubble, sizeof bubble, "%.1f%%", 100.0 * theoretical_bubble(s, microbatches));
     out += "; bubble in theory " + std::string(bubble) + "\n";
-    const communicator_plan c = choose_communicators(s, microbatches);
+    const communicator_plan c = choose_communicators(s, microbatches); // this count's own choice
     out += "  communicators: " + std::string(name_of(c.layout));
     if (c.layout == communicator_layout::per_edge && s.communicators == communicator_choice::automatic)
         out += " (one per directed rank edge and kind of traffic; on one shared communicator, " + describe(check_replay(s, microbatches, communicator_layout::shared)) + ")";
@@ -38,7 +38,7 @@ inline std::string schedule_text(const schedule_shape& s, int microbatches) {
         const slot_plan slots = plan_slots(s, r, microbatches);
         out += "  rank " + std::to_string(r) + ": warmup " + std::to_string(warmup_forwards(s, r, microbatches)) + ", slots";
         for (int n : slots.slots) out += " " + std::to_string(n);
-        out += ", " + std::to_string(program_of(s, r, microbatches).groups.size()) + " groups:";
+        out += ", " + std::to_string(program_of(s, r, microbatches).groups.size()) + " groups; passes:";
         for (const compute_action& a : order)
             out += std::string(" ") + (a.direction == pass::forward ? "F" : "B") + (s.virtual_stages > 1 ? std::to_string(a.chunk) + "." : "") +
                    std::to_string(a.microbatch);
