@@ -1,7 +1,7 @@
 // Tutorial 15, the schedule: a pipeline schedule declared as a type, checked before anything runs.
 // Host-only: it prints each rank's plan (its passes in Megatron's order, its activation slots, its
 // groups of sends and receives), the communicators chosen for it, and what one shared
-// communicator would do to an interleaved schedule when a graph replays it.
+// communicator would do to an interleaved schedule paired pass by pass when a graph replays it.
 //
 //   15_pipeline_schedule [microbatches]      (default 8)
 #include <capscope/pipeline.hpp>
@@ -20,13 +20,17 @@ using pipeline::schedule_shape;
 using plain = pipeline_schedule<schedule_shape{.kind = schedule_kind::one_f_one_b, .ranks = 4, .layers = 8}, 8, 16>;
 // And --num-layers-per-virtual-pipeline-stage 2 on 16 layers: two chunks per rank.
 using interleaved = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 8, 16>;
+// The same, its sends and receives paired pass by pass instead of grouped as Megatron does.
+using paired = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16,
+                                                .grouping = pipeline::p2p_grouping::paired}, 8, 16>;
 static_assert(plain::communicators == pipeline::communicator_layout::shared);
-static_assert(interleaved::communicators == pipeline::communicator_layout::per_edge); // paired pass by pass, a shared one would deadlock
+static_assert(interleaved::communicators == pipeline::communicator_layout::shared); // one communicator, as Megatron's
+static_assert(paired::communicators == pipeline::communicator_layout::per_edge);    // a shared one would deadlock
 // [snippet schedules]
 
 int main(int argc, char** argv) {
     const int microbatches = argc > 1 ? std::atoi(argv[1]) : 8;
-    for (const schedule_shape& s : {plain::shape, interleaved::shape}) {
+    for (const schedule_shape& s : {plain::shape, interleaved::shape, paired::shape}) {
         if (const pipeline::schedule_rule r = pipeline::check_shape(s, microbatches); r != pipeline::schedule_rule::none) {
             std::printf("%s with %d microbatches: capscope pipeline rule %s\n", std::string(pipeline::name_of(s.kind)).c_str(), microbatches,
                         std::string(pipeline::rule_id(r)).c_str());

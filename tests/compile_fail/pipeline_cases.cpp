@@ -15,11 +15,14 @@ template <class Schedule>
 int use() { return Schedule::program(0, Schedule::declared_microbatches[0]).rank; }
 
 #if !defined(CAPSCOPE_ONE_CASE)
-// The valid twins: Megatron's defaults (1F1B with fewer microbatches than ranks too) and an
-// interleaved schedule whose shared communicator would deadlock, so per-edge ones are chosen.
+// The valid twins: Megatron's defaults (1F1B with fewer microbatches than ranks too), and an
+// interleaved schedule paired pass by pass, whose shared communicator would deadlock, so per-edge
+// ones are chosen.
 int twins = use<pipeline_schedule<schedule_shape{.kind = schedule_kind::one_f_one_b, .ranks = 4, .layers = 8}, 3, 8>>() +
             use<pipeline_schedule<schedule_shape{.kind = schedule_kind::gpipe, .ranks = 2, .layers = 2}, 1>>() +
             use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 8, 12>>() +
+            use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16,
+                                                 .grouping = pipeline::p2p_grouping::paired}, 8, 12>>() +
             use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 2, .virtual_stages = 2, .layers = 4,
                                                  .communicators = pipeline::communicator_choice::per_edge}, 4>>();
 #endif
@@ -47,5 +50,5 @@ int pp5 = use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleave
 #endif
 #ifdef CASE_PP6
 int pp6 = use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16,
-                                               .communicators = pipeline::communicator_choice::shared}, 8>>();
+                                               .communicators = pipeline::communicator_choice::shared, .grouping = pipeline::p2p_grouping::paired}, 8>>();
 #endif

@@ -1,14 +1,16 @@
 // A pipeline step with its sends and receives captured inside one graph, on every rank of an MPI
-// job (one process per GPU): 1F1B and GPipe, each rank one stage of y = x * w + 1/4, trained a few
-// steps three ways that must agree bit for bit:
+// job (one process per GPU): 1F1B, GPipe and interleaved 1F1B (two chunks per rank, groups of the
+// ranks and of one more), each stage y = x * w + 1/4, trained a few steps three ways that must
+// agree bit for bit:
 // - eager: the rank's program (capscope/parallel/pipeline_p2p.hpp) issued step by step;
 // - graph: one eager step (NCCL opens its connections on the first send), then the whole step,
 //   sends, receives and the optimizer included, captured once and replayed;
 // - the CPU: the same microbatches through every stage in turn, the same float operations.
-// Activations wait in slots (pipeline::plan_slots): memory by in-flight microbatches.
+// Activations wait in slots (pipeline::plan_slots), received gradients too: memory by in-flight
+// microbatches. Sends and receives are grouped as Megatron groups them, on one communicator.
 //
 //   pipeline_p2p_probe gpus                    prints the usable GPU count
-//   pipeline_p2p_probe [--floats N] [--steps T] [--microbatches M] [--kind 1f1b|gpipe]
+//   pipeline_p2p_probe [--floats N] [--steps T] [--microbatches M] [--kind 1f1b|gpipe|interleaved 1f1b] [--grouping megatron|paired|one_by_one]
 //       exit 0 when every case agrees, 1 when one differs, 77 with one rank; under
 //       CAPSCOPE_BREAK=skip_replay_check with --grouping one_by_one, sends and receives the replay
 //       check refuses are issued anyway (does the hang it predicts happen?)
@@ -73,49 +75,64 @@ std::vector<float> reference(int stages, int stage, int microbatches, int steps,
     return w[std::size_t(stage)];
 }
 
-//! One rank's stage: its weights and gradients, its activation slots and its message buffers.
+//! One rank's stages (one per chunk): weights and gradients, activation slots per chunk, slots
+//! for received gradients, and the buffers its sends read.
 struct stage_state {
-    int n, stage, stages;
-    cuda::device_buffer<float> w, dw, out, grad_in, grad_out;
-    std::vector<cuda::device_buffer<float>> slots, data;
-    std::vector<int> slot_of; //!< per microbatch
-    stage_state(int n_, int stage_, int stages_, const pipeline::slot_plan& plan, int microbatches, cudaStream_t s)
-        : n(n_), stage(stage_), stages(stages_), w(std::size_t(n_)), dw(std::size_t(n_)), out(std::size_t(n_)), grad_in(std::size_t(n_)),
-          grad_out(std::size_t(n_)), slot_of(std::size_t(microbatches), -1) {
+    int n, rank, ranks, chunks, microbatches;
+    std::vector<cuda::device_buffer<float>> w, dw;               //!< per chunk
+    std::vector<std::vector<cuda::device_buffer<float>>> slots;   //!< per chunk, per slot
+    std::vector<cuda::device_buffer<float>> gradients, data;      //!< received gradients' slots; the first stage's inputs
+    cuda::device_buffer<float> out, grad_out;                     //!< what the next send reads
+    std::vector<int> slot_of, gradient_slot_of;                   //!< per (chunk, microbatch)
+    stage_state(int n_, int rank_, int ranks_, int chunks_, const pipeline::slot_plan& plan, int microbatches_, cudaStream_t s)
+        : n(n_), rank(rank_), ranks(ranks_), chunks(chunks_), microbatches(microbatches_), out(std::size_t(n_)), grad_out(std::size_t(n_)),
+          slot_of(std::size_t(chunks_ * microbatches_), -1), gradient_slot_of(std::size_t(chunks_ * microbatches_), -1) {
         std::vector<float> host(static_cast<std::size_t>(n));
-        for (int i = 0; i < n; ++i) host[std::size_t(i)] = weight_at(stage, i);
-        w.copy_from_host(host, s);
-        dw.fill_bytes(0, s);
-        for (int k = 0; k < plan.slots[0]; ++k) slots.emplace_back(std::size_t(n));
-        for (const pipeline::slot_use& u : plan.uses) slot_of[std::size_t(u.microbatch)] = u.slot;
-        if (stage == 0)
+        for (int c = 0; c < chunks; ++c) {
+            for (int i = 0; i < n; ++i) host[std::size_t(i)] = weight_at(c * ranks + rank, i);
+            w.emplace_back(std::size_t(n)).copy_from_host(host, s);
+            dw.emplace_back(std::size_t(n)).fill_bytes(0, s);
+            slots.emplace_back();
+            for (int k = 0; k < plan.slots[std::size_t(c)]; ++k) slots.back().emplace_back(std::size_t(n));
+        }
+        for (int k = 0; k < plan.gradient_slots; ++k) gradients.emplace_back(std::size_t(n));
+        for (const pipeline::slot_use& u : plan.uses) slot_of[std::size_t(u.chunk * microbatches + u.microbatch)] = u.slot;
+        for (const pipeline::gradient_use& u : plan.gradients) gradient_slot_of[std::size_t(u.chunk * microbatches + u.microbatch)] = u.slot;
+        if (rank == 0)
             for (int mb = 0; mb < microbatches; ++mb) {
                 for (int i = 0; i < n; ++i) host[std::size_t(i)] = data_at(mb, i);
                 data.emplace_back(std::size_t(n)).copy_from_host(host, s);
             }
         CAPSCOPE_CHECK(cudaStreamSynchronize(s)); // the host vectors go
     }
-    float* input(int mb) { return stage == 0 ? data[std::size_t(mb)].data() : slots[std::size_t(slot_of[std::size_t(mb)])].data(); }
+    int stage_of(int chunk) const { return chunk * ranks + rank; }
+    float* input(int chunk, int mb) {
+        if (stage_of(chunk) == 0) return data[std::size_t(mb)].data();
+        return slots[std::size_t(chunk)][std::size_t(slot_of[std::size_t(chunk * microbatches + mb)])].data();
+    }
+    float* gradient(int chunk, int mb) { return gradients[std::size_t(gradient_slot_of[std::size_t(chunk * microbatches + mb)])].data(); }
 
     p2p_buffer buffer_of(const pipeline::p2p_op& op) {
         const std::size_t bytes = std::size_t(n) * sizeof(float);
-        if (op.m.what == pipeline::carries::activation) return {op.send ? out.data() : input(op.m.microbatch), bytes};
-        return {op.send ? grad_out.data() : grad_in.data(), bytes};
+        const int chunk = op.m.stage / ranks;
+        if (op.m.what == pipeline::carries::activation) return {op.send ? out.data() : input(chunk, op.m.microbatch), bytes};
+        return {op.send ? grad_out.data() : gradient(chunk, op.m.microbatch), bytes};
     }
     void run(const compute_action& a, cudaStream_t s) {
-        float* x = input(a.microbatch);
-        float* dx = stage > 0 ? grad_out.data() : nullptr;
-        if (a.direction == pass::forward) pipeline_kernels::forward(x, w.data(), out.data(), n, s);
-        else if (stage == stages - 1) pipeline_kernels::last_backward(x, w.data(), dw.data(), dx, n, s);
-        else pipeline_kernels::backward(grad_in.data(), x, w.data(), dw.data(), dx, n, s);
+        const std::size_t c = std::size_t(a.chunk);
+        float* x = input(a.chunk, a.microbatch);
+        float* dx = stage_of(a.chunk) > 0 ? grad_out.data() : nullptr;
+        if (a.direction == pass::forward) pipeline_kernels::forward(x, w[c].data(), out.data(), n, s);
+        else if (stage_of(a.chunk) == ranks * chunks - 1) pipeline_kernels::last_backward(x, w[c].data(), dw[c].data(), dx, n, s);
+        else pipeline_kernels::backward(gradient(a.chunk, a.microbatch), x, w[c].data(), dw[c].data(), dx, n, s);
     }
     void step(const pipeline_p2p& p2p, cudaStream_t s) {
         p2p.run([&](const pipeline::p2p_op& op) { return buffer_of(op); }, [&](const compute_action& a, cudaStream_t on) { run(a, on); }, s);
-        pipeline_kernels::sgd(w.data(), dw.data(), lr, n, s);
+        for (int c = 0; c < chunks; ++c) pipeline_kernels::sgd(w[std::size_t(c)].data(), dw[std::size_t(c)].data(), lr, n, s);
     }
-    std::vector<float> weights(cudaStream_t s) const {
+    std::vector<float> weights(int chunk, cudaStream_t s) const {
         std::vector<float> host(static_cast<std::size_t>(n));
-        w.copy_to_host(host, s);
+        w[std::size_t(chunk)].copy_to_host(host, s);
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
         return host;
     }
@@ -127,25 +144,32 @@ bool all_ranks(bool mine) {
     return all == 1;
 }
 
-bool run_case(pipeline::schedule_kind kind, int microbatches, int steps, int n, pipeline::p2p_grouping grouping) {
+bool run_case(const pipeline::schedule_shape& shape, int microbatches, int steps, int n) {
     const int ranks = support::comm().size(), rank = support::comm().rank();
-    const pipeline::schedule_shape shape{kind, ranks, 1, ranks};
     cuda::stream s;
-    const pipeline_p2p p2p(support::comm(), shape, microbatches, grouping);
+    const pipeline_p2p p2p(support::comm(), shape, microbatches);
     const pipeline::slot_plan plan = pipeline::plan_slots(shape, rank, microbatches);
-    stage_state eager(n, rank, ranks, plan, microbatches, s), graphed(n, rank, ranks, plan, microbatches, s);
+    stage_state eager(n, rank, ranks, shape.virtual_stages, plan, microbatches, s), graphed(n, rank, ranks, shape.virtual_stages, plan, microbatches, s);
     for (int t = 0; t < steps; ++t) eager.step(p2p, s);
     graphed.step(p2p, s); // NCCL opens its connections on the first send: eagerly, before the capture
     const cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { graphed.step(p2p, on); });
     const cuda::graph_exec exec(g);
     for (int t = 1; t < steps; ++t) exec.launch(s);
-    const std::vector<float> a = eager.weights(s), b = graphed.weights(s), want = reference(ranks, rank, microbatches, steps, n);
-    const bool same = a == b && b == want;
-    const bool everywhere = all_ranks(same);
+    bool eager_graph = true, graph_cpu = true;
+    for (int c = 0; c < shape.virtual_stages; ++c) {
+        const std::vector<float> a = eager.weights(c, s), b = graphed.weights(c, s);
+        eager_graph = eager_graph && a == b;
+        graph_cpu = graph_cpu && b == reference(ranks * shape.virtual_stages, c * ranks + rank, microbatches, steps, n);
+    }
+    const bool same = eager_graph && graph_cpu, everywhere = all_ranks(same);
+    std::string slots;
+    for (int k : plan.slots) slots += (slots.empty() ? "" : "+") + std::to_string(k);
     if (rank == 0 || !same)
-        std::printf("rank %d, %s, %d ranks, %d microbatches (%d activation slots on rank %d), %d steps: eager %s graph %s CPU%s\n", rank,
-                    std::string(pipeline::name_of(kind)).c_str(), ranks, microbatches, plan.slots[0], rank, steps, a == b ? "=" : "!=",
-                    b == want ? "=" : "!=", everywhere ? ", bitwise on every rank" : "");
+        std::printf("rank %d, %s, %d ranks x %d chunks, %d microbatches in groups of %d (%s activation and %d gradient slots on rank %d), %d steps: "
+                    "eager %s graph %s CPU%s\n",
+                    rank, std::string(pipeline::name_of(shape.kind)).c_str(), ranks, shape.virtual_stages, microbatches, shape.group_size(),
+                    slots.c_str(), plan.gradient_slots, rank, steps, eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=",
+                    everywhere ? ", bitwise on every rank" : "");
     return everywhere;
 }
 
@@ -156,15 +180,15 @@ int main(int argc, char** argv) {
     breakage::install_from_environment();
     int n = 1 << 16, steps = 3, only_m = 0;
     std::string only_kind;
-    pipeline::p2p_grouping grouping = pipeline::p2p_grouping::paired;
+    pipeline::p2p_grouping grouping = pipeline::p2p_grouping::megatron;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string flag = argv[i], value = argv[i + 1];
         if (flag == "--floats") n = std::stoi(value);
         else if (flag == "--steps") steps = std::stoi(value);
         else if (flag == "--microbatches") only_m = std::stoi(value);
         else if (flag == "--kind") only_kind = value;
-        else if (flag == "--grouping" && (value == "paired" || value == "one_by_one"))
-            grouping = value == "paired" ? pipeline::p2p_grouping::paired : pipeline::p2p_grouping::one_by_one;
+        else if (flag == "--grouping" && (value == "megatron" || value == "paired" || value == "one_by_one"))
+            grouping = value == "megatron" ? pipeline::p2p_grouping::megatron : value == "paired" ? pipeline::p2p_grouping::paired : pipeline::p2p_grouping::one_by_one;
         else return std::fprintf(stderr, "pipeline_p2p_probe: unknown option %s %s\n", flag.c_str(), value.c_str()), 2;
     }
     if (cuda::usable_device_count() == 0) return std::puts("no usable CUDA device: skipped"), 77;
@@ -172,9 +196,16 @@ int main(int argc, char** argv) {
     const int ranks = support::comm().size();
     if (ranks < 2) return std::puts("one rank: a pipeline needs two (mpirun -np 2): skipped"), 77;
     bool ok = true;
-    for (pipeline::schedule_kind kind : {pipeline::schedule_kind::one_f_one_b, pipeline::schedule_kind::gpipe}) {
+    for (pipeline::schedule_kind kind : {pipeline::schedule_kind::one_f_one_b, pipeline::schedule_kind::gpipe, pipeline::schedule_kind::interleaved_1f1b}) {
         if (!only_kind.empty() && only_kind != pipeline::name_of(kind)) continue;
-        for (int m : only_m ? std::vector<int>{only_m} : std::vector<int>{ranks, 2 * ranks + 1}) ok = run_case(kind, m, steps, n, grouping) && ok;
+        const bool looped = kind == pipeline::schedule_kind::interleaved_1f1b;
+        for (int group : looped ? std::vector<int>{0, ranks + 1} : std::vector<int>{0}) {
+            pipeline::schedule_shape shape{kind, ranks, looped ? 2 : 1, ranks * (looped ? 2 : 1), group};
+            shape.grouping = grouping;
+            const int g = shape.group_size();
+            const std::vector<int> counts = only_m ? std::vector<int>{only_m} : looped ? std::vector<int>{g, 2 * g} : std::vector<int>{ranks, 2 * ranks + 1};
+            for (int m : counts) ok = run_case(shape, m, steps, n) && ok;
+        }
     }
     if (support::mpi().rank() == 0) std::printf("%s\n", ok ? "every case bitwise equal: eager, graph and CPU" : "FAIL");
     return ok ? 0 : 1;

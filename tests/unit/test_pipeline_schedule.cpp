@@ -19,6 +19,12 @@ namespace {
 
 schedule_shape one_f_one_b(int ranks) { return {schedule_kind::one_f_one_b, ranks, 1, ranks}; }
 schedule_shape interleaved(int ranks, int chunks, int group = 0) { return {schedule_kind::interleaved_1f1b, ranks, chunks, ranks * chunks, group}; }
+//! The shape with its sends and receives grouped another way.
+schedule_shape grouped(schedule_shape s, p2p_grouping g) {
+    s.grouping = g;
+    return s;
+}
+constexpr p2p_grouping paired = p2p_grouping::paired, one_by_one = p2p_grouping::one_by_one;
 
 std::string letters(const std::vector<compute_action>& order) {
     std::string s;
@@ -118,15 +124,15 @@ TEST_CASE("memory by in-flight slots: flat in the microbatch count, never two li
         }
 }
 
-TEST_CASE("replay: 1f1b and gpipe complete on one shared communicator; interleaved needs one per edge, and the check names why") {
+TEST_CASE("replay, paired pass by pass: 1f1b and gpipe complete on one shared communicator; interleaved needs one per edge, and the check names why") {
     for (int p : {2, 3, 4, 8})
         for (int m : {p, p + 1, 3 * p}) {
-            CHECK(check_replay(one_f_one_b(p), m, communicator_layout::shared).completes());
+            CHECK(check_replay(grouped(one_f_one_b(p), paired), m, communicator_layout::shared).completes());
             CHECK(check_replay({schedule_kind::gpipe, p, 1, p}, m, communicator_layout::shared).completes());
         }
     // Megatron's interleaved order, with a group of the previous pass's sends and this pass's
     // receives, meets an ordering cycle through the shared communicator's FIFO order.
-    const replay_verdict v = check_replay(interleaved(4, 2), 8, communicator_layout::shared);
+    const replay_verdict v = check_replay(grouped(interleaved(4, 2), paired), 8, communicator_layout::shared);
     REQUIRE(v.result == replay_verdict::outcome::deadlocks);
     CHECK(describe(v) ==
           "rank 0 sends the gradient of microbatch 0 for stage 3 (rank 0 to rank 3) after its backward of chunk 1, microbatch 0, and rank 3 "
@@ -135,21 +141,22 @@ TEST_CASE("replay: 1f1b and gpipe complete on one shared communicator; interleav
         for (int v2 : {2, 3, 4})
             for (int m : {p, 2 * p, 4 * p}) {
                 INFO("ranks " << p << ", chunks " << v2 << ", microbatches " << m);
-                CHECK(check_replay(interleaved(p, v2), m, communicator_layout::per_edge).completes());
-                const communicator_plan plan = choose_communicators(interleaved(p, v2), m);
+                CHECK(check_replay(grouped(interleaved(p, v2), paired), m, communicator_layout::per_edge).completes());
+                const communicator_plan plan = choose_communicators(grouped(interleaved(p, v2), paired), m);
                 CHECK(plan.verdict.completes());
             }
     // A last, partial group (Megatron allows one of at least the ranks). On two ranks one edge
     // carries activations and gradients in orders the two ranks do not share: one communicator
     // for both would cross them, so per_edge keys its communicators by the kind of traffic too.
-    CHECK(check_replay(interleaved(2, 2, 3), 8, communicator_layout::per_edge).completes());
-    const replay_verdict crossed = check_replay(interleaved(2, 2, 3), 8, communicator_layout::shared);
+    CHECK(check_replay(grouped(interleaved(2, 2, 3), paired), 8, communicator_layout::per_edge).completes());
+    const replay_verdict crossed = check_replay(grouped(interleaved(2, 2, 3), paired), 8, communicator_layout::shared);
     REQUIRE(crossed.result == replay_verdict::outcome::crosses);
     CHECK(describe(crossed) == "rank 1's communicator with rank 0 matches the send of the gradient of microbatch 0 for stage 1 (rank 0 to rank 1) "
                                "with the receive of the activation of microbatch 3 for stage 1 (rank 0 to rank 1), which would take its data silently");
     CHECK(plan_slots(interleaved(2, 2, 3), 0, 8).slots == plan_slots(interleaved(2, 2, 3), 0, 14).slots);
     CHECK(choose_communicators(one_f_one_b(4), 8).layout == communicator_layout::shared);
-    CHECK(choose_communicators(interleaved(4, 2), 8).layout == communicator_layout::per_edge);
+    CHECK(choose_communicators(grouped(interleaved(4, 2), paired), 8).layout == communicator_layout::per_edge);
+    CHECK(choose_communicators(interleaved(4, 2), 8).layout == communicator_layout::shared); // grouped as Megatron does
 }
 
 TEST_CASE("replay, every shape the rules accept: it completes on the communicators chosen, and memory stays flat") {
@@ -179,23 +186,23 @@ TEST_CASE("replay, every shape the rules accept: it completes on the communicato
 TEST_CASE("replay: sends and receives issued one by one, as PyTorch's eager pipelining did") {
     // 1F1B with each send and receive alone deadlocks on one shared communicator: the reason
     // Megatron pairs them (send_forward_recv_backward).
-    const replay_verdict alone = check_replay(one_f_one_b(4), 8, communicator_layout::shared, p2p_grouping::one_by_one);
+    const replay_verdict alone = check_replay(grouped(one_f_one_b(4), one_by_one), 8, communicator_layout::shared);
     CHECK(alone.result == replay_verdict::outcome::deadlocks);
-    CHECK(check_replay(one_f_one_b(4), 8, communicator_layout::shared, p2p_grouping::paired).completes());
-    CHECK(check_replay(one_f_one_b(4), 8, communicator_layout::per_direction, p2p_grouping::one_by_one).completes());
+    CHECK(check_replay(grouped(one_f_one_b(4), paired), 8, communicator_layout::shared).completes());
+    CHECK(check_replay(grouped(one_f_one_b(4), one_by_one), 8, communicator_layout::per_direction).completes());
     // PyTorch #195760's looped example: 2 microbatches, 8 stages on 4 ranks (rank r holds stages r
     // and r + 4), one group of 2 (ScheduleInterleaved1F1B: max(1, 2 / 4) rounds). On one shared
     // communicator, rank 0's receive for stage 4 waits behind its sends to rank 1 and a cycle
     // closes; one communicator per directed edge completes. (The PR calls the per-direction
     // layout it replaced one that "can" deadlock and shows no trace: in this model, rendezvous
     // and FIFO, it completes.)
-    const schedule_shape looped{schedule_kind::interleaved_1f1b, 4, 2, 8, 2};
+    const schedule_shape looped = grouped({schedule_kind::interleaved_1f1b, 4, 2, 8, 2}, one_by_one);
     CHECK(letters(compute_order(looped, 0, 2)) == "F0.0 F0.1 F1.0 F1.1 B1.0 B1.1 B0.0 B0.1"); // the PR's 0F0 -> 1F0 -> 0F4 -> 1F4
-    CHECK(check_replay(looped, 2, communicator_layout::shared, p2p_grouping::one_by_one).result == replay_verdict::outcome::deadlocks);
-    CHECK(check_replay(looped, 2, communicator_layout::per_edge, p2p_grouping::one_by_one).completes());
-    CHECK(check_replay(looped, 2, communicator_layout::per_direction, p2p_grouping::one_by_one).completes());
+    CHECK(check_replay(looped, 2, communicator_layout::shared).result == replay_verdict::outcome::deadlocks);
+    CHECK(check_replay(looped, 2, communicator_layout::per_edge).completes());
+    CHECK(check_replay(looped, 2, communicator_layout::per_direction).completes());
     // With more microbatches than its group reaches round the ring, no layout helps: rank 0
-    // waits for a chunk the ring has not reached, which is why PP5 refuses a group below the ranks.
+    // waits for a chunk the ring has not reached, which is why PP4 refuses a group below the ranks.
     CHECK(check_shape(looped, 8) == schedule_rule::PP4);
     CHECK(check_replay(looped, 8, communicator_layout::per_edge).result == replay_verdict::outcome::deadlocks);
 }
@@ -274,9 +281,13 @@ TEST_CASE("replay, random orders: a verdict of completes means every rank's pass
 }
 
 TEST_CASE("a schedule as a type: checked for its declared microbatch counts, with the communicators chosen") {
+    // Grouped as Megatron groups them (the default), one shared communicator serves.
     using interleaved_4x2 = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 8, 12, 16>;
-    static_assert(interleaved_4x2::communicators == communicator_layout::per_edge);
+    static_assert(interleaved_4x2::communicators == communicator_layout::shared);
     static_assert(interleaved_4x2::declared_microbatches.size() == 3);
+    using paired_4x2 = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16,
+                                                        .grouping = p2p_grouping::paired}, 8, 16>;
+    static_assert(paired_4x2::communicators == communicator_layout::per_edge); // paired pass by pass, a shared one would deadlock
     using plain = pipeline_schedule<schedule_shape{.kind = schedule_kind::one_f_one_b, .ranks = 4, .layers = 8}, 4, 8, 64>;
     static_assert(plain::communicators == communicator_layout::shared);
     CHECK(plain::slots(0, 64).slots == std::vector<int>{4});
@@ -288,11 +299,12 @@ TEST_CASE("a schedule as a type: checked for its declared microbatch counts, wit
                          "microbatches, or a last, partial group smaller than the ranks -- fix: ranks <= group <= microbatches, and "
                          "microbatches % group either 0 or at least the ranks",
                          std::invalid_argument);
-    CHECK(interleaved_4x2::program(0, 20).compute.size() == 80); // undeclared, valid, and it completes per edge
-    using shared_for_4 = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 4>;
-    static_assert(shared_for_4::communicators == communicator_layout::shared); // 4 microbatches complete on one
+    CHECK(interleaved_4x2::program(0, 20).compute.size() == 80); // undeclared, valid, and it completes
+    using paired_for_4 = pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16,
+                                                          .grouping = p2p_grouping::paired}, 4>;
+    static_assert(paired_for_4::communicators == communicator_layout::shared); // 4 microbatches complete on one
     try {
-        (void)shared_for_4::program(0, 8); // 8 would not
+        (void)paired_for_4::program(0, 8); // 8 would not
         FAIL("8 microbatches on the shared communicator chosen for 4 were accepted");
     } catch (const std::invalid_argument& e) {
         CHECK(std::string(e.what()).starts_with("capscope pipeline rule PP6 with 8 microbatches, on the shared communicators the type chose"));
@@ -303,4 +315,49 @@ TEST_CASE("a schedule as a type: checked for its declared microbatch counts, wit
     REQUIRE(!p.groups.empty());
     CHECK(p.groups[0].after == -1);
     CHECK(p.groups[0].ops[0] == p2p_op{false, {2, 3, carries::activation, 3, 0}});
+}
+
+TEST_CASE("grouped as Megatron groups them, every shape the rules accept completes on one shared communicator") {
+    // Megatron's schedules.py without p2p overlap: 1F1B's warmup and cooldown operations alone,
+    // interleaved receives posted a step ahead (the ring's ranks - 1 steps late). Its FIFO
+    // identities must agree (no crossing), and its receive-ahead is paid in slots, flat in M.
+    int checked = 0;
+    for (int p : {2, 3, 4, 8})
+        for (int v : {1, 2, 3})
+            for (int extra : {0, 1})
+                for (int m = 1; m <= 4 * p + 2; ++m) {
+                    const schedule_shape s{v == 1 ? schedule_kind::one_f_one_b : schedule_kind::interleaved_1f1b, p, v, p * v, v > 1 ? p + extra : 0};
+                    if ((v == 1 && extra) || check_shape(s, m) != schedule_rule::none) continue;
+                    INFO(std::string(name_of(s.kind)) << ", " << p << " ranks, " << v << " chunks, group " << s.group_size() << ", " << m << " microbatches");
+                    CHECK(check_replay(s, m, communicator_layout::shared).completes());
+                    ++checked;
+                }
+    CHECK(checked >= 150);
+    // With a group larger than the ranks, rank 0 of an interleaved schedule receives the ring's
+    // activations ahead of their forwards, and the last rank the ring's gradients: each into a
+    // slot of its own until its pass.
+    const schedule_shape s = interleaved(4, 2, 6);
+    for (int r = 0; r < 4; ++r)
+        for (int m : {12, 24, 36}) {
+            const slot_plan plan = plan_slots(s, r, m);
+            const std::vector<compute_action> order = compute_order(s, r, m);
+            for (const slot_use& a : plan.uses) {
+                CHECK(order[std::size_t(a.forward)] == compute_action{pass::forward, a.chunk, a.microbatch});
+                CHECK(order[std::size_t(a.backward)] == compute_action{pass::backward, a.chunk, a.microbatch});
+                CHECK(a.received < a.forward);
+                for (const slot_use& b : plan.uses)
+                    if (&a != &b && a.chunk == b.chunk && a.slot == b.slot) CHECK((a.backward <= b.received || b.backward <= a.received));
+            }
+            for (const gradient_use& a : plan.gradients) {
+                CHECK(order[std::size_t(a.backward)] == compute_action{pass::backward, a.chunk, a.microbatch});
+                CHECK(a.received < a.backward);
+                for (const gradient_use& b : plan.gradients)
+                    if (&a != &b && a.slot == b.slot) CHECK((a.backward <= b.received || b.backward <= a.received));
+            }
+            CHECK(plan.slots == plan_slots(s, r, 72).slots);
+            CHECK(plan.gradient_slots == plan_slots(s, r, 72).gradient_slots);
+        }
+    const slot_use ahead = plan_slots(s, 0, 12).uses[4]; // chunk 1's microbatch 0, from the last rank
+    CHECK(ahead == slot_use{1, 0, 0, 6, 13, 3});           // received after pass 3, its forward pass 6
+    CHECK(plan_slots(s, 3, 12).gradient_slots == 3);      // the last rank keeps three of the ring's gradients
 }

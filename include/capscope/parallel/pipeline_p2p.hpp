@@ -9,8 +9,9 @@
 //! One stream per rank is the shared layout's order (replay_check.hpp): one communicator, each
 //! pass after the group before it, each group after the pass before it. The constructor refuses
 //! a shape whose replay would not complete on it, naming the two operations, before anything
-//! is sent. (Interleaved schedules need one communicator and one stream per edge: not issued
-//! here yet.)
+//! is sent. Grouped as Megatron groups them (the shape's default), every shape the rules accept
+//! completes on one communicator, interleaved included. (Per-edge communicators, which other
+//! groupings may need, take a stream per communicator: not issued here.)
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/detail/breakage.hpp>
@@ -38,20 +39,19 @@ public:
     //! `world`: the pipeline's ranks (pipeline rank r is rank r of `world`). Refuses, on every
     //! rank alike, a shape whose sends and receives would deadlock or cross when issued this way
     //! with `microbatches` microbatches.
-    pipeline_p2p(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape, int microbatches,
-                 pipeline::p2p_grouping grouping = pipeline::p2p_grouping::paired)
-        : world_(world), shape_(shape), grouping_(grouping), rank_(world.rank()) {
+    pipeline_p2p(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape, int microbatches)
+        : world_(world), shape_(shape), rank_(world.rank()) {
         if (world.size() != shape.ranks)
             throw std::invalid_argument("capscope pipeline: the schedule has " + std::to_string(shape.ranks) + " ranks, the communicator " +
                                         std::to_string(world.size()) + " -- fix: one pipeline rank per rank of the communicator");
         if (shape.communicators == pipeline::communicator_choice::per_edge)
             throw std::invalid_argument("capscope pipeline: per-edge communicators need a stream per communicator, which pipeline_p2p does "
                                         "not issue yet -- fix: communicator_choice::shared or automatic, on a schedule that completes on one");
-        const pipeline::replay_verdict v = pipeline::check_replay(shape, microbatches, pipeline::communicator_layout::shared, grouping);
+        const pipeline::replay_verdict v = pipeline::check_replay(shape, microbatches, pipeline::communicator_layout::shared);
         if (!v.completes() && !detail::installed_breakage().skip_replay_check) // (a test, broken on purpose: does the predicted hang happen?)
             throw std::invalid_argument("capscope pipeline rule PP6: issued on one communicator and one stream per rank, " + pipeline::describe(v) +
-                                        " -- fix: pair each pass's sends with the next pass's receives (p2p_grouping::paired), or a "
-                                        "schedule that completes on one communicator (1f1b, gpipe)");
+                                        " -- fix: group the sends and receives as Megatron does (p2p_grouping::megatron, the default), "
+                                        "which completes on one communicator for every shape the rules accept");
         program_ = pipeline::program_of(shape, rank_, microbatches);
     }
 
@@ -60,7 +60,7 @@ public:
     //! Issues one group on `stream`: `buffer_of(op)` says where each operation reads or writes.
     template <class Buffers>
     void issue(const pipeline::p2p_group& g, Buffers&& buffer_of, cudaStream_t stream) const {
-        const bool together = grouping_ == pipeline::p2p_grouping::paired;
+        const bool together = shape_.grouping != pipeline::p2p_grouping::one_by_one;
         if (together) CAPSCOPE_CHECK(ncclGroupStart());
         for (const pipeline::p2p_op& op : g.ops) {
             const p2p_buffer b = buffer_of(op);
@@ -84,7 +84,6 @@ public:
 private:
     const cuda::nccl_communicator& world_;
     pipeline::schedule_shape shape_;
-    pipeline::p2p_grouping grouping_;
     int rank_ = 0;
     pipeline::rank_program program_;
 };

@@ -25,6 +25,7 @@
 
 #include <capscope/pipeline/p2p_program.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,10 +43,6 @@ constexpr std::string_view name_of(communicator_layout l) {
     return l == communicator_layout::shared ? "shared" : l == communicator_layout::per_direction ? "per-direction" : "per-edge";
 }
 
-//! How the sends and receives between two passes are issued: in one group (Megatron's
-//! send_forward_recv_backward and the like), or each alone, in the same order (PyTorch's eager
-//! pipelining, before its batched sends and receives).
-enum class p2p_grouping { paired, one_by_one };
 
 struct replay_verdict {
     enum class outcome { completes, deadlocks, crosses, unmatched };
@@ -67,7 +64,7 @@ struct replay_part {
     int rank = 0, lane = 0, after = -1;
     int first_op = 0, op_count = 0, ops_done = 0;
     int previous_on_lane = -1, next_on_lane = -1; //!< the parts issued before and after it on its stream
-    int receives_for = -1;   //!< the pass (numbered over every rank) waiting for it, if it holds a receive
+    int feeds[4] = {-1, -1, -1, -1};              //!< the passes (numbered over every rank) that wait for it
     bool issued = false, complete = false;
 };
 struct replay_op {
@@ -89,17 +86,17 @@ constexpr int lane_of(const schedule_shape& s, communicator_layout layout, const
 
 //! Replays every rank's program on `layout`'s communicators (worklist: each part is issued and
 //! completed once, so the cost grows with the operations; in a constant expression, clang++
-//! stops at a million steps by default: see docs/pipeline.md).
-//! `orders[r]` is rank r's passes (compute_order's, or any other order to be checked).
-constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<std::vector<compute_action>>& orders, communicator_layout layout,
-                                      p2p_grouping grouping = p2p_grouping::paired) {
+//! stops at a million steps by default: see docs/pipeline.md). Shared: one stream per rank for
+//! its passes and groups, so each pass waits for the group before it. The other layouts: a
+//! stream per communicator, and a pass waits for the groups that hold its receives.
+constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<rank_program>& programs, communicator_layout layout) {
     using namespace detail;
-    if (int(orders.size()) != s.ranks)
-        throw std::invalid_argument("capscope pipeline: check_replay was given " + std::to_string(orders.size()) + " ranks' orders for a schedule of " +
+    if (int(programs.size()) != s.ranks)
+        throw std::invalid_argument("capscope pipeline: check_replay was given " + std::to_string(programs.size()) + " ranks' orders for a schedule of " +
                                     std::to_string(s.ranks) + " ranks -- fix: one order per rank");
     const int lanes = lane_count(s, layout);
     std::vector<int> first_pass(std::size_t(s.ranks) + 1, 0); // passes numbered over every rank
-    for (int r = 0; r < s.ranks; ++r) first_pass[std::size_t(r) + 1] = first_pass[std::size_t(r)] + int(orders[std::size_t(r)].size());
+    for (int r = 0; r < s.ranks; ++r) first_pass[std::size_t(r) + 1] = first_pass[std::size_t(r)] + int(programs[std::size_t(r)].compute.size());
     std::vector<replay_part> parts;
     std::vector<replay_op> ops;
     parts.reserve(std::size_t(first_pass.back()) * 2), ops.reserve(std::size_t(first_pass.back()) * 2);
@@ -109,32 +106,58 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
     const std::size_t slots = std::size_t(first_pass.back() + s.ranks);
     std::vector<int> parts_after_begin(slots, 0), parts_after_end(slots, 0);
     for (int r = 0; r < s.ranks; ++r) {
-        const std::vector<compute_action>& order = orders[std::size_t(r)];
-        for (int k = 0; k <= int(order.size()); ++k) { // the group after pass k - 1: its sends, then pass k's receives
-            detail::group_ops group;
-            if (k > 0) detail::add_sends(s, r, order[std::size_t(k - 1)], group);
-            if (k < int(order.size())) detail::add_receives(s, r, order[std::size_t(k)], group);
-            const std::size_t slot = std::size_t(first_pass[std::size_t(r)] + r + k);
+        const rank_program& program = programs[std::size_t(r)];
+        const int n = int(program.compute.size());
+        // Which pass consumes a receive: its forward (an activation) or backward (a gradient) of
+        // the chunk and microbatch it carries.
+        int microbatches = 0;
+        for (const compute_action& a : program.compute) microbatches = std::max(microbatches, a.microbatch + 1);
+        const int chunks = s.virtual_stages;
+        std::vector<int> pass_at(std::size_t(2 * chunks * microbatches), -1); // (direction, chunk, microbatch) -> pass
+        auto key = [&](pass d, int chunk, int mb) { return std::size_t(((d == pass::forward ? 0 : 1) * chunks + chunk) * microbatches + mb); };
+        for (int k = 0; k < n; ++k) {
+            const compute_action& a = program.compute[std::size_t(k)];
+            if (a.chunk >= 0 && a.chunk < chunks && a.microbatch >= 0) pass_at[key(a.direction, a.chunk, a.microbatch)] = k;
+        }
+        auto consumer = [&](const p2p_op& o) {
+            const int chunk = s.chunk_of(o.m.stage);
+            if (chunk < 0 || chunk >= chunks || o.m.microbatch < 0 || o.m.microbatch >= microbatches) return -1;
+            const int k = pass_at[key(o.m.what == carries::activation ? pass::forward : pass::backward, chunk, o.m.microbatch)];
+            return k < 0 ? -1 : first_pass[std::size_t(r)] + k;
+        };
+        std::size_t g = 0;
+        for (int after = -1; after < n; ++after) {
+            const std::size_t slot = std::size_t(first_pass[std::size_t(r)] + r + after + 1);
             parts_after_begin[slot] = int(parts.size());
-            // One part per stream the group's operations go to (paired), or one per operation.
-            for (int first = 0; first < group.count; ++first) {
-                const int lane = lane_of(s, layout, group.ops[first]);
-                bool placed = false; // an earlier operation of the group on the same stream took it
-                for (int i = 0; i < first && grouping == p2p_grouping::paired; ++i) placed = placed || lane_of(s, layout, group.ops[i]) == lane;
-                if (placed) continue;
-                replay_part part{r, lane, k - 1, int(ops.size())};
-                for (int i = first; i < group.count; ++i) {
-                    const p2p_op& o = group.ops[i];
-                    if (lane_of(s, layout, o) != lane || (grouping == p2p_grouping::one_by_one && i != first)) continue;
-                    if (!o.send) part.receives_for = first_pass[std::size_t(r)] + k;
-                    ops.push_back({o, int(parts.size()), -1, false});
-                    ++part.op_count;
+            for (; g < program.groups.size() && program.groups[g].after == after; ++g) {
+                const p2p_group& group = program.groups[g];
+                // One part per stream the group's operations go to.
+                for (std::size_t first = 0; first < group.ops.size(); ++first) {
+                    const int lane = lane_of(s, layout, group.ops[first]);
+                    bool placed = false; // an earlier operation of the group on the same stream took it
+                    for (std::size_t i = 0; i < first; ++i) placed = placed || lane_of(s, layout, group.ops[i]) == lane;
+                    if (placed) continue;
+                    replay_part part{r, lane, after, int(ops.size())};
+                    int feeds = 0;
+                    auto feed = [&](int pass_index) {
+                        for (int f = 0; f < feeds; ++f)
+                            if (part.feeds[f] == pass_index) return;
+                        if (pass_index >= 0 && feeds < 4) part.feeds[feeds++] = pass_index;
+                    };
+                    if (layout == communicator_layout::shared && after + 1 < n) feed(first_pass[std::size_t(r)] + after + 1);
+                    for (std::size_t i = first; i < group.ops.size(); ++i) {
+                        const p2p_op& o = group.ops[i];
+                        if (lane_of(s, layout, o) != lane) continue;
+                        if (!o.send && layout != communicator_layout::shared) feed(consumer(o));
+                        ops.push_back({o, int(parts.size()), -1, false});
+                        ++part.op_count;
+                    }
+                    int& last = lane_last[std::size_t(r * lanes + lane)];
+                    if (last >= 0) parts[std::size_t(last)].next_on_lane = int(parts.size());
+                    part.previous_on_lane = last;
+                    last = int(parts.size());
+                    parts.push_back(part);
                 }
-                int& last = lane_last[std::size_t(r * lanes + lane)];
-                if (last >= 0) parts[std::size_t(last)].next_on_lane = int(parts.size());
-                part.previous_on_lane = last;
-                last = int(parts.size());
-                parts.push_back(part);
             }
             parts_after_end[slot] = int(parts.size());
         }
@@ -182,9 +205,10 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
         return v;
     }
 
-    std::vector<int> receiving(std::size_t(first_pass.back()) + 1, 0); // per pass: parts with its receives not complete
+    std::vector<int> receiving(std::size_t(first_pass.back()) + 1, 0); // per pass: parts it waits for, not complete
     for (const replay_part& p : parts)
-        if (p.receives_for >= 0) ++receiving[std::size_t(p.receives_for)];
+        for (int f : p.feeds)
+            if (f >= 0) ++receiving[std::size_t(f)];
     std::vector<int> passes_done(std::size_t(s.ranks), 0);
     std::vector<int> todo; // parts to try to issue
     auto after_pass = [&](int rank, int after) { // the parts issued after pass `after` of `rank` (-1: before the first)
@@ -192,14 +216,15 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
         for (int i = parts_after_begin[slot]; i < parts_after_end[slot]; ++i) todo.push_back(i);
     };
     auto run_passes = [&](int rank) {
-        const int n = int(orders[std::size_t(rank)].size());
+        const int n = int(programs[std::size_t(rank)].compute.size());
         int& done = passes_done[std::size_t(rank)];
         while (done < n && receiving[std::size_t(first_pass[std::size_t(rank)] + done)] == 0) after_pass(rank, done++);
     };
     auto complete = [&](replay_part& p) {
         p.complete = true;
         if (p.next_on_lane >= 0) todo.push_back(p.next_on_lane);
-        if (p.receives_for >= 0 && --receiving[std::size_t(p.receives_for)] == 0) run_passes(p.rank);
+        for (int f : p.feeds)
+            if (f >= 0 && --receiving[std::size_t(f)] == 0) run_passes(p.rank);
     };
     for (int r = 0; r < s.ranks; ++r) after_pass(r, -1), run_passes(r);
     while (!todo.empty()) {
@@ -223,7 +248,7 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
     }
 
     bool finished = true;
-    for (int r = 0; r < s.ranks; ++r) finished = finished && passes_done[std::size_t(r)] == int(orders[std::size_t(r)].size());
+    for (int r = 0; r < s.ranks; ++r) finished = finished && passes_done[std::size_t(r)] == int(programs[std::size_t(r)].compute.size());
     for (const replay_part& p : parts) finished = finished && p.complete;
     if (finished) return v;
     v.result = replay_verdict::outcome::deadlocks;
@@ -237,21 +262,31 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
             const replay_part& theirs = parts[std::size_t(partner.part)];
             v.waiting = op.op, v.held = partner.op, v.waiting_rank = mine.rank, v.held_rank = theirs.rank;
             v.waiting_before_first = mine.after < 0;
-            if (mine.after >= 0) v.waiting_after = orders[std::size_t(mine.rank)][std::size_t(mine.after)];
+            if (mine.after >= 0) v.waiting_after = programs[std::size_t(mine.rank)].compute[std::size_t(mine.after)];
             const int at = passes_done[std::size_t(theirs.rank)];
             v.held_by_stream = theirs.after < at; // its own pass ran: a group before it on its stream holds it
-            if (at < int(orders[std::size_t(theirs.rank)].size())) v.held_at = orders[std::size_t(theirs.rank)][std::size_t(at)];
+            if (at < int(programs[std::size_t(theirs.rank)].compute.size())) v.held_at = programs[std::size_t(theirs.rank)].compute[std::size_t(at)];
             return v;
         }
     }
     return v;
 }
 
-constexpr replay_verdict check_replay(const schedule_shape& s, int microbatches, communicator_layout layout,
+//! `orders[r]` is rank r's passes (compute_order's, or any other order to be checked), its
+//! sends and receives paired pass by pass or one by one (program_from_order).
+constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<std::vector<compute_action>>& orders, communicator_layout layout,
                                       p2p_grouping grouping = p2p_grouping::paired) {
-    std::vector<std::vector<compute_action>> orders;
-    for (int r = 0; r < s.ranks; ++r) orders.push_back(compute_order(s, r, microbatches));
-    return check_replay(s, orders, layout, grouping);
+    if (int(orders.size()) != s.ranks)
+        throw std::invalid_argument("capscope pipeline: check_replay was given " + std::to_string(orders.size()) + " ranks' orders for a schedule of " +
+                                    std::to_string(s.ranks) + " ranks -- fix: one order per rank");
+    std::vector<rank_program> programs;
+    for (int r = 0; r < s.ranks; ++r) programs.push_back(program_from_order(s, r, orders[std::size_t(r)], grouping));
+    return check_replay(s, programs, layout);
+}
+
+//! The shape's own programs (its grouping) with `microbatches` microbatches.
+constexpr replay_verdict check_replay(const schedule_shape& s, int microbatches, communicator_layout layout) {
+    return check_replay(s, programs_of(s, microbatches), layout);
 }
 
 //! The communicators a shape's sends and receives use with `microbatches` microbatches: the

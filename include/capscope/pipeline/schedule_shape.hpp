@@ -35,6 +35,22 @@ enum class communicator_choice {
     per_edge,  //!< one per directed rank-to-rank edge and kind of traffic (activations, gradients)
 };
 
+//! How a rank's sends and receives are grouped:
+//! - paired: before each pass, the previous pass's sends with this pass's receives (Megatron's
+//!   1F1B steady state, `send_forward_recv_backward` and the like), in one group;
+//! - one_by_one: the same operations in the same order, each alone (PyTorch's eager pipelining
+//!   before its batched operations);
+//! - megatron: as Megatron-LM's schedules.py issues them without p2p overlap. 1F1B: warmup and
+//!   cooldown operations alone, the steady state paired. Interleaved: each receive posted one
+//!   step ahead (the first rank receives the ring's activations, and the last rank its
+//!   gradients, ranks - 1 steps late, and keeps them until their pass), and in the steady state
+//!   one group of up to four operations after each forward and backward pair. GPipe: paired.
+enum class p2p_grouping { paired, one_by_one, megatron };
+
+constexpr std::string_view name_of(p2p_grouping g) {
+    return g == p2p_grouping::paired ? "paired" : g == p2p_grouping::one_by_one ? "one by one" : "megatron";
+}
+
 struct schedule_shape {
     schedule_kind kind = schedule_kind::one_f_one_b;
     int ranks = 2;          //!< pipeline ranks (stages of the non-interleaved schedules)
@@ -42,6 +58,7 @@ struct schedule_shape {
     int layers = 2;         //!< the model's layers, split evenly over the ranks * virtual_stages chunks
     int group = 0;          //!< interleaved: forwards of one chunk before the next chunk's (0: ranks)
     communicator_choice communicators = communicator_choice::automatic;
+    p2p_grouping grouping = p2p_grouping::megatron; //!< how its sends and receives are grouped (p2p_program.hpp)
 
     constexpr int group_size() const { return group > 0 ? group : ranks; }
     constexpr int stages() const { return ranks * virtual_stages; }

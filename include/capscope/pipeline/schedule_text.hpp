@@ -24,6 +24,7 @@ inline std::string schedule_text(const schedule_shape& s, int microbatches) {
     if (s.virtual_stages > 1) out += " x " + std::to_string(s.virtual_stages) + " chunks";
     out += ", " + std::to_string(s.layers_per_chunk()) + " layers a chunk, " + std::to_string(microbatches) + " microbatches";
     if (s.kind == schedule_kind::interleaved_1f1b) out += " in groups of " + std::to_string(s.group_size());
+    out += ", sends and receives grouped " + std::string(s.grouping == p2p_grouping::megatron ? "as Megatron does" : name_of(s.grouping));
     char bubble[32];
     std::snprintf(bubble, sizeof bubble, "%.1f%%", 100.0 * theoretical_bubble(s, microbatches));
     out += "; bubble in theory " + std::string(bubble) + "\n";
