@@ -247,6 +247,19 @@ TEST_CASE("replay: an operation with no partner is named, and orders for other r
                          std::invalid_argument);
 }
 
+TEST_CASE("replay: a receive issued after the pass that needs it is named") {
+    const schedule_shape s = one_f_one_b(2);
+    std::vector<rank_program> programs = programs_of(s, 2);
+    // Rank 1's first group receives microbatch 0's activation before its first forward; move it
+    // after that forward, which would then read a buffer nothing has written yet.
+    REQUIRE(programs[1].groups[0].after == -1);
+    programs[1].groups[0].after = 0;
+    const replay_verdict v = check_replay(s, programs, communicator_layout::shared);
+    REQUIRE(v.result == replay_verdict::outcome::late);
+    CHECK(describe(v) == "rank 1 receives the activation of microbatch 0 for stage 1 (rank 0 to rank 1) after its forward of chunk 0, "
+                         "microbatch 0, and no later pass of it needs that: the pass that does ran before the data arrived, or it has none");
+}
+
 TEST_CASE("replay, random orders: a verdict of completes means every rank's passes ran in an order that respects every message") {
     // The simulation against a brute-force reading: shuffle one rank's forwards and see the
     // verdict agree with whether its receive order still matches the sender's.

@@ -45,12 +45,14 @@ constexpr std::string_view name_of(communicator_layout l) {
 
 
 struct replay_verdict {
-    enum class outcome { completes, deadlocks, crosses, unmatched };
+    enum class outcome { completes, deadlocks, crosses, unmatched, late };
     outcome result = outcome::completes;
     //! deadlocks: `waiting` is issued and cannot complete, because its partner `held` is not
     //! issued: `held`'s rank is held before pass `held_at`, or (`held_by_stream`) behind another
     //! group on its stream. crosses: the communicator matches the send `waiting` with the receive
-    //! `held`. unmatched: `waiting` has no partner in the other rank's program.
+    //! `held`. unmatched: `waiting` has no partner in the other rank's program. late: the receive
+    //! `waiting` is issued after pass `waiting_after`, and no pass after it needs what it brings
+    //! (the pass that does ran before it arrived, or there is none).
     p2p_op waiting{}, held{};
     int waiting_rank = 0, held_rank = 0;
     compute_action waiting_after{}, held_at{};
@@ -148,6 +150,13 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
                     for (std::size_t i = first; i < group.ops.size(); ++i) {
                         const p2p_op& o = group.ops[i];
                         if (lane_of(s, layout, o) != lane) continue;
+                        if (!o.send && consumer(o) <= first_pass[std::size_t(r)] + after) { // its pass ran without it
+                            replay_verdict late;
+                            late.result = replay_verdict::outcome::late;
+                            late.waiting = o, late.waiting_rank = r, late.waiting_before_first = after < 0;
+                            if (after >= 0) late.waiting_after = program.compute[std::size_t(after)];
+                            return late;
+                        }
                         if (!o.send && layout != communicator_layout::shared) feed(consumer(o));
                         ops.push_back({o, int(parts.size()), -1, false});
                         ++part.op_count;
@@ -161,6 +170,9 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
             }
             parts_after_end[slot] = int(parts.size());
         }
+        if (g != program.groups.size())
+            throw std::invalid_argument("capscope pipeline: rank " + std::to_string(r) + "'s groups are not in the order of the passes they follow, "
+                                        "or follow a pass it does not have -- fix: groups sorted by `after`, each in [-1, passes)");
     }
     // A communicator matches the k-th send from a to b with the k-th receive at b from a: sort
     // each side by (pair of ranks, communicator), keeping issue order (counting sort).
@@ -315,6 +327,10 @@ inline std::string describe(const replay_verdict& v) {
     case replay_verdict::outcome::unmatched:
         return "rank " + std::to_string(v.waiting_rank) + (v.waiting.send ? " sends " : " receives ") + describe(v.waiting.m) + ", and rank " +
                std::to_string(v.held_rank) + "'s program has no matching " + (v.waiting.send ? "receive" : "send") + ": it would never complete";
+    case replay_verdict::outcome::late:
+        return "rank " + std::to_string(v.waiting_rank) + " receives " + describe(v.waiting.m) +
+               (v.waiting_before_first ? " before its first pass" : " after its " + describe(v.waiting_after)) +
+               ", and no later pass of it needs that: the pass that does ran before the data arrived, or it has none";
     case replay_verdict::outcome::deadlocks: break;
     }
     const char* verb = v.waiting.send ? "sends " : "receives ";
