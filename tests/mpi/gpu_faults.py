@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from mpirun_job import ENV, open_mpi_or_skip, run_job  # tests/mpi/mpirun_job.py
+from mpirun_job import ENV, open_mpi_or_skip, run_job, two_gpus_or_skip  # tests/mpi/mpirun_job.py
 
 BOUND_S = 10.0  # what docs/multi_gpu.md promises for a failing rank
 FAULTS = ["none", "plan", "capture", "oom", "throw", "stop"]
@@ -32,13 +32,7 @@ if options.only:
     if not cases:
         sys.exit(f"gpu_faults.py: --only {options.only} names no case (FAULT:IMPL, FAULT of {FAULTS}, IMPL of {IMPLS})")
 mpirun = open_mpi_or_skip()
-# The probe's own count: usable_device_count() is 0 without a driver, so any other failure is one.
-gpus = subprocess.run([probe, "gpus"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-if gpus.returncode != 0 or not gpus.stdout.strip().isdigit():
-    sys.exit(f"gpu_faults.py: '{probe} gpus' failed (exit {gpus.returncode}): {gpus.stdout}{gpus.stderr}")
-if int(gpus.stdout) < 2:
-    print(f"{gpus.stdout.strip()} usable GPU(s), 2 needed: skipped (scripts/multi-gpu-check.sh runs it on 2)")
-    sys.exit(77)
+two_gpus_or_skip(probe, "gpu_faults.py")
 
 env = dict(ENV, NCCL_NVLS_ENABLE=ENV.get("NCCL_NVLS_ENABLE", "0"))
 FAILED = "capscope: rank 1 of 2 failed: "

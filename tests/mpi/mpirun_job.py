@@ -20,6 +20,17 @@ def open_mpi_or_skip():
     return mpirun
 
 
+def two_gpus_or_skip(probe, caller):
+    """Exits 77 (skipped) unless `probe gpus` counts 2 usable GPUs or more. The probe's own count:
+    usable_device_count() is 0 without a driver, so any other failure is one."""
+    gpus = subprocess.run([probe, "gpus"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if gpus.returncode != 0 or not gpus.stdout.strip().isdigit():
+        sys.exit(f"{caller}: '{probe} gpus' failed (exit {gpus.returncode}): {gpus.stdout}{gpus.stderr}")
+    if int(gpus.stdout) < 2:
+        print(f"{gpus.stdout.strip()} usable GPU(s), 2 needed: skipped (scripts/multi-gpu-check.sh runs it on 2)")
+        sys.exit(77)
+
+
 # Shared memory between the ranks of one host; more ranks than slots allowed (CI machines).
 ENV = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1")
 

@@ -7,10 +7,9 @@ without mpirun or with fewer than 2 GPUs (scripts/multi-gpu-check.sh runs it on 
 usage: pipeline_p2p.py PROBE [--hang-s SECONDS] [-- PROBE ARGS...]
 """
 import argparse
-import subprocess
 import sys
 
-from mpirun_job import ENV, open_mpi_or_skip, run_job  # tests/mpi/mpirun_job.py
+from mpirun_job import ENV, open_mpi_or_skip, run_job, two_gpus_or_skip  # tests/mpi/mpirun_job.py
 
 parser = argparse.ArgumentParser()
 parser.add_argument("probe")
@@ -19,12 +18,7 @@ ours, probe_args = (sys.argv[1:sys.argv.index("--")], sys.argv[sys.argv.index("-
 options = parser.parse_args(ours)
 options.probe_args = probe_args
 mpirun = open_mpi_or_skip()
-gpus = subprocess.run([options.probe, "gpus"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-if gpus.returncode != 0 or not gpus.stdout.strip().isdigit():
-    sys.exit(f"pipeline_p2p.py: '{options.probe} gpus' failed (exit {gpus.returncode}): {gpus.stdout}{gpus.stderr}")
-if int(gpus.stdout) < 2:
-    print(f"{gpus.stdout.strip()} usable GPU(s), 2 needed: skipped (scripts/multi-gpu-check.sh runs it on 2)")
-    sys.exit(77)
+two_gpus_or_skip(options.probe, "pipeline_p2p.py")
 env = dict(ENV, NCCL_NVLS_ENABLE=ENV.get("NCCL_NVLS_ENABLE", "0"))
 code, out = run_job([mpirun, "--allow-run-as-root", "-np", "2", "-x", "NCCL_NVLS_ENABLE", options.probe] + options.probe_args, options.hang_s, env)
 print(out)
