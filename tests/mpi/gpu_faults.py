@@ -11,7 +11,6 @@ with its ranks, and no further case runs. Skipped (77) without mpirun or with fe
 """
 import argparse
 import re
-import subprocess
 import sys
 import time
 
