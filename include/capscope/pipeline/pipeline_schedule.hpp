@@ -7,7 +7,7 @@
 //!     using schedule = capscope::pipeline_schedule<capscope::pipeline::schedule_shape{
 //!         .kind = capscope::pipeline::schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16}, 8, 12, 16>;
 //!     schedule::program(rank, 12);   // its passes and its groups of sends and receives
-//!     schedule::slots(rank, 12);     // activation slots per chunk, and each forward's slot
+//!     schedule::slots(rank, 12);     // activation slots per chunk and received-gradient slots, each use's slot
 //!     schedule::communicators;       // shared (grouped as Megatron does), or per_edge where a shared one would deadlock
 
 #include <capscope/pipeline/activation_slots.hpp>
