@@ -56,6 +56,8 @@ if is_part tests; then
   # NCCL's channels buffer) the GPUs must hang (killed at 60 s). With 16 MiB they do not: NCCL's
   # buffers absorb the send, which is why the check assumes no buffering.
   run pipeline-p2p python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe
+  # On a machine of 4 GPUs, the same on 4 ranks (interleaved as Megatron allows it without overlap).
+  [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && run pipeline-p2p-4 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --ranks 4
   CAPSCOPE_BREAK=skip_replay_check timeout 150 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 60 \
     -- --kind 1f1b --grouping one_by_one --floats 67108864 --steps 2 --microbatches 2 >"$OUT/pipeline-p2p-one-by-one.log" 2>&1
   r=$?; echo "== pipeline-p2p-one-by-one (must hang): exit $r"; grep -E "hang|rank|FAIL|every case" "$OUT/pipeline-p2p-one-by-one.log" | head -6

@@ -20,14 +20,14 @@ def open_mpi_or_skip():
     return mpirun
 
 
-def two_gpus_or_skip(probe, caller):
-    """Exits 77 (skipped) unless `probe gpus` counts 2 usable GPUs or more. The probe's own count:
+def two_gpus_or_skip(probe, caller, needed=2):
+    """Exits 77 (skipped) unless `probe gpus` counts `needed` usable GPUs or more (2 by default). The probe's own count:
     usable_device_count() is 0 without a driver, so any other failure is one."""
     gpus = subprocess.run([probe, "gpus"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if gpus.returncode != 0 or not gpus.stdout.strip().isdigit():
         sys.exit(f"{caller}: '{probe} gpus' failed (exit {gpus.returncode}): {gpus.stdout}{gpus.stderr}")
-    if int(gpus.stdout) < 2:
-        print(f"{gpus.stdout.strip()} usable GPU(s), 2 needed: skipped (scripts/multi-gpu-check.sh runs it on 2)")
+    if int(gpus.stdout) < needed:
+        print(f"{gpus.stdout.strip()} usable GPU(s), {needed} needed: skipped (scripts/multi-gpu-check.sh runs it on {needed})")
         sys.exit(77)
 
 

@@ -4,7 +4,7 @@ tests/mpi/pipeline_p2p_probe.cpp under `mpirun -np 2`; every case must be bitwis
 replayed and on the CPU. A job still running after --hang-s (120 s) is a hang. Skipped (77)
 without mpirun or with fewer than 2 GPUs (scripts/multi-gpu-check.sh runs it on 2).
 
-usage: pipeline_p2p.py PROBE [--hang-s SECONDS] [-- PROBE ARGS...]
+usage: pipeline_p2p.py PROBE [--hang-s SECONDS] [--ranks N] [-- PROBE ARGS...]
 """
 import argparse
 import sys
@@ -14,13 +14,14 @@ from mpirun_job import ENV, open_mpi_or_skip, run_job, two_gpus_or_skip  # tests
 parser = argparse.ArgumentParser()
 parser.add_argument("probe")
 parser.add_argument("--hang-s", type=float, default=120.0)
+parser.add_argument("--ranks", type=int, default=2, help="processes, one per GPU")
 ours, probe_args = (sys.argv[1:sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else (sys.argv[1:], [])
 options = parser.parse_args(ours)
 options.probe_args = probe_args
 mpirun = open_mpi_or_skip()
-two_gpus_or_skip(options.probe, "pipeline_p2p.py")
+two_gpus_or_skip(options.probe, "pipeline_p2p.py", options.ranks)
 env = dict(ENV, NCCL_NVLS_ENABLE=ENV.get("NCCL_NVLS_ENABLE", "0"))
-code, out = run_job([mpirun, "--allow-run-as-root", "-np", "2", "-x", "NCCL_NVLS_ENABLE", options.probe] + options.probe_args, options.hang_s, env)
+code, out = run_job([mpirun, "--allow-run-as-root", "-np", str(options.ranks), "-x", "NCCL_NVLS_ENABLE", options.probe] + options.probe_args, options.hang_s, env)
 print(out)
 if code is None:
     sys.exit(f"FAIL: still running after {options.hang_s:.0f} s: a hang")

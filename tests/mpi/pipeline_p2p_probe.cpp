@@ -28,6 +28,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -76,7 +77,8 @@ std::vector<float> reference(int stages, int stage, int microbatches, int steps,
 }
 
 //! One rank's stages (one per chunk): weights and gradients, activation slots per chunk, slots
-//! for received gradients, and the buffers its sends read.
+//! for received gradients, and the buffers its sends read. (The first stage reads its data where
+//! it is: the slots plan_slots gives its chunk 0 stay unused.)
 struct stage_state {
     int n, rank, ranks, chunks, microbatches;
     std::vector<cuda::device_buffer<float>> w, dw;               //!< per chunk
@@ -164,12 +166,13 @@ bool run_case(const pipeline::schedule_shape& shape, int microbatches, int steps
     const bool same = eager_graph && graph_cpu, everywhere = all_ranks(same);
     std::string slots;
     for (int k : plan.slots) slots += (slots.empty() ? "" : "+") + std::to_string(k);
+    const bool looped = shape.kind == pipeline::schedule_kind::interleaved_1f1b;
+    const std::string chunks = looped ? " x " + std::to_string(shape.virtual_stages) + " chunks" : "";
+    const std::string groups = looped ? " in groups of " + std::to_string(shape.group_size()) : "";
     if (rank == 0 || !same)
-        std::printf("rank %d, %s, %d ranks x %d chunks, %d microbatches in groups of %d (%s activation and %d gradient slots on rank %d), %d steps: "
-                    "eager %s graph %s CPU%s\n",
-                    rank, std::string(pipeline::name_of(shape.kind)).c_str(), ranks, shape.virtual_stages, microbatches, shape.group_size(),
-                    slots.c_str(), plan.gradient_slots, rank, steps, eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=",
-                    everywhere ? ", bitwise on every rank" : "");
+        std::printf("rank %d, %s, %d ranks%s, %d microbatches%s (%s activation and %d gradient slots on rank %d), %d steps: eager %s graph %s CPU%s\n",
+                    rank, std::string(pipeline::name_of(shape.kind)).c_str(), ranks, chunks.c_str(), microbatches, groups.c_str(), slots.c_str(),
+                    plan.gradient_slots, rank, steps, eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=", everywhere ? ", bitwise on every rank" : "");
     return everywhere;
 }
 
@@ -196,6 +199,7 @@ int main(int argc, char** argv) {
     const int ranks = support::comm().size();
     if (ranks < 2) return std::puts("one rank: a pipeline needs two (mpirun -np 2): skipped"), 77;
     bool ok = true;
+    try {
     for (pipeline::schedule_kind kind : {pipeline::schedule_kind::one_f_one_b, pipeline::schedule_kind::gpipe, pipeline::schedule_kind::interleaved_1f1b}) {
         if (!only_kind.empty() && only_kind != pipeline::name_of(kind)) continue;
         const bool looped = kind == pipeline::schedule_kind::interleaved_1f1b;
@@ -206,6 +210,10 @@ int main(int argc, char** argv) {
             const std::vector<int> counts = only_m ? std::vector<int>{only_m} : looped ? std::vector<int>{g, 2 * g} : std::vector<int>{ranks, 2 * ranks + 1};
             for (int m : counts) ok = run_case(shape, m, steps, n) && ok;
         }
+    }
+    } catch (const std::exception& e) { // a refused schedule: on every rank alike, before anything is sent
+        std::printf("rank %d: %s\n", support::mpi().rank(), e.what());
+        return 1;
     }
     if (support::mpi().rank() == 0) std::printf("%s\n", ok ? "every case bitwise equal: eager, graph and CPU" : "FAIL");
     return ok ? 0 : 1;

@@ -6,6 +6,8 @@
 #include <capscope/pipeline/schedule_shape.hpp>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace capscope::pipeline {
@@ -49,6 +51,9 @@ constexpr int warmup_forwards(const schedule_shape& s, int rank, int microbatche
 //! Rank `rank`'s passes in the order it runs them: warmup forwards, then one forward and one
 //! backward in turn, then the remaining backwards. Every (chunk, microbatch) once each way.
 constexpr std::vector<compute_action> compute_order(const schedule_shape& s, int rank, int microbatches) {
+    if (rank < 0 || rank >= s.ranks || microbatches < 0)
+        throw std::invalid_argument("capscope pipeline: rank " + std::to_string(rank) + " of a schedule of " + std::to_string(s.ranks) + " ranks, " +
+                                    std::to_string(microbatches) + " microbatches -- fix: a rank in [0, ranks) and a count of at least 0");
     const int total = microbatches * s.virtual_stages;
     auto forward = [&](int k) {
         return s.kind == schedule_kind::interleaved_1f1b ? detail::interleaved_forward(s, microbatches, k) : compute_action{pass::forward, 0, k};

@@ -102,7 +102,7 @@ template <replay_failure F>
     requires(F.microbatches != 0)
 struct replay_completes<F> {
     static_assert(never<F>, "capscope pipeline rule PP6: replayed on its communicators, this schedule's sends and receives would "
-                            "deadlock or take each other's data (the note names the microbatch count, the layout and the two "
+                            "deadlock, take each other's data or go unmatched (the note names the microbatch count, the layout and the two "
                             "operations) -- fix: communicator_choice::automatic or per_edge (one communicator per directed rank edge and kind of traffic); "
                             "schedule::replay_report(microbatches) says it in words");
 };

@@ -45,14 +45,17 @@ constexpr std::string_view name_of(communicator_layout l) {
 
 
 struct replay_verdict {
-    enum class outcome { completes, deadlocks, crosses, unmatched, late };
+    enum class outcome { completes, deadlocks, crosses, unmatched, late, early, missing };
     outcome result = outcome::completes;
     //! deadlocks: `waiting` is issued and cannot complete, because its partner `held` is not
     //! issued: `held`'s rank is held before pass `held_at`, or (`held_by_stream`) behind another
     //! group on its stream. crosses: the communicator matches the send `waiting` with the receive
     //! `held`. unmatched: `waiting` has no partner in the other rank's program. late: the receive
     //! `waiting` is issued after pass `waiting_after`, and no pass after it needs what it brings
-    //! (the pass that does ran before it arrived, or there is none).
+    //! (the pass that does ran before it arrived, or there is none). early: the send `waiting` is
+    //! issued after pass `waiting_after` (or before the first), before the pass that computes what
+    //! it sends. missing: rank `waiting_rank`'s pass `held_at` needs an input that no receive of
+    //! its program brings.
     p2p_op waiting{}, held{};
     int waiting_rank = 0, held_rank = 0;
     compute_action waiting_after{}, held_at{};
@@ -127,6 +130,16 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
             const int k = pass_at[key(o.m.what == carries::activation ? pass::forward : pass::backward, chunk, o.m.microbatch)];
             return k < 0 ? -1 : first_pass[std::size_t(r)] + k;
         };
+        // The pass that computes what a send carries: the forward of the stage before (an
+        // activation) or the backward of the stage after (a gradient); n when the rank has none.
+        auto producer = [&](const p2p_op& o) {
+            const int stage = o.m.what == carries::activation ? o.m.stage - 1 : o.m.stage + 1;
+            const int chunk = s.chunk_of(stage);
+            if (stage < 0 || chunk >= chunks || o.m.microbatch < 0 || o.m.microbatch >= microbatches) return n;
+            const int k = pass_at[key(o.m.what == carries::activation ? pass::forward : pass::backward, chunk, o.m.microbatch)];
+            return k < 0 ? n : k;
+        };
+        std::vector<int> received(std::size_t(n), 0); // per pass: receives that bring its input
         std::size_t g = 0;
         for (int after = -1; after < n; ++after) {
             const std::size_t slot = std::size_t(first_pass[std::size_t(r)] + r + after + 1);
@@ -157,6 +170,14 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
                             if (after >= 0) late.waiting_after = program.compute[std::size_t(after)];
                             return late;
                         }
+                        if (o.send && producer(o) > after) { // it would send what is not computed yet
+                            replay_verdict early;
+                            early.result = replay_verdict::outcome::early;
+                            early.waiting = o, early.waiting_rank = r, early.waiting_before_first = after < 0;
+                            if (after >= 0) early.waiting_after = program.compute[std::size_t(after)];
+                            return early;
+                        }
+                        if (!o.send) ++received[std::size_t(consumer(o) - first_pass[std::size_t(r)])];
                         if (!o.send && layout != communicator_layout::shared) feed(consumer(o));
                         ops.push_back({o, int(parts.size()), -1, false});
                         ++part.op_count;
@@ -173,6 +194,16 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
         if (g != program.groups.size())
             throw std::invalid_argument("capscope pipeline: rank " + std::to_string(r) + "'s groups are not in the order of the passes they follow, "
                                         "or follow a pass it does not have -- fix: groups sorted by `after`, each in [-1, passes)");
+        for (int k = 0; k < n; ++k) { // every pass that takes an input from another stage receives it
+            const compute_action& a = program.compute[std::size_t(k)];
+            const int stage = s.stage_of(r, a.chunk);
+            if ((a.direction == pass::forward ? stage > 0 : stage < s.stages() - 1) && received[std::size_t(k)] == 0) {
+                replay_verdict missing;
+                missing.result = replay_verdict::outcome::missing;
+                missing.waiting_rank = r, missing.held_at = a;
+                return missing;
+            }
+        }
     }
     // A communicator matches the k-th send from a to b with the k-th receive at b from a: sort
     // each side by (pair of ranks, communicator), keeping issue order (counting sort).
@@ -331,6 +362,13 @@ inline std::string describe(const replay_verdict& v) {
         return "rank " + std::to_string(v.waiting_rank) + " receives " + describe(v.waiting.m) +
                (v.waiting_before_first ? " before its first pass" : " after its " + describe(v.waiting_after)) +
                ", and no later pass of it needs that: the pass that does ran before the data arrived, or it has none";
+    case replay_verdict::outcome::early:
+        return "rank " + std::to_string(v.waiting_rank) + " sends " + describe(v.waiting.m) +
+               (v.waiting_before_first ? " before its first pass" : " after its " + describe(v.waiting_after)) +
+               ", before the pass that computes it: it would send what is not there yet";
+    case replay_verdict::outcome::missing:
+        return "rank " + std::to_string(v.waiting_rank) + "'s " + describe(v.held_at) +
+               " needs an input from another stage, and no receive of its program brings it: it would read a buffer nothing wrote";
     case replay_verdict::outcome::deadlocks: break;
     }
     const char* verb = v.waiting.send ? "sends " : "receives ";
