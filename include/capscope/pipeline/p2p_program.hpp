@@ -1,9 +1,9 @@
 #pragma once
 //! @file
-//! A rank's sends and receives around its passes, grouped as Megatron groups them: before each
-//! pass, one group holds the previous pass's sends and this pass's receives (`send_forward_
-//! recv_backward` and the like), so two neighbours that send to each other at once meet in one
-//! group instead of each waiting for the other's receive.
+//! A rank's sends and receives around its passes, in groups issued after the pass they follow:
+//! as Megatron-LM's schedules.py issues them without p2p overlap (the default), paired pass by
+//! pass, or one by one (`p2p_grouping`, schedule_shape.hpp). Two neighbours that send to each
+//! other at once meet in one group instead of each waiting for the other's receive.
 
 #include <capscope/pipeline/compute_order.hpp>
 
