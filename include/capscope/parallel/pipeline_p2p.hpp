@@ -44,9 +44,7 @@ public:
         if (world.size() != shape.ranks)
             throw std::invalid_argument("capscope pipeline: the schedule has " + std::to_string(shape.ranks) + " ranks, the communicator " +
                                         std::to_string(world.size()) + " -- fix: one pipeline rank per rank of the communicator");
-        if (const pipeline::schedule_rule r = pipeline::check_shape(shape, microbatches); r != pipeline::schedule_rule::none)
-            throw std::invalid_argument("capscope pipeline rule " + std::string(pipeline::rule_id(r)) + " with " + std::to_string(microbatches) +
-                                        " microbatches: " + std::string(pipeline::describe(r)));
+        pipeline::require_rules(shape, microbatches);
         if (shape.communicators == pipeline::communicator_choice::per_edge)
             throw std::invalid_argument("capscope pipeline: per-edge communicators need a stream per communicator, which pipeline_p2p does "
                                         "not issue yet -- fix: communicator_choice::shared or automatic, on a schedule that completes on one");

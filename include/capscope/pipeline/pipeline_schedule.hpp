@@ -142,8 +142,7 @@ public:
         for (int declared : declared_microbatches)
             if (declared == microbatches) return;
         const std::string with = " with " + std::to_string(microbatches) + " microbatches";
-        if (const pipeline::schedule_rule r = pipeline::check_shape(Shape, microbatches); r != pipeline::schedule_rule::none)
-            throw std::invalid_argument("capscope pipeline rule " + std::string(pipeline::rule_id(r)) + with + ": " + std::string(pipeline::describe(r)));
+        pipeline::require_rules(Shape, microbatches);
         if (const pipeline::replay_verdict v = pipeline::check_replay(Shape, microbatches, communicators); !v.completes())
             throw std::invalid_argument("capscope pipeline rule PP6" + with + ", on the " + std::string(pipeline::name_of(communicators)) +
                                         " communicators the type chose for its declared counts: " + describe(v) +

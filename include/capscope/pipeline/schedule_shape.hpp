@@ -9,6 +9,8 @@
 //! pipeline-stage` (layers / (ranks * virtual_stages)), `--microbatch-group-size-per-virtual-
 //! pipeline-stage` (group, default the ranks).
 
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 namespace capscope::pipeline {
@@ -127,6 +129,14 @@ constexpr schedule_rule check_shape(const schedule_shape& s, int microbatches) {
         if (g > microbatches || (rest != 0 && rest < s.ranks)) return schedule_rule::PP4;
     }
     return schedule_rule::none;
+}
+
+//! Throws `std::invalid_argument` naming the first rule the shape breaks with `microbatches`
+//! microbatches, and its fix (for counts checked at run time).
+inline void require_rules(const schedule_shape& s, int microbatches) {
+    if (const schedule_rule r = check_shape(s, microbatches); r != schedule_rule::none)
+        throw std::invalid_argument("capscope pipeline rule " + std::string(rule_id(r)) + " with " + std::to_string(microbatches) +
+                                    " microbatches: " + std::string(describe(r)));
 }
 
 } // namespace capscope::pipeline
