@@ -147,7 +147,7 @@ std::vector<input> expand_yaml_inputs(const std::vector<std::string>& values) {
     return out;
 }
 
-input_result check_input(const input& in, const std::vector<std::string>& extra, bool ignore_unknown) {
+input_result check_input(const input& in, const std::vector<std::string>& extra, const flags::parse_options& options) {
     input_result r;
     r.path = in.path;
     if (!in.error.empty()) {
@@ -166,7 +166,7 @@ input_result check_input(const input& in, const std::vector<std::string>& extra,
             args = flags::expand_argument_files({"@" + in.path});
         }
         for (const auto& a : flags::expand_argument_files(extra)) args.push_back(a);
-        r.line = flags::from_megatron_flags(args, {.ignore_unknown = ignore_unknown});
+        r.line = flags::from_megatron_flags(args, options);
     } catch (const flags::flag_error& e) {
         r.status = 2;
         r.error = e.what();

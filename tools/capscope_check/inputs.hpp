@@ -38,7 +38,7 @@ struct input_result {
 };
 
 //! Checks one input; `extra` (the plain flags of the command line) comes after the input's own.
-input_result check_input(const input& in, const std::vector<std::string>& extra, bool ignore_unknown);
+input_result check_input(const input& in, const std::vector<std::string>& extra, const flags::parse_options& options);
 
 //! The line of the key a violation is about: the first MODEL_ARGS key whose Megatron name the
 //! rule's statement or message mentions, else the MODEL_ARGS line.

@@ -1,6 +1,6 @@
 // capscope-check: check a Megatron-LM CUDA-graph configuration before spending GPU hours.
 //
-//   capscope-check [--json | --emit-cpp] [--verbose] [--ignore-unknown-flags] [--from-yaml FILE] MEGATRON_FLAGS... [@ARGFILE]...
+//   capscope-check [--json | --emit-cpp] [--verbose] [--ignore-unknown-flags] [--world-size N] [--from-yaml FILE] MEGATRON_FLAGS... [@ARGFILE]...
 //   capscope-check [--json | --format github] --from-yaml FILE|DIR|PATTERN... [--each @ARGFILE...] [MEGATRON_FLAGS...]
 //   capscope-check --list-rules [--markdown]
 //   capscope-check --version
@@ -14,6 +14,7 @@
 #include "from_yaml.hpp"
 #include "inference_graphs_report.hpp"
 #include "inputs.hpp"
+#include "pipeline_report.hpp"
 #include "report.hpp"
 
 #include <capscope/emit_cpp.hpp>
@@ -25,6 +26,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 namespace {
 
@@ -50,19 +52,20 @@ std::string quoted_command_line(const std::vector<std::string>& args) {
 std::string json_text(const nlohmann::json& j, int indent) { return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 //! Many inputs: a verdict (or annotations, or a JSON object) per input, then a summary.
-int check_many(const std::vector<capscope::check::input>& inputs, const std::vector<std::string>& extra, bool ignore_unknown, bool json,
-               bool github) {
+int check_many(const std::vector<capscope::check::input>& inputs, const std::vector<std::string>& extra,
+               const capscope::flags::parse_options& options, bool json, bool github) {
     using namespace capscope::check;
     std::vector<input_result> results;
     int worst = 0;
     for (const input& in : inputs) {
-        results.push_back(check_input(in, extra, ignore_unknown));
+        results.push_back(check_input(in, extra, options));
         const input_result& r = results.back();
         worst = std::max(worst, r.status);
         if (json) {
             nlohmann::json j = r.status == 2 ? nlohmann::json{{"error", r.error}} : to_json(r.line, r.report);
             if (r.status != 2)
                 if (const inference_graph_section g = derive_inference_graphs(r.line, r.report); g.shown) j["inference_graphs"] = inference_graphs_json(g);
+            if (r.status != 2 && r.line.pipeline.shown) j["pipeline_schedule"] = pipeline_schedule_json(r.line.pipeline);
             j["input"] = r.path;
             j["status"] = r.status == 0 ? "valid" : r.status == 1 ? "invalid" : "usage";
             j["exit"] = r.status;
@@ -84,11 +87,16 @@ int run(int argc, char** argv) {
     bool json = false, verbose = false, emit_cpp = false, list_rules = false, markdown = false, ignore_unknown = false, version = false;
     bool each = false;
     std::string format = "text";
+    std::optional<int> world_size;
     std::vector<std::string> yaml_values;
     app.add_option("--from-yaml", yaml_values,
                    "read the MODEL_ARGS mapping of Megatron-LM functional-test YAML configs (before any flags given on the command "
                    "line): files, directories (every model_config.yaml below them) or glob patterns; several are checked one by one")
         ->expected(1, -1);
+    app.add_option("--world-size", world_size,
+                   "the number of processes Megatron runs on (its WORLD_SIZE): with it the microbatch count is known, and the pipeline "
+                   "schedule is checked for it")
+        ->check(CLI::PositiveNumber);
     app.add_flag("--each", each, "check every @file of the command line as an input of its own");
     app.add_option("--format", format, "with several inputs: text (a verdict per input) or github (GitHub Actions annotations)")
         ->check(CLI::IsMember({"text", "github"}));
@@ -143,7 +151,7 @@ int run(int argc, char** argv) {
                                  "nothing to check\n");
             return 2;
         }
-        return check_many(inputs, extra, ignore_unknown, json, format == "github");
+        return check_many(inputs, extra, {.ignore_unknown = ignore_unknown, .world_size = world_size}, json, format == "github");
     }
 
     std::vector<std::string> megatron_args;
@@ -153,7 +161,7 @@ int run(int argc, char** argv) {
         if (!inputs.empty() && !inputs.front().error.empty()) throw capscope::flags::flag_error(inputs.front().error);
         if (!inputs.empty()) megatron_args = capscope::check::model_args_from_yaml(inputs.front().path);
         for (auto& a : capscope::flags::expand_argument_files(app.remaining())) megatron_args.push_back(std::move(a));
-        line = capscope::flags::from_megatron_flags(megatron_args, {.ignore_unknown = ignore_unknown});
+        line = capscope::flags::from_megatron_flags(megatron_args, {.ignore_unknown = ignore_unknown, .world_size = world_size});
     } catch (const capscope::flags::flag_error& e) {
         std::cerr << "capscope-check: error: " << e.what() << "\n";
         return 2;
@@ -164,6 +172,7 @@ int run(int argc, char** argv) {
     if (json) {
         nlohmann::json j = capscope::check::to_json(line, report);
         if (graphs.shown) j["inference_graphs"] = capscope::check::inference_graphs_json(graphs);
+        if (line.pipeline.shown) j["pipeline_schedule"] = capscope::check::pipeline_schedule_json(line.pipeline);
         std::cout << json_text(j, 2) << "\n";
     } else if (emit_cpp) {
         // A configuration that normalizes is emitted as Megatron runs it (migrations and
@@ -176,7 +185,8 @@ int run(int argc, char** argv) {
         for (const auto& n : report.notes) header.push_back("applied [" + std::string(n.rule->id) + "] " + n.text());
         std::cout << capscope::emit_cpp_translation_unit(emitted, header) << capscope::check::inference_graphs_cpp(graphs);
     } else {
-        std::cout << capscope::check::to_text(line, report, verbose) << capscope::check::inference_graphs_text(graphs);
+        std::cout << capscope::check::to_text(line, report, verbose) << capscope::check::inference_graphs_text(graphs)
+                  << capscope::check::pipeline_schedule_text(line.pipeline);
     }
     return report.valid() && line.refused_inputs.empty() ? 0 : 1;
 }

@@ -3,6 +3,8 @@
 //! A Megatron-LM command line as read: the configuration the rules check, the flags given
 //! (by dest, last occurrence winning), and the values validate_args derives before the rules.
 
+#include <capscope/pipeline/replay_check.hpp>
+#include <capscope/pipeline/schedule_shape.hpp>
 #include <capscope/vocabulary/runtime_config.hpp>
 
 #include <optional>
@@ -21,7 +23,30 @@ class flag_error : public std::invalid_argument {
 
 struct parse_options {
     bool ignore_unknown = false; //!< Megatron's `ignore_unknown_args`: report unknown flags instead of failing
+    //! Megatron's WORLD_SIZE (no flag): with it the microbatch count, and so the pipeline
+    //! schedule, is known (pipeline_schedule_inputs.hpp).
+    std::optional<int> world_size;
 };
+
+//! One global batch size the run takes, and its schedule's verdict.
+struct pipeline_batch {
+    long long global_batch = 0;
+    int microbatches = 0;
+    pipeline::schedule_rule rule = pipeline::schedule_rule::none;
+    pipeline::communicator_plan communicators{}; //!< when the rules hold
+};
+
+struct pipeline_schedule_inputs {
+    bool shown = false;                          //!< --pipeline-model-parallel-size above 1
+    std::optional<pipeline::schedule_shape> shape; //!< none when --pipeline-model-parallel-layout gives the split
+    int group_given = 0;                         //!< --microbatch-group-size-per-virtual-pipeline-stage as given (0: the default)
+    bool overlap_p2p = false;                    //!< Megatron overlaps sends and receives with compute (interleaved's default)
+    int data_parallel = 0;                       //!< world / (tp x pp x cp); 0 when not known
+    int micro_batch = 0;
+    std::vector<pipeline_batch> batches;         //!< the batch sizes the run takes, in order; empty when not known
+    std::string not_known;                       //!< why the microbatch count is not known
+};
+
 
 struct megatron_command_line {
     runtime_config config;
@@ -42,6 +67,7 @@ struct megatron_command_line {
         std::string text() const { return "Megatron's " + where + " refuses: " + message + " -- fix: " + fix; }
     };
     std::vector<refused_input> refused_inputs; //!< in Megatron's order
+    pipeline_schedule_inputs pipeline;         //!< the pipeline schedule the line runs (pipeline_schedule_inputs.hpp)
     std::vector<std::string> read;     //!< flags the rules read
     std::vector<std::string> ignored;  //!< known Megatron flags no rule reads
     std::vector<std::string> unknown;  //!< with ignore_unknown: flags Megatron does not have

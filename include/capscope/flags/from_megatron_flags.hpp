@@ -17,6 +17,7 @@
 #include <capscope/flags/moe_layer_freq.hpp>
 #include <capscope/flags/python_values.hpp>
 #include <capscope/flags/removed_flags.hpp>
+#include <capscope/flags/pipeline_schedule_inputs.hpp>
 #include <capscope/flags/validate_args_inputs.hpp>
 #include <capscope/vocabulary/runtime_config.hpp>
 
@@ -232,6 +233,8 @@ inline const removed_flag* find_removed(std::string_view name) {
 
 //! Reads a Megatron-LM command line (without the program name).
 inline megatron_command_line from_megatron_flags(std::span<const std::string> args, parse_options options = {}) {
+    if (options.world_size && *options.world_size < 1)
+        throw flag_error("a world size of " + std::to_string(*options.world_size) + ": give the number of processes, 1 or more");
     megatron_command_line out;
     detail::pending pending;
     const auto& handlers = detail::rule_flags();
@@ -329,6 +332,7 @@ inline megatron_command_line from_megatron_flags(std::span<const std::string> ar
     }
     if (pending.megatron_fsdp) out.config.fsdp.mode = pending.megatron_fsdp_version == 2 ? fsdp_mode::v2 : fsdp_mode::v1;
     apply_validate_args_inputs(out, pending.moe_layer_freq_refused);
+    apply_pipeline_schedule_inputs(out, options.world_size);
     return out;
 }
 

@@ -32,6 +32,9 @@ inline constexpr std::string_view validate_args_input_flags[] = {
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--no-overlap-p2p-communication",
+    // The pipeline schedule's microbatch count and grouping (pipeline_schedule_inputs.hpp).
+    "--micro-batch-size", "--global-batch-size", "--step-batch-size-schedule", "--decrease-batch-size-if-needed",
+    "--tensor-model-parallel-size", "--context-parallel-size", "--microbatch-group-size-per-virtual-pipeline-stage",
 };
 inline bool is_validate_args_input(std::string_view flag) {
     return std::find(std::begin(validate_args_input_flags), std::end(validate_args_input_flags), flag) !=

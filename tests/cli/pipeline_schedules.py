@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""capscope-check's pipeline schedule section: the microbatch count from the batch flags and
+--world-size, Megatron's refusals of it after start-up (the calculator's, and schedules.py's at
+the first step, or at the step a --step-batch-size-schedule reaches a refused size), and every
+recorded Megatron schedule (tests/unit/megatron_pipeline_schedules.jsonl) from its command line.
+
+usage: pipeline_schedules.py CAPSCOPE_CHECK RECORDED_JSONL
+"""
+import json
+import subprocess
+import sys
+
+BASE = ["--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128", "--max-position-embeddings", "128", "--bf16"]
+
+
+def check(tool, flags, world=None):
+    args = [tool, "--json"] + (["--world-size", str(world)] if world is not None else []) + BASE + flags
+    p = subprocess.run(args, capture_output=True, text=True)
+    out = json.loads(p.stdout) if p.returncode in (0, 1) else None
+    return p.returncode, out, p.stderr
+
+
+def main():
+    tool, recorded = sys.argv[1], sys.argv[2]
+    failures = []
+
+    def expect(name, ok, detail):
+        if not ok:
+            failures.append(f"{name}: {detail}")
+
+    interleaved = ["--num-layers", "16", "--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "2",
+                   "--micro-batch-size", "1", "--no-overlap-p2p-communication"]
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "16"], world=8)
+    s = j and j.get("pipeline_schedule")
+    expect("interleaved, 8 microbatches", rc == 0 and s and s["kind"] == "interleaved 1f1b" and s["data_parallel"] == 2 and
+           s["batches"] == [dict(s["batches"][0], global_batch=16, microbatches=8)] and s["batches"][0]["replay_completes"] and
+           s["batches"][0]["communicators"] == "shared" and s["batches"][0]["rank0_activation_slots"] == [8, 4], f"rc {rc}, {s} {err}")
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "12"], world=8)
+    refused = j["refused_inputs"] if j else []
+    expect("interleaved, 6 microbatches in groups of 4", rc == 1 and len(refused) == 1 and
+           refused[0]["where"] == "schedules.py, at the first training step" and
+           "should be 0, or larger than or equal to the pipeline-parallel size, but it is 2" in refused[0]["message"] and
+           j["pipeline_schedule"]["batches"][0]["rule"] == "PP4", f"rc {rc}, {refused}")
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "12", "--microbatch-group-size-per-virtual-pipeline-stage", "6"], world=8)
+    expect("the same count in one group of 6", rc == 0 and j["pipeline_schedule"]["group"] == 6, f"rc {rc}, {j and j['refused_inputs']}")
+
+    steps = interleaved + ["--step-batch-size-schedule", "0:16 1M:20 2M:32"]
+    rc, j, err = check(tool, steps, world=8)
+    refused = j["refused_inputs"] if j else []
+    expect("a step schedule whose second batch size is refused", rc == 1 and len(refused) == 1 and
+           refused[0]["where"] == "schedules.py, at the first step with a global batch of 20" and
+           [b["microbatches"] for b in j["pipeline_schedule"]["batches"]] == [8, 10, 16], f"rc {rc}, {refused}")
+
+    rc, j, err = check(tool, steps + ["--global-batch-size", "16"], world=8)
+    expect("a step schedule with a global batch size", rc == 1 and any(
+        "Cannot specify both --step-batch-size-schedule and --global-batch-size" in r["message"] for r in j["refused_inputs"]), f"rc {rc}")
+
+    rc, j, err = check(tool, interleaved + ["--step-batch-size-schedule", "0:16 oops"], world=8)
+    expect("a malformed step schedule", rc == 1 and any("Invalid schedule entry \"oops\"" in r["message"] for r in j["refused_inputs"]),
+           f"rc {rc}, {j and j['refused_inputs']}")
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "16"], world=10)
+    expect("a world size the model does not divide", rc == 1 and any(
+        "world size (10) is not divisible by total_model_size (total_model_size=4)" in r["message"] for r in j["refused_inputs"]), f"rc {rc}")
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "15"], world=8)
+    expect("a global batch that is no multiple of micro batch x data parallel", rc == 1 and any(
+        "global batch size (15) is not divisible by micro batch size (1) times data parallel size (2)" in r["message"]
+        for r in j["refused_inputs"]), f"rc {rc}")
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "15", "--decrease-batch-size-if-needed"], world=8)
+    expect("--decrease-batch-size-if-needed rounds down to 7 microbatches", rc == 1 and
+           j["pipeline_schedule"]["batches"][0]["microbatches"] == 7, f"rc {rc}, {j and j['pipeline_schedule']}")
+
+    rc, j, err = check(tool, interleaved + ["--global-batch-size", "16"])
+    expect("no world size: the count is not known, nothing refused", rc == 0 and "--world-size" in j["pipeline_schedule"]["not_known"] and
+           j["pipeline_schedule"]["batches"] == [], f"rc {rc}")
+
+    rc, j, err = check(tool, ["--num-layers", "4", "--micro-batch-size", "1"], world=8)
+    expect("no pipeline: no section", rc == 0 and "pipeline_schedule" not in j, f"rc {rc}")
+
+    p = subprocess.run([tool, "--world-size", "0"] + BASE + ["--num-layers", "4"], capture_output=True, text=True)
+    expect("--world-size 0 is a usage error", p.returncode == 2, f"rc {p.returncode}")
+
+    text = subprocess.run([tool, "--world-size", "8"] + BASE + interleaved + ["--global-batch-size", "16"], capture_output=True, text=True).stdout
+    expect("the text report", "pipeline schedule (as Megatron's schedules.py runs it):" in text and
+           "global batch 16: 8 microbatches; bubble in theory 15.8%" in text, text[-600:])
+
+    # Every recorded Megatron schedule, from the command line that runs it (data parallel 1).
+    agree = 0
+    rows = [json.loads(line) for line in open(recorded)]
+    for c in rows:
+        ranks, chunks, group, m = c["ranks"], c["chunks"], c["group"], c["microbatches"]
+        flags = ["--num-layers", str(ranks * chunks), "--pipeline-model-parallel-size", str(ranks), "--micro-batch-size", "1",
+                 "--global-batch-size", str(m)]
+        if chunks > 1:
+            flags += ["--num-layers-per-virtual-pipeline-stage", "1"]
+        if group is not None:
+            flags += ["--microbatch-group-size-per-virtual-pipeline-stage", str(group)]
+        rc, j, err = check(tool, flags, world=ranks)
+        if j is None:
+            failures.append(f"recorded {c['ranks'], chunks, group, m}: exit {rc}: {err.strip()}")
+            continue
+        schedule_refusals = [r for r in j["refused_inputs"] if r["where"].startswith("schedules.py")]
+        if "error" in c:
+            words = c["error"].split(": ", 1)[1]
+            ok = [r["message"] for r in schedule_refusals] == [words]
+        else:
+            ok = not schedule_refusals and j["pipeline_schedule"]["batches"][0]["microbatches"] == m
+        if ok:
+            agree += 1
+        else:
+            failures.append(f"recorded {ranks, chunks, group, m}: Megatron {c.get('error', 'runs it')}; capscope {schedule_refusals}")
+    print(f"recorded Megatron schedules: {agree} of {len(rows)} agree from the command line")
+    for f in failures[:20]:
+        print("FAIL", f)
+    return 1 if failures or agree != len(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
