@@ -62,6 +62,11 @@ if is_part tests; then
     -- --kind 1f1b --grouping one_by_one --floats 67108864 --steps 2 --microbatches 2 >"$OUT/pipeline-p2p-one-by-one.log" 2>&1
   r=$?; echo "== pipeline-p2p-one-by-one (must hang): exit $r"; grep -E "hang|rank|FAIL|every case" "$OUT/pipeline-p2p-one-by-one.log" | head -6
   [ $r -eq 1 ] && grep -q "a hang" "$OUT/pipeline-p2p-one-by-one.log" || rc=1
+  # Broken on purpose: the phases replayed as variant 0 whatever the iteration must differ.
+  CAPSCOPE_BREAK=one_phase_variant timeout 150 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe \
+    -- --kind "1f1b phases" >"$OUT/pipeline-phases-one-variant.log" 2>&1
+  r=$?; echo "== pipeline-phases-one-variant (must fail): exit $r"; grep -E "phases|FAIL" "$OUT/pipeline-phases-one-variant.log" | head -4
+  [ $r -eq 1 ] && grep -q "graph != CPU" "$OUT/pipeline-phases-one-variant.log" || rc=1
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
 fi

@@ -9,6 +9,7 @@
 //   skip_in_place_replays  an in_place_runner launches no graph it has replayed before (its regions' work is lost)
 //   skip_graph_updates     calls updated in the graph keep the values they were captured with
 //   skip_replay_check      pipeline_p2p issues sends and receives that its replay check refused
+//   one_phase_variant      pipeline_phase_graphs replays variant 0 of its steady and tail phases only
 //   sum_for_average, drop_loss_scale_update, no_watchdog, no_doctor   (tests/gpu, tests/mpi)
 // An unknown name ends the test with exit 99, which Meson reports as an error even where the
 // test must fail: a typo may not pass for a breakage.
@@ -51,6 +52,7 @@ inline void install_from_environment() {
         else if (item == "skip_in_place_replays") library.skip_in_place_replays = true;
         else if (item == "skip_graph_updates") library.skip_graph_updates = true;
         else if (item == "skip_replay_check") library.skip_replay_check = true;
+        else if (item == "one_phase_variant") library.one_phase_variant = true;
         else {
             known = false;
             for (std::string_view own : test_own)
@@ -58,7 +60,7 @@ inline void install_from_environment() {
         }
         if (!known) {
             std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, skip_in_place_replays, skip_graph_updates, "
-                                 "skip_replay_check, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
+                                 "skip_replay_check, one_phase_variant, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
             std::exit(99);
         }
     }

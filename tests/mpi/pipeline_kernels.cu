@@ -26,7 +26,30 @@ __global__ void sgd_kernel(float* w, float* dw, float lr, int n) {
     dw[i] = 0.f;
 }
 
+__global__ void load_kernel(const float* pool, const int* counter, float* dst, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = pool[static_cast<long long>(*counter) * n + i];
+}
+__global__ void advance_kernel(int* counter) { *counter += 1; }
+__global__ void spin_kernel(long long ns) {
+    unsigned long long start = 0, now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    while (static_cast<long long>(now - start) < ns);
+}
+
 } // namespace
+
+void load_next(const float* pool, int* counter, float* dst, int n, cudaStream_t s) {
+    load_kernel<<<blocks(n), block, 0, s>>>(pool, counter, dst, n);
+    CAPSCOPE_CHECK_LAUNCH("pipeline load");
+    advance_kernel<<<1, 1, 0, s>>>(counter); // after every thread of the load has read it
+    CAPSCOPE_CHECK_LAUNCH("pipeline load counter");
+}
+void spin(long long ns, cudaStream_t s) {
+    spin_kernel<<<1, 1, 0, s>>>(ns);
+    CAPSCOPE_CHECK_LAUNCH("pipeline spin");
+}
 
 void forward(const float* x, const float* w, float* y, int n, cudaStream_t s) {
     forward_kernel<<<blocks(n), block, 0, s>>>(x, w, y, n);

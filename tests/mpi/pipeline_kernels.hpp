@@ -12,5 +12,10 @@ void backward(const float* dy, const float* x, const float* w, float* dw, float*
 void last_backward(const float* x, const float* w, float* dw, float* dx, int n, cudaStream_t s);
 //! w -= lr * dw; dw = 0.
 void sgd(float* w, float* dw, float lr, int n, cudaStream_t s);
+//! The first stage's data loader inside a graph: dst = pool[*counter], then ++*counter (the
+//! microbatch is read on the device, so one captured load serves every microbatch).
+void load_next(const float* pool, int* counter, float* dst, int n, cudaStream_t s);
+//! Holds the stream for about `ns` nanoseconds (a rank made late on purpose).
+void spin(long long ns, cudaStream_t s);
 
 } // namespace pipeline_kernels

@@ -19,6 +19,7 @@ struct breakage {
     bool skip_in_place_replays = false; //!< an in_place_runner launches no captured graph after its first (a no-op replay)
     bool skip_graph_updates = false;    //!< calls updated in the graph keep the values of their capture
     bool skip_replay_check = false;     //!< pipeline_p2p issues sends and receives its replay check refused
+    bool one_phase_variant = false;     //!< pipeline_phase_graphs replays steady and tail variant 0 whatever the iteration (wrong slots)
 };
 
 inline breakage installed_breakage_v{};

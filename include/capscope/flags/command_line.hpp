@@ -25,7 +25,7 @@ struct parse_options {
     bool ignore_unknown = false; //!< Megatron's `ignore_unknown_args`: report unknown flags instead of failing
     //! Megatron's WORLD_SIZE (no flag): with it the microbatch count, and so the pipeline
     //! schedule, is known (pipeline_schedule_inputs.hpp).
-    std::optional<int> world_size;
+    std::optional<int> world_size = std::nullopt;
 };
 
 //! One global batch size the run takes, and its schedule's verdict.

@@ -1,0 +1,110 @@
+#pragma once
+//! @file
+//! A 1F1B rank's step as graphs captured once, for every microbatch count from the ranks up: the
+//! warmup, P steady iterations, P tails (pipeline/phases.hpp), each with its sends and receives
+//! inside as NCCL groups (pipeline_p2p.hpp). `launch(M)` replays the warmup, the steady variant of
+//! each of the M - warmup - 1 steady iterations, and the tail, on one stream, with no capture
+//! and no allocation. Memory is the slots', the same for every count.
+//!
+//! The contract that lets one graph serve many microbatches: `buffer_of` and `pass` address a
+//! microbatch's activations by `layout().activation_slot(k)` and its received gradient by
+//! `layout().gradient_slot(k)`. Whatever else varies with the microbatch (the sample the first
+//! stage loads, the target the last compares with) is read on the device, e.g. through a counter
+//! the first stage's load advances, because a captured host value never changes.
+
+#include <capscope/cuda/graph.hpp>
+#include <capscope/detail/breakage.hpp>
+#include <capscope/parallel/pipeline_p2p.hpp>
+#include <capscope/pipeline/phases.hpp>
+
+#include <cuda_runtime.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace capscope {
+
+class pipeline_phase_graphs {
+public:
+    //! Refuses what `pipeline_p2p` refuses, and schedules whose steady state does not repeat
+    //! (only 1F1B grouped as Megatron does is cut into phases).
+    pipeline_phase_graphs(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape)
+        : world_(world), shape_(shape), rank_(world.rank()), layout_(pipeline::phase_layout_of(shape, world.rank())) {
+        // The rules and the replay check of the least count (each count a phase is captured from is checked too).
+        (void)pipeline_p2p(world, shape, layout_.least_microbatches);
+    }
+
+    const pipeline::phase_layout& layout() const noexcept { return layout_; }
+    int graphs_captured() const noexcept { return captures_; }
+
+    //! Captures every phase on `stream`: the warmup, then each steady and tail variant. NCCL's
+    //! connections must be open (one eager step first, as for any captured send).
+    template <class Buffers, class Pass>
+    void capture(Buffers&& buffer_of, Pass&& pass, cudaStream_t stream) {
+        if (warmup_) throw std::logic_error("capscope pipeline: the phases are captured once; they serve every count");
+        warmup_.emplace(capture_phase({pipeline::phase_kind::warmup, 0}, buffer_of, pass, stream));
+        steady_.reserve(std::size_t(layout_.period));
+        tail_.reserve(std::size_t(layout_.period));
+        for (int v = 0; v < layout_.period; ++v) steady_.push_back(capture_phase({pipeline::phase_kind::steady, v}, buffer_of, pass, stream));
+        for (int v = 0; v < layout_.period; ++v) tail_.push_back(capture_phase({pipeline::phase_kind::tail, v}, buffer_of, pass, stream));
+    }
+
+    //! One step of `microbatches` microbatches on `stream`: launches only.
+    void launch(int microbatches, cudaStream_t stream) const {
+        launch(microbatches, stream, [](cudaStream_t) {});
+    }
+    //! The same, calling `before_each(stream)` before each graph launch (a test's late rank).
+    template <class Before>
+    void launch(int microbatches, cudaStream_t stream, Before&& before_each) const {
+        if (!warmup_) throw std::logic_error("capscope pipeline: launch before capture -- fix: call capture() once, after one eager step");
+        if (microbatches < layout_.least_microbatches)
+            throw std::invalid_argument("capscope pipeline: the phases serve " + std::to_string(layout_.least_microbatches) +
+                                        " microbatches or more, and this step has " + std::to_string(microbatches) +
+                                        " -- fix: at least as many microbatches as ranks");
+        const int steady = microbatches - layout_.warmup;
+        const int period = detail::installed_breakage().one_phase_variant ? 1 : layout_.period; // (a test, broken on purpose)
+        before_each(stream);
+        warmup_->launch(stream);
+        for (int j = 0; j + 1 < steady; ++j) {
+            before_each(stream);
+            steady_[std::size_t(j % period)].launch(stream);
+        }
+        before_each(stream);
+        tail_[std::size_t((steady - 1) % period)].launch(stream);
+    }
+
+private:
+    template <class Buffers, class Pass>
+    cuda::graph_exec capture_phase(pipeline::phase_key key, Buffers& buffer_of, Pass& pass, cudaStream_t stream) {
+        const int m = pipeline::count_holding(shape_, rank_, key);
+        const pipeline_p2p p2p(world_, shape_, m); // this count's rules and replay, checked
+        const pipeline::rank_program& program = p2p.program();
+        for (const pipeline::phase_segment& seg : pipeline::phases_of(shape_, rank_, m)) {
+            if (!(seg.key == key)) continue;
+            const cuda::graph g = cuda::capture(stream, [&](cudaStream_t on) {
+                for (const pipeline::p2p_group& grp : seg.groups)
+                    if (grp.after < seg.first_pass) p2p.issue(grp, buffer_of, on);
+                for (int k = seg.first_pass; k < seg.end_pass; ++k) {
+                    pass(program.compute[std::size_t(k)], on);
+                    for (const pipeline::p2p_group& grp : seg.groups)
+                        if (grp.after == k) p2p.issue(grp, buffer_of, on);
+                }
+            });
+            ++captures_;
+            return cuda::graph_exec(g);
+        }
+        throw std::logic_error("capscope pipeline: no phase for its key in the count chosen to hold it"); // phases.hpp's test says never
+    }
+
+    const cuda::nccl_communicator& world_;
+    pipeline::schedule_shape shape_;
+    int rank_ = 0;
+    pipeline::phase_layout layout_;
+    std::optional<cuda::graph_exec> warmup_;
+    std::vector<cuda::graph_exec> steady_, tail_;
+    int captures_ = 0;
+};
+
+} // namespace capscope

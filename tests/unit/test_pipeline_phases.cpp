@@ -1,0 +1,87 @@
+// 1F1B's phases (pipeline/phases.hpp): cut from every count's program, they are the program, and
+// each is its variant's phase (captured from another count) up to microbatch numbers congruent
+// mod the period, on the same slots: what lets graphs captured once serve every count.
+
+#include <capscope/pipeline/phases.hpp>
+
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace capscope::pipeline;
+
+TEST_CASE("1f1b phases: every count's program is its phases, and each phase is the one captured for its key") {
+    int compared = 0;
+    for (int ranks = 2; ranks <= 6; ++ranks) {
+        schedule_shape s{schedule_kind::one_f_one_b, ranks, 1, ranks};
+        for (int rank = 0; rank < ranks; ++rank) {
+            CAPTURE(ranks);
+            CAPTURE(rank);
+            const phase_layout l = phase_layout_of(s, rank);
+            CHECK(l.warmup == ranks - rank - 1);
+            CHECK(l.activation_slots == ranks - rank); // 1F1B keeps ranks - rank microbatches
+            // The captured phases, one per key, each from the count count_holding names.
+            std::vector<std::pair<phase_key, std::string>> captured;
+            auto capture_of = [&](phase_key key) -> std::string {
+                const int m = count_holding(s, rank, key);
+                const rank_program p = program_of(s, rank, m);
+                for (const phase_segment& seg : phases_of(s, rank, m))
+                    if (seg.key == key) return detail::phase_text(s, rank, p, seg);
+                FAIL("count_holding(" << int(key.kind) << ", " << key.variant << ") = " << m << " holds no such phase");
+                return "";
+            };
+            for (int m = ranks; m <= 4 * ranks + 5; ++m) {
+                CAPTURE(m);
+                const rank_program p = program_of(s, rank, m);
+                const std::vector<phase_segment> phases = phases_of(s, rank, m);
+                // Together they are the program: passes in order, groups in order.
+                int next_pass = 0;
+                std::vector<p2p_group> groups;
+                for (const phase_segment& seg : phases) {
+                    CHECK(seg.first_pass == next_pass);
+                    next_pass = seg.end_pass;
+                    for (const p2p_group& g : seg.groups) {
+                        CHECK(g.after < seg.end_pass);
+                        CHECK((g.after >= seg.first_pass || (g.after == seg.first_pass - 1 && seg.key.kind == phase_kind::warmup) ||
+                               (g.after == -1 && seg.key.kind == phase_kind::warmup)));
+                        groups.push_back(g);
+                    }
+                }
+                CHECK(next_pass == int(p.compute.size()));
+                REQUIRE(groups.size() == p.groups.size());
+                for (std::size_t i = 0; i < groups.size(); ++i) {
+                    CHECK(groups[i].after == p.groups[i].after);
+                    CHECK(groups[i].ops.size() == p.groups[i].ops.size());
+                }
+                CHECK(int(phases.size()) == 1 + (m - l.warmup)); // warmup, R - 1 steady, the tail
+                // The slots are microbatch k mod S (activations) and k mod G (received gradients).
+                const slot_plan plan = plan_slots(s, rank, m);
+                CHECK(plan.slots[0] == l.activation_slots);
+                for (const slot_use& u : plan.uses) CHECK(u.slot == l.activation_slot(u.microbatch));
+                for (const gradient_use& u : plan.gradients) CHECK(u.slot == l.gradient_slot(u.microbatch));
+                // Each phase is its key's captured phase.
+                for (const phase_segment& seg : phases) {
+                    const std::string text = detail::phase_text(s, rank, p, seg);
+                    CHECK(text == capture_of(seg.key));
+                    ++compared;
+                }
+            }
+        }
+    }
+    MESSAGE(compared << " phases compared with the phase captured for their key");
+    CHECK(compared > 1000);
+}
+
+TEST_CASE("1f1b phases are refused for other schedules and for fewer microbatches than ranks, with the fix") {
+    const schedule_shape looped{schedule_kind::interleaved_1f1b, 4, 2, 8};
+    CHECK_THROWS_WITH_AS(phase_layout_of(looped, 0), doctest::Contains("cut for 1f1b"), std::invalid_argument);
+    schedule_shape paired{schedule_kind::one_f_one_b, 4, 1, 4};
+    paired.grouping = p2p_grouping::paired;
+    CHECK_THROWS_AS(phase_layout_of(paired, 0), std::invalid_argument);
+    const schedule_shape plain{schedule_kind::one_f_one_b, 4, 1, 4};
+    CHECK_THROWS_WITH_AS(phases_of(plain, 0, 3), doctest::Contains("at least as many microbatches as ranks"), std::invalid_argument);
+    CHECK_THROWS_AS(phase_layout_of(plain, 4), std::invalid_argument);
+    CHECK_NOTHROW(phases_of(plain, 0, 4));
+}
