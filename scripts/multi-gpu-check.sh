@@ -6,8 +6,10 @@
 # (tests/mpi/gpu_faults.py), run tutorial 08 on two ranks, the data-parallel bench on
 # one GPU and on two (table: $OUT/bench-data-parallel.md), and the fork-launcher experiment of
 # docs/multi_gpu.md with NCCL_DEBUG=INFO; `profile` traces three variants on 1 and 2 GPUs with
-# CUPTI (bench/data_parallel --trace). Logs go to $OUT.
-#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [fork]     (default: all four)
+# CUPTI (bench/data_parallel --trace); `launch` times the host's enqueue of one variant on 1 and 2
+# GPUs under settings that might make cudaGraphLaunch block (issue 50). The bench part also runs
+# bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once). Logs go to $OUT.
+#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [fork]     (default: all but launch)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -18,7 +20,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel bench/data_parallel >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel bench/data_parallel bench/pipeline >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -62,6 +64,9 @@ if is_part tests; then
     -- --kind 1f1b --grouping one_by_one --floats 67108864 --steps 2 --microbatches 2 >"$OUT/pipeline-p2p-one-by-one.log" 2>&1
   r=$?; echo "== pipeline-p2p-one-by-one (must hang): exit $r"; grep -E "hang|rank|FAIL|every case" "$OUT/pipeline-p2p-one-by-one.log" | head -6
   [ $r -eq 1 ] && grep -q "a hang" "$OUT/pipeline-p2p-one-by-one.log" || rc=1
+  # A rank that stops taking part in the phased pipeline: the other's watchdog ends the job.
+  run pipeline-phases-stop python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 60 --expect-watchdog \
+    -- --kind "1f1b phases" --stop-rank 1
   # Broken on purpose: the phases replayed as variant 0 whatever the iteration must differ.
   CAPSCOPE_BREAK=one_phase_variant timeout 150 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe \
     -- --kind "1f1b phases" >"$OUT/pipeline-phases-one-variant.log" 2>&1
@@ -75,6 +80,26 @@ if is_part bench; then
   run bench-1gpu mpirun --allow-run-as-root -np 1 -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   run bench-2gpu "${mpi2[@]}" ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   python3 bench/data_parallel_table.py "$OUT/bench-data-parallel.csv" >"$OUT/bench-data-parallel.md" && cat "$OUT/bench-data-parallel.md"
+  for work in ${PIPELINE_WORK:-2000 100}; do
+    timeout 240 "${mpi2[@]}" ./build-mpi/bench/pipeline --work "$work" >"$OUT/bench-pipeline-work$work.log" 2>&1
+    r=$?; echo "== bench-pipeline --work $work: exit $r"; grep -E "^\||1f1b" "$OUT/bench-pipeline-work$work.log"
+    [ $r -eq 0 ] || rc=1
+  done
+fi
+if is_part launch && [ ${#parts[@]} -gt 0 ]; then
+  # Host microseconds per step (the enqueueing call) of one variant, 1 and 2 GPUs, per setting.
+  v="${LAUNCH_VARIANT:-sharded/transformer_engine}"
+  for setting in none CUDA_DEVICE_MAX_CONNECTIONS=1 CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_GRAPH_MIXING_SUPPORT=0 \
+                 CUDA_MODULE_LOADING=EAGER NCCL_LAUNCH_MODE=GROUP NCCL_PROTO=Simple; do
+    for np in 1 2; do
+      extra=(); [ "$setting" = none ] || extra=(-x "${setting%%=*}")
+      log="$OUT/launch-$(echo "$setting" | tr -c 'A-Za-z0-9_\n' '-')-np$np.log"
+      env ${setting/none/} timeout 240 mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE "${extra[@]}" ./build-mpi/bench/data_parallel \
+        --only "$v" >"$log" 2>&1
+      r=$?; echo "== $setting, $np GPU(s): exit $r $(grep -E 'GPU\(s\)' "$log")"
+      [ $r -eq 0 ] || rc=1
+    done
+  done
 fi
 if is_part profile; then
   # Where the 2-GPU step loses to the 1-GPU one: three variants traced with CUPTI on 1 and 2 GPUs

@@ -31,6 +31,13 @@ __global__ void load_kernel(const float* pool, const int* counter, float* dst, i
     if (i < n) dst[i] = pool[static_cast<long long>(*counter) * n + i];
 }
 __global__ void advance_kernel(int* counter) { *counter += 1; }
+__global__ void burn_kernel(float* x, int n, int iterations) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i];
+    for (int k = 0; k < iterations; ++k) v = fmaf(v, 0.999f, 0.001f);
+    x[i] = v;
+}
 __global__ void spin_kernel(long long ns) {
     unsigned long long start = 0, now = 0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -45,6 +52,10 @@ void load_next(const float* pool, int* counter, float* dst, int n, cudaStream_t 
     CAPSCOPE_CHECK_LAUNCH("pipeline load");
     advance_kernel<<<1, 1, 0, s>>>(counter); // after every thread of the load has read it
     CAPSCOPE_CHECK_LAUNCH("pipeline load counter");
+}
+void burn(float* scratch, int n, int iterations, cudaStream_t s) {
+    burn_kernel<<<blocks(n), block, 0, s>>>(scratch, n, iterations);
+    CAPSCOPE_CHECK_LAUNCH("pipeline burn");
 }
 void spin(long long ns, cudaStream_t s) {
     spin_kernel<<<1, 1, 0, s>>>(ns);

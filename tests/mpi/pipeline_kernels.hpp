@@ -15,6 +15,9 @@ void sgd(float* w, float* dw, float lr, int n, cudaStream_t s);
 //! The first stage's data loader inside a graph: dst = pool[*counter], then ++*counter (the
 //! microbatch is read on the device, so one captured load serves every microbatch).
 void load_next(const float* pool, int* counter, float* dst, int n, cudaStream_t s);
+//! A pass's weight for a bench: `iterations` dependent multiply-adds per element of `scratch`
+//! (the probe's math does not read it).
+void burn(float* scratch, int n, int iterations, cudaStream_t s);
 //! Holds the stream for about `ns` nanoseconds (a rank made late on purpose).
 void spin(long long ns, cudaStream_t s);
 

@@ -4,7 +4,10 @@ tests/mpi/pipeline_p2p_probe.cpp under `mpirun -np 2`; every case must be bitwis
 replayed and on the CPU. A job still running after --hang-s (120 s) is a hang. Skipped (77)
 without mpirun or with fewer than 2 GPUs (scripts/multi-gpu-check.sh runs it on 2).
 
-usage: pipeline_p2p.py PROBE [--hang-s SECONDS] [--ranks N] [-- PROBE ARGS...]
+With --expect-watchdog (and the probe's --stop-rank), a rank stops taking part: the job must end
+within --hang-s, failed, with the watchdog's words.
+
+usage: pipeline_p2p.py PROBE [--hang-s SECONDS] [--ranks N] [--expect-watchdog] [-- PROBE ARGS...]
 """
 import argparse
 import sys
@@ -15,6 +18,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("probe")
 parser.add_argument("--hang-s", type=float, default=120.0)
 parser.add_argument("--ranks", type=int, default=2, help="processes, one per GPU")
+parser.add_argument("--expect-watchdog", action="store_true", help="a rank stops: the watchdog must end every rank")
 ours, probe_args = (sys.argv[1:sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else (sys.argv[1:], [])
 options = parser.parse_args(ours)
 options.probe_args = probe_args
@@ -25,4 +29,8 @@ code, out = run_job([mpirun, "--allow-run-as-root", "-np", str(options.ranks), "
 print(out)
 if code is None:
     sys.exit(f"FAIL: still running after {options.hang_s:.0f} s: a hang")
+if options.expect_watchdog:
+    ended = code != 0 and "capscope watchdog: rank" in out and "did not finish within" in out and "stops taking part" in out
+    print("the watchdog ended every rank" if ended else "FAIL: the job did not end through the watchdog")
+    sys.exit(0 if ended else 1)
 sys.exit(0 if code == 0 and "every case bitwise equal" in out else 1)

@@ -1,0 +1,185 @@
+// Why does cudaGraphLaunch block the host on 2 GPUs (issue 50)? A probe with no model: graphs
+// that hold one NCCL all-gather each (4 MiB), or only a kernel, launched back to back far ahead of
+// the device (each graph also holds a spin kernel of --spin-us, so that the device is the slower
+// side). It reports the host's time per cudaGraphLaunch, as the median over the launches, and
+// which node types NCCL put in the captured graph. The cases:
+//   kernel only          a graph without NCCL, relaunched
+//   user object          the kernel-only graph holding a user object (NCCL's graphs hold their
+//                        plan's destructor as one)
+//   NCCL as a child      the NCCL graph embedded as a child graph node of a new graph
+//   NCCL cloned          the NCCL graph cloned (cudaGraphClone)
+//   one NCCL graph       the same graph with NCCL, relaunched
+//   two NCCL graphs      two graphs with NCCL (one communicator), alternating, as per-layer
+//                        graphs of a sharded step are
+//   NCCL and kernel      a graph with NCCL alternating with one without
+//
+// With --strip-events, NCCL's event record and wait nodes are removed from the captured graphs
+// (their order kept) before they are instantiated.
+//
+//   mpirun -np 2 nccl_graph_launch [--launches N] [--spin-us U] [--strip-events]     exit 77 without 2 GPUs
+
+#include "arguments.hpp"
+#include "round_robin.hpp"
+
+#include "../tests/gpu/mpi_support.hpp"
+#include "../tests/mpi/pipeline_kernels.hpp"
+
+#include <capscope/cuda/buffer.hpp>
+#include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/stream.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace capscope;
+
+namespace {
+
+std::string node_census(const cuda::graph& g) {
+    std::size_t count = 0;
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
+    std::map<std::string, int> kinds;
+    for (cudaGraphNode_t n : nodes) {
+        cudaGraphNodeType t{};
+        CAPSCOPE_CHECK(cudaGraphNodeGetType(n, &t));
+        const char* name = t == cudaGraphNodeTypeKernel ? "kernel" : t == cudaGraphNodeTypeMemcpy ? "memcpy" : t == cudaGraphNodeTypeMemset ? "memset"
+                         : t == cudaGraphNodeTypeHost ? "host" : t == cudaGraphNodeTypeGraph ? "child graph" : t == cudaGraphNodeTypeEmpty ? "empty"
+                         : t == cudaGraphNodeTypeWaitEvent ? "event wait" : t == cudaGraphNodeTypeEventRecord ? "event record"
+                         : t == cudaGraphNodeTypeMemAlloc ? "mem alloc" : t == cudaGraphNodeTypeMemFree ? "mem free" : "other";
+        if (t != cudaGraphNodeTypeKernel) ++kinds[name];
+        if (t == cudaGraphNodeTypeKernel) { // the launch attributes NCCL may set on its kernel
+            cudaLaunchAttributeValue v{};
+            std::string attrs;
+            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeCooperative, &v) == cudaSuccess && v.cooperative) attrs += " cooperative";
+            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeMemSyncDomain, &v) == cudaSuccess)
+                attrs += " memsync-domain=" + std::to_string(int(v.memSyncDomain));
+            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributePriority, &v) == cudaSuccess) attrs += " priority=" + std::to_string(v.priority);
+            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeClusterDimension, &v) == cudaSuccess && v.clusterDim.x > 1)
+                attrs += " cluster=" + std::to_string(v.clusterDim.x);
+            cudaKernelNodeParams kp{};
+            if (cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess)
+                attrs += " grid=" + std::to_string(kp.gridDim.x) + " block=" + std::to_string(kp.blockDim.x) + " smem=" + std::to_string(kp.sharedMemBytes);
+            (void)cudaGetLastError(); // a query that NCCL's driver-API node does not answer leaves its error behind
+            ++kinds["kernel [" + attrs + " ]"];
+            continue;
+        }
+    }
+    std::string out;
+    for (const auto& [k, n] : kinds) out += (out.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    return out;
+}
+
+//! Removes the graph's event record and event wait nodes, each predecessor of one joined to each
+//! of its successors, so that the order within the graph stays (`--strip-events`: is it them?).
+int strip_event_nodes(const cuda::graph& g) {
+    std::size_t count = 0;
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
+    int removed = 0;
+    for (cudaGraphNode_t n : nodes) {
+        cudaGraphNodeType t{};
+        CAPSCOPE_CHECK(cudaGraphNodeGetType(n, &t));
+        if (t != cudaGraphNodeTypeEventRecord && t != cudaGraphNodeTypeWaitEvent) continue;
+        std::size_t before = 0, after = 0;
+        CAPSCOPE_CHECK(cudaGraphNodeGetDependencies(n, nullptr, nullptr, &before));
+        CAPSCOPE_CHECK(cudaGraphNodeGetDependentNodes(n, nullptr, nullptr, &after));
+        std::vector<cudaGraphNode_t> from(before), to(after);
+        if (before) CAPSCOPE_CHECK(cudaGraphNodeGetDependencies(n, from.data(), nullptr, &before));
+        if (after) CAPSCOPE_CHECK(cudaGraphNodeGetDependentNodes(n, to.data(), nullptr, &after));
+        for (cudaGraphNode_t a : from)
+            for (cudaGraphNode_t b : to) CAPSCOPE_CHECK(cudaGraphAddDependencies(g.get(), &a, &b, nullptr, 1));
+        CAPSCOPE_CHECK(cudaGraphDestroyNode(n));
+        ++removed;
+    }
+    return removed;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    int launches = 400, spin_us = 100;
+    bool strip = false;
+    bench::arguments args("nccl_graph_launch");
+    args.integer("--launches", launches, 2).integer("--spin-us", spin_us, 0).flag("--strip-events", strip).parse_or_exit(argc, argv);
+    const std::string device = bench::device_or_skip();
+    support::comm();
+    const int ranks = support::comm().size(), rank = support::comm().rank();
+    if (ranks < 2) return std::printf("one rank: NCCL kernels need two (mpirun -np 2): skipped\n"), 77;
+    cuda::stream s;
+    const std::size_t floats = std::size_t{1} << 20;
+    cuda::device_buffer<float> send(floats), gathered(floats * std::size_t(ranks));
+    send.fill_bytes(0, s);
+    auto gather = [&](cudaStream_t on) {
+        pipeline_kernels::spin(1000LL * spin_us, on);
+        CAPSCOPE_CHECK(ncclAllGather(send.data(), gathered.data(), floats, ncclFloat, support::comm().get(), on));
+    };
+    auto kernel = [&](cudaStream_t on) { pipeline_kernels::spin(1000LL * spin_us, on); };
+    gather(s); // NCCL's connections open eagerly, before the capture
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const cuda::graph g1 = cuda::capture(s, gather), g2 = cuda::capture(s, gather), k = cuda::capture(s, kernel);
+    if (rank == 0) std::printf("%s, %d ranks; NCCL's captured all-gather graph holds: %s\n", device.c_str(), ranks, node_census(g1).c_str());
+    if (strip) {
+        const int removed = strip_event_nodes(g1) + strip_event_nodes(g2);
+        if (rank == 0) std::printf("--strip-events: %d event nodes removed; the graph now holds %s\n", removed, node_census(g1).c_str());
+    }
+    // A graph without NCCL holding a user object, as NCCL's captures do (its plan's destructor,
+    // cudaUserObjectNoDestructorSync, moved into the graph).
+    const cuda::graph u = cuda::capture(s, kernel);
+    cudaUserObject_t object = nullptr;
+    static int payload = 0;
+    CAPSCOPE_CHECK(cudaUserObjectCreate(&object, &payload, [](void*) {}, 1, cudaUserObjectNoDestructorSync));
+    CAPSCOPE_CHECK(cudaGraphRetainUserObject(u.get(), object, 1, cudaGraphUserObjectMove));
+    // The NCCL graph embedded in a new graph as a child node, and cloned: do they keep the user object?
+    cudaGraph_t parent_raw = nullptr, clone_raw = nullptr;
+    CAPSCOPE_CHECK(cudaGraphCreate(&parent_raw, 0));
+    const cuda::graph parent(parent_raw);
+    cudaGraphNode_t child = nullptr;
+    CAPSCOPE_CHECK(cudaGraphAddChildGraphNode(&child, parent.get(), nullptr, 0, g1.get()));
+    CAPSCOPE_CHECK(cudaGraphClone(&clone_raw, g1.get()));
+    const cuda::graph clone(clone_raw);
+    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone);
+
+    struct plan {
+        const char* name;
+        std::vector<const cuda::graph_exec*> cycle;
+    };
+    const std::vector<plan> plans{{"kernel only", {&ek}}, {"user object", {&eu}}, {"NCCL as a child", {&ep}}, {"NCCL cloned", {&ecl}}, {"one NCCL graph", {&e1}}, {"two NCCL graphs", {&e1, &e2}}, {"NCCL and kernel", {&e1, &ek}}};
+    for (const plan& p : plans) {
+        std::vector<double> us;
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        const auto begin = std::chrono::steady_clock::now();
+        for (int i = 0; i < launches; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            p.cycle[std::size_t(i) % p.cycle.size()]->launch(s);
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+        std::vector<double> late(us.end() - launches / 2, us.end());
+        std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median; %.1f over the second half), enqueue %.1f ms of %.1f ms\n", rank,
+                    p.name, launches, bench::median(us), bench::median(late), enqueue_ms, total_ms);
+    }
+    { // the same all-gather issued eagerly, each after its spin kernel
+        std::vector<double> us;
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        for (int i = 0; i < launches; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            gather(s);
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        std::vector<double> late(us.end() - launches / 2, us.end());
+        std::printf("rank %d, %-16s %d calls: host %.1f us a call (median; %.1f over the second half)\n", rank, "eager NCCL", launches,
+                    bench::median(us), bench::median(late));
+    }
+    return 0;
+}
