@@ -1,8 +1,9 @@
 // Why does cudaGraphLaunch block the host on 2 GPUs (issue 50)? A probe with no model: graphs
 // that hold one NCCL all-gather each (4 MiB), or only a kernel, launched back to back far ahead of
 // the device (each graph also holds a spin kernel of --spin-us, so that the device is the slower
-// side). It reports the host's time per cudaGraphLaunch, as the median over the launches, and
-// which node types NCCL put in the captured graph. The cases:
+// side). It reports the host's time per cudaGraphLaunch, as the median over the launches, the
+// first launch that waited (how far the host got ahead), and which node types NCCL put in the
+// captured graph. The cases:
 //   kernel only          a graph without NCCL, relaunched
 //   user object          the kernel-only graph holding a user object (NCCL's graphs hold their
 //                        plan's destructor as one)
@@ -28,6 +29,7 @@
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -164,8 +166,25 @@ int main(int argc, char** argv) {
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
         const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
         std::vector<double> late(us.end() - launches / 2, us.end());
-        std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median; %.1f over the second half), enqueue %.1f ms of %.1f ms\n", rank,
-                    p.name, launches, bench::median(us), bench::median(late), enqueue_ms, total_ms);
+        // How far the host got ahead: the first launch that waited (over 50 us).
+        const auto first_wait = std::find_if(us.begin(), us.end(), [](double x) { return x > 50.0; });
+        const std::string ahead = first_wait == us.end() ? "none waited" : "launch " + std::to_string(first_wait - us.begin()) + " waited first";
+        std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median; %.1f over the second half), enqueue %.1f ms of %.1f ms; %s\n",
+                    rank, p.name, launches, bench::median(us), bench::median(late), enqueue_ms, total_ms, ahead.c_str());
+    }
+    { // the user-object graph launched on two streams in turn: is the limit per stream?
+        cuda::stream other;
+        std::vector<double> us;
+        CAPSCOPE_CHECK(cudaDeviceSynchronize());
+        for (int i = 0; i < launches; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            eu.launch(i % 2 ? other.get() : s.get());
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        CAPSCOPE_CHECK(cudaDeviceSynchronize());
+        const auto first_wait = std::find_if(us.begin(), us.end(), [](double x) { return x > 50.0; });
+        std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median); %s\n", rank, "user object, 2 streams", launches, bench::median(us),
+                    first_wait == us.end() ? "none waited" : ("launch " + std::to_string(first_wait - us.begin()) + " waited first").c_str());
     }
     { // the same all-gather issued eagerly, each after its spin kernel
         std::vector<double> us;
