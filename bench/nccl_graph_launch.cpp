@@ -9,6 +9,8 @@
 //                        plan's destructor as one)
 //   NCCL as a child      the NCCL graph embedded as a child graph node of a new graph
 //   NCCL cloned          the NCCL graph cloned (cudaGraphClone)
+// and after them: the user-object graph on two streams in turn; the NCCL graph on four streams in
+// turn, each launch ordered after the one before by an event; the all-gather issued eagerly.
 //   one NCCL graph       the same graph with NCCL, relaunched
 //   two NCCL graphs      two graphs with NCCL (one communicator), alternating, as per-layer
 //                        graphs of a sharded step are
@@ -184,6 +186,30 @@ int main(int argc, char** argv) {
         CAPSCOPE_CHECK(cudaDeviceSynchronize());
         const auto first_wait = std::find_if(us.begin(), us.end(), [](double x) { return x > 50.0; });
         std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median); %s\n", rank, "user object, 2 streams", launches, bench::median(us),
+                    first_wait == us.end() ? "none waited" : ("launch " + std::to_string(first_wait - us.begin()) + " waited first").c_str());
+    }
+    { // the NCCL graph on 4 streams in turn, each launch after the one before it (an event): the
+      // order of one stream, the in-flight limit of four?
+        std::vector<cuda::stream> lanes(4);
+        std::vector<cuda::event> done(4);
+        std::vector<double> us;
+        CAPSCOPE_CHECK(cudaDeviceSynchronize());
+        CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        const auto begin = std::chrono::steady_clock::now();
+        for (int i = 0; i < launches; ++i) {
+            const std::size_t k = std::size_t(i) % lanes.size();
+            const auto t0 = std::chrono::steady_clock::now();
+            if (i > 0) done[(k + lanes.size() - 1) % lanes.size()].wait_on(lanes[k]);
+            e1.launch(lanes[k]);
+            done[k].record(lanes[k]);
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+        CAPSCOPE_CHECK(cudaDeviceSynchronize());
+        const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+        const auto first_wait = std::find_if(us.begin(), us.end(), [](double x) { return x > 50.0; });
+        std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median), enqueue %.1f ms of %.1f ms; %s\n", rank, "NCCL, 4 chained streams",
+                    launches, bench::median(us), enqueue_ms, total_ms,
                     first_wait == us.end() ? "none waited" : ("launch " + std::to_string(first_wait - us.begin()) + " waited first").c_str());
     }
     { // the same all-gather issued eagerly, each after its spin kernel
