@@ -47,6 +47,13 @@ def main():
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "12", "--microbatch-group-size-per-virtual-pipeline-stage", "6"], world=8)
     expect("the same count in one group of 6", rc == 0 and j["pipeline_schedule"]["group"] == 6, f"rc {rc}, {j and j['refused_inputs']}")
 
+    for zero in ("0", "-3"):
+        rc, j, err = check(tool, interleaved + ["--global-batch-size", "16", "--microbatch-group-size-per-virtual-pipeline-stage", zero], world=8)
+        refused = j["refused_inputs"] if j else []
+        expect(f"a group of {zero} given (Megatron keeps it and refuses it)", rc == 1 and len(refused) == 1 and
+               refused[0]["message"] == "The number of contiguous micro-batches in a virtual pipeline stageshould range in [PP=4 , M=8]",
+               f"rc {rc}, {refused}")
+
     steps = interleaved + ["--step-batch-size-schedule", "0:16 1M:20 2M:32"]
     rc, j, err = check(tool, steps, world=8)
     refused = j["refused_inputs"] if j else []

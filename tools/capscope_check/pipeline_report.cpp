@@ -14,7 +14,9 @@ using pipeline::schedule_kind;
 std::string shape_words(const flags::pipeline_schedule_inputs& p) {
     const pipeline::schedule_shape& s = *p.shape;
     std::string out = fmt::format("{}: {} ranks", pipeline::name_of(s.kind), s.ranks);
-    if (s.kind == schedule_kind::interleaved_1f1b)
+    if (s.kind == schedule_kind::interleaved_1f1b && p.group_given < 0)
+        out += fmt::format(" x {} chunks, a microbatch group below 1 or past 2^20 (Megatron refuses it at the first step)", s.virtual_stages);
+    else if (s.kind == schedule_kind::interleaved_1f1b)
         out += fmt::format(" x {} chunks, microbatches in groups of {}{}", s.virtual_stages, s.group_size(), p.group_given == 0 ? " (the default: the ranks)" : "");
     return out;
 }

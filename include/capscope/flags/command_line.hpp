@@ -39,7 +39,7 @@ struct pipeline_batch {
 struct pipeline_schedule_inputs {
     bool shown = false;                          //!< --pipeline-model-parallel-size above 1
     std::optional<pipeline::schedule_shape> shape; //!< none when --pipeline-model-parallel-layout gives the split
-    int group_given = 0;                         //!< --microbatch-group-size-per-virtual-pipeline-stage as given (0: the default)
+    int group_given = 0;                         //!< --microbatch-group-size-per-virtual-pipeline-stage as given (0: absent, the default; -1: below 1 or past 2^20)
     bool overlap_p2p = false;                    //!< Megatron overlaps sends and receives with compute (interleaved's default)
     int data_parallel = 0;                       //!< world / (tp x pp x cp); 0 when not known
     int micro_batch = 0;

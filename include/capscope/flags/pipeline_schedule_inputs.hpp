@@ -17,6 +17,7 @@
 #include <capscope/pipeline/schedule_shape.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <cctype>
 #include <optional>
 #include <string>
@@ -109,8 +110,11 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
     // The shape. Megatron's own divisibility checks are validate_args's (validate_args_inputs.hpp);
     // here the layers only label the chunks, so an uneven split is given as one layer a chunk.
     const int vpp = line.derived.virtual_pipeline_model_parallel_size.value_or(1);
-    const long long group = in.integer("microbatch_group_size_per_vp_stage").value_or(0);
-    p.group_given = group > 0 && group <= (1 << 20) ? int(group) : group == 0 ? 0 : -1;
+    // Megatron's default (ModelParallelConfig) applies only when the flag is absent: a 0 given
+    // stays 0, and schedules.py refuses it. A group past 2^20 exceeds any microbatch count here.
+    const std::optional<long long> group_flag = in.integer("microbatch_group_size_per_vp_stage");
+    const long long group = group_flag.value_or(0);
+    p.group_given = !group_flag ? 0 : group > 0 && group <= (1 << 20) ? int(group) : -1;
     p.overlap_p2p = vpp > 1 && in.on("overlap_p2p_comm", true);
     if (!in.text("pipeline_model_parallel_layout")) {
         pipeline::schedule_shape s;
@@ -216,7 +220,7 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
             // Megatron takes a group below 1 as given; capscope's shape reads 0 as "the ranks".
             if (p.shape->kind == pipeline::schedule_kind::interleaved_1f1b && p.group_given < 0) b.rule = pipeline::schedule_rule::PP4;
             if (b.rule == pipeline::schedule_rule::PP4) {
-                const int g = p.group_given < 0 ? int(std::max<long long>(group, -(1 << 20))) : p.shape->group_size();
+                const int g = p.group_given < 0 ? (group > 0 ? std::numeric_limits<int>::max() : 0) : p.shape->group_size();
                 no.add(step_schedule ? "schedules.py, at the first step with a global batch of " + std::to_string(global)
                                      : std::string("schedules.py, at the first training step"),
                        detail::megatron_schedule_message(*p.shape, b.microbatches, g),
