@@ -39,8 +39,10 @@ def main():
 
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "12"], world=8)
     refused = j["refused_inputs"] if j else []
-    expect("interleaved, 6 microbatches in groups of 4", rc == 1 and len(refused) == 1 and
+    # Twice: at the first training step, and at the first evaluation (the same count by default).
+    expect("interleaved, 6 microbatches in groups of 4", rc == 1 and len(refused) == 2 and
            refused[0]["where"] == "schedules.py, at the first training step" and
+           refused[1]["where"] == "schedules.py, at the first evaluation (6 microbatches)" and
            "should be 0, or larger than or equal to the pipeline-parallel size, but it is 2" in refused[0]["message"] and
            j["pipeline_schedule"]["batches"][0]["rule"] == "PP4", f"rc {rc}, {refused}")
 
@@ -57,9 +59,27 @@ def main():
     steps = interleaved + ["--step-batch-size-schedule", "0:16 1M:20 2M:32"]
     rc, j, err = check(tool, steps, world=8)
     refused = j["refused_inputs"] if j else []
-    expect("a step schedule whose second batch size is refused", rc == 1 and len(refused) == 1 and
+    # The evaluation batch defaults to micro batch x data parallel there: 1 microbatch, refused too.
+    expect("a step schedule whose second batch size is refused", rc == 1 and len(refused) == 2 and
            refused[0]["where"] == "schedules.py, at the first step with a global batch of 20" and
+           refused[1]["message"] == "The number of contiguous micro-batches in a virtual pipeline stageshould range in [PP=4 , M=1]" and
            [b["microbatches"] for b in j["pipeline_schedule"]["batches"]] == [8, 10, 16], f"rc {rc}, {refused}")
+    rc, j, err = check(tool, steps + ["--eval-global-batch-size", "16"], world=8)
+    expect("the same with an evaluation batch of 16", rc == 1 and len(j["refused_inputs"]) == 1, f"rc {rc}, {j and j['refused_inputs']}")
+
+    rc, j, err = check(tool, interleaved + ["--step-batch-size-schedule", "0:16 1M:15", "--eval-global-batch-size", "16"], world=8)
+    expect("a step schedule's size that is no multiple (asserted when training reaches it)", rc == 1 and any(
+        r["message"] == "current global batch size (15) is not divisible by micro_batch_size (1) * data_parallel_size (2)"
+        for r in j["refused_inputs"]), f"rc {rc}, {j and j['refused_inputs']}")
+    rc, j, err = check(tool, interleaved + ["--step-batch-size-schedule", "0:32 1M:16", "--eval-global-batch-size", "16"], world=8)
+    expect("a step schedule whose count falls", rc == 1 and any(
+        r["message"] == "Number of microbatches should not decrease; going from 16 to 8" for r in j["refused_inputs"]), f"rc {rc}")
+    rc, j, err = check(tool, interleaved + ["--step-batch-size-schedule", "1000:16", "--eval-global-batch-size", "16"], world=8)
+    expect("a step schedule without threshold 0 (1,000 tokens are 7 samples of 128)", rc == 1 and any(
+        r["message"] == "first schedule entry must have threshold 0, got 7" for r in j["refused_inputs"]), f"rc {rc}")
+    rc, j, err = check(tool, interleaved + ["--step-batch-size-schedule", "0:16 100:32", "--eval-global-batch-size", "16"], world=8)
+    expect("token thresholds that fall together in samples (--seq-length 128)", rc == 1 and any(
+        r["message"] == "schedule thresholds must be strictly increasing, got 0 before 0" for r in j["refused_inputs"]), f"rc {rc}")
 
     rc, j, err = check(tool, steps + ["--global-batch-size", "16"], world=8)
     expect("a step schedule with a global batch size", rc == 1 and any(
@@ -79,8 +99,11 @@ def main():
         for r in j["refused_inputs"]), f"rc {rc}")
 
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "15", "--decrease-batch-size-if-needed"], world=8)
+    # The evaluation batch defaults to the global batch before rounding (15): validate_args refuses it.
     expect("--decrease-batch-size-if-needed rounds down to 7 microbatches", rc == 1 and
-           j["pipeline_schedule"]["batches"][0]["microbatches"] == 7, f"rc {rc}, {j and j['pipeline_schedule']}")
+           j["pipeline_schedule"]["batches"][0]["microbatches"] == 7 and any(
+               r["message"] == "eval_global_batch_size (15) must be divisible by eval_micro_batch_size (1) * data_parallel_size (2) * "
+                               "gtp_weight_remat_size (1)" for r in j["refused_inputs"]), f"rc {rc}, {j and j['pipeline_schedule']}")
 
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "16"])
     expect("no world size: the count is not known, nothing refused", rc == 0 and "--world-size" in j["pipeline_schedule"]["not_known"] and
@@ -111,7 +134,7 @@ def main():
         if j is None:
             failures.append(f"recorded {c['ranks'], chunks, group, m}: exit {rc}: {err.strip()}")
             continue
-        schedule_refusals = [r for r in j["refused_inputs"] if r["where"].startswith("schedules.py")]
+        schedule_refusals = [r for r in j["refused_inputs"] if r["where"] == "schedules.py, at the first training step"]
         if "error" in c:
             words = c["error"].split(": ", 1)[1]
             ok = [r["message"] for r in schedule_refusals] == [words]

@@ -50,6 +50,7 @@ std::string pipeline_schedule_text(const flags::pipeline_schedule_inputs& p) {
         out += fmt::format("  data parallel {}, micro batch {}: a microbatch is {} samples across the data-parallel ranks\n", p.data_parallel,
                            p.micro_batch, static_cast<long long>(p.data_parallel) * p.micro_batch);
     for (const flags::pipeline_batch& b : p.batches) out += "  " + batch_words(p, b) + "\n";
+    if (p.eval_microbatches > 0) out += fmt::format("  evaluation: {} microbatch{} a step (forward only, the same schedule)\n", p.eval_microbatches, p.eval_microbatches == 1 ? "" : "es");
     if (!p.not_known.empty()) out += "  " + p.not_known + "\n";
     if (p.overlap_p2p)
         out += "  Megatron overlaps sends and receives with compute here (its default with interleaving): the replay check models the "
@@ -80,6 +81,7 @@ nlohmann::json pipeline_schedule_json(const flags::pipeline_schedule_inputs& p) 
     if (s.kind == schedule_kind::interleaved_1f1b) out["group"] = s.group_size();
     if (p.data_parallel > 0) out["data_parallel"] = p.data_parallel;
     if (p.micro_batch > 0) out["micro_batch"] = p.micro_batch;
+    if (p.eval_microbatches > 0) out["eval_microbatches"] = p.eval_microbatches;
     if (!p.not_known.empty()) out["not_known"] = p.not_known;
     return out;
 }

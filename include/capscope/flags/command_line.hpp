@@ -43,6 +43,7 @@ struct pipeline_schedule_inputs {
     bool overlap_p2p = false;                    //!< Megatron overlaps sends and receives with compute (interleaved's default)
     int data_parallel = 0;                       //!< world / (tp x pp x cp); 0 when not known
     int micro_batch = 0;
+    int eval_microbatches = 0;                   //!< evaluate()'s count; 0 when not known
     std::vector<pipeline_batch> batches;         //!< the batch sizes the run takes, in order; empty when not known
     std::string not_known;                       //!< why the microbatch count is not known
 };

@@ -45,7 +45,7 @@ inline std::optional<long long> step_schedule_number(std::string text) {
 
 //! The batch sizes of a step schedule ("THRESHOLD:BS ..."), sorted by threshold as Megatron
 //! sorts them; a refusal for an entry Megatron refuses.
-inline std::vector<long long> step_schedule_batches(refusals& no, const std::string& schedule) {
+inline std::vector<long long> step_schedule_batches(refusals& no, const std::string& schedule, std::optional<long long> seq_length) {
     std::string text = schedule;
     std::replace(text.begin(), text.end(), ',', ' ');
     std::vector<std::pair<long long, long long>> entries;
@@ -66,13 +66,26 @@ inline std::vector<long long> step_schedule_batches(refusals& no, const std::str
                    "write each entry of --step-batch-size-schedule as THRESHOLD:BATCH_SIZE, e.g. 0:768 250B:1536");
             return {};
         }
-        entries.push_back({*threshold, *batch});
+        // Thresholds are tokens when Megatron passes a sequence length (it always does: args.seq_length).
+        entries.push_back({seq_length && *seq_length > 0 ? *threshold / *seq_length : *threshold, *batch});
     }
     std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     if (entries.empty()) {
         no.add(where, "schedule must have at least one entry", "give --step-batch-size-schedule at least one THRESHOLD:BATCH_SIZE");
         return {};
     }
+    if (entries.front().first != 0) {
+        no.add(where, "first schedule entry must have threshold 0, got " + std::to_string(entries.front().first),
+               "start --step-batch-size-schedule with 0:BATCH_SIZE");
+        return {};
+    }
+    for (std::size_t i = 1; i < entries.size(); ++i)
+        if (entries[i].first <= entries[i - 1].first) {
+            no.add(where, "schedule thresholds must be strictly increasing, got " + std::to_string(entries[i - 1].first) + " before " +
+                              std::to_string(entries[i].first),
+                   "give each threshold once (in samples: tokens divided by --seq-length)");
+            return {};
+        }
     std::vector<long long> batches;
     for (const auto& [threshold, batch] : entries) {
         if (batch <= 0) {
@@ -133,11 +146,13 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
         return;
     }
     const long long tp = in.integer("tensor_model_parallel_size").value_or(1), cp = in.integer("context_parallel_size").value_or(1);
-    const long long model = tp * pp * cp;
+    long long model = 0;
+    if (tp < 1 || cp < 1 || __builtin_mul_overflow(tp, static_cast<long long>(pp), &model) || __builtin_mul_overflow(model, cp, &model))
+        model = 0; // no world size divides it
     if (model < 1 || *world_size % model != 0) {
         no.require(false,
                    "world size (" + std::to_string(*world_size) + ") is not divisible by total_model_size (total_model_size=" +
-                       std::to_string(model) + ")",
+                       (model > 0 ? std::to_string(model) : "tp x pp x cp, past 2^63") + ")",
                    "use a world size that is a multiple of tensor x pipeline x context parallel sizes");
         p.not_known = "the data-parallel size is not known: the world size is not a multiple of tp x pp x cp";
         return;
@@ -170,7 +185,7 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
             p.not_known = "the batch sizes are not known: Megatron refuses the step schedule with --decrease-batch-size-if-needed";
             return;
         }
-        batches = detail::step_schedule_batches(no, *schedule);
+        batches = detail::step_schedule_batches(no, *schedule, in.integer("seq_length"));
         if (batches.empty()) {
             p.not_known = "the batch sizes are not known: Megatron refuses the step schedule";
             return;
@@ -185,7 +200,39 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
         batches.push_back(global);
     }
 
+    // validate_args's start-up check of the evaluation batch (its default: the global batch before
+    // any rounding; with a step schedule, micro batch x data parallel), and its count.
+    const long long eval_micro = in.integer("eval_micro_batch_size").value_or(*micro);
+    const long long eval_global = in.integer("eval_global_batch_size").value_or(step_schedule ? per_step : batches.front());
+    long long eval_per_step = 0;
+    if (eval_micro > 0 && eval_global > 0 && !__builtin_mul_overflow(eval_micro, static_cast<long long>(p.data_parallel), &eval_per_step)) {
+        if (eval_global % eval_per_step != 0)
+            no.require(false,
+                       "eval_global_batch_size (" + std::to_string(eval_global) + ") must be divisible by eval_micro_batch_size (" +
+                           std::to_string(eval_micro) + ") * data_parallel_size (" + std::to_string(p.data_parallel) +
+                           ") * gtp_weight_remat_size (1)",
+                       "give --eval-global-batch-size as a multiple of " + std::to_string(eval_per_step));
+        else if (detail::fits_int(eval_global / eval_per_step))
+            p.eval_microbatches = static_cast<int>(eval_global / eval_per_step);
+    }
+
+    long long previous_m = 0;
     for (const long long global : batches) {
+        // The step schedule: update_num_microbatches(consistency_check=True) on every iteration
+        // (training.py) asserts divisibility when the schedule reaches the size, and the count may not fall.
+        if (step_schedule && global % per_step != 0) {
+            no.add("training.py, when the step schedule reaches a global batch of " + std::to_string(global),
+                   "current global batch size (" + std::to_string(global) + ") is not divisible by micro_batch_size (" + std::to_string(*micro) +
+                       ") * data_parallel_size (" + std::to_string(p.data_parallel) + ")",
+                   "give every batch size of the schedule as a multiple of " + std::to_string(per_step));
+            continue;
+        }
+        if (step_schedule && global / per_step < previous_m)
+            no.add("training.py, when the step schedule reaches a global batch of " + std::to_string(global),
+                   "Number of microbatches should not decrease; going from " + std::to_string(previous_m) + " to " +
+                       std::to_string(global / per_step),
+                   "give the schedule's batch sizes in increasing order");
+        if (step_schedule) previous_m = global / per_step;
         if (std::any_of(p.batches.begin(), p.batches.end(), [&](const pipeline_batch& b) { return b.global_batch == global; })) continue;
         long long running = global;
         if (!step_schedule && decrease) running = global / per_step * per_step;
@@ -197,16 +244,10 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
             p.not_known = "the microbatch count is not known: the global batch is no multiple of micro batch x data-parallel size";
             return;
         }
-        const long long m = running / per_step; // the step schedule floors (its divisibility is checked only after a checkpoint load)
+        const long long m = running / per_step;
         if (m < 1) {
-            if (step_schedule) // Megatron floors the count and would run steps on no data; capscope refuses that
-                no.add("capscope (Megatron's step schedule floors the microbatch count to 0)",
-                       "a global batch of " + std::to_string(global) + " is less than one microbatch across the data-parallel ranks (" +
-                           std::to_string(per_step) + " samples): those steps would train on nothing",
-                       "give every batch size of the schedule as a multiple of " + std::to_string(per_step));
-            else
-                no.add(calculator, "number of microbatches should be at least 1, got " + std::to_string(m) + ".",
-                       "use a global batch size of at least " + std::to_string(per_step));
+            no.add(calculator, "number of microbatches should be at least 1, got " + std::to_string(m) + ".",
+                   "use a global batch size of at least " + std::to_string(per_step));
             p.not_known = "the microbatch count is 0";
             return;
         }
@@ -233,6 +274,13 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
         }
         p.batches.push_back(b);
     }
+    // evaluate() runs the same schedule, forward only, with the evaluation count: the same group rules.
+    if (p.shape && p.shape->kind == pipeline::schedule_kind::interleaved_1f1b && p.group_given >= 0 && p.eval_microbatches > 0 &&
+        pipeline::check_shape(*p.shape, p.eval_microbatches) == pipeline::schedule_rule::PP4)
+        no.add("schedules.py, at the first evaluation (" + std::to_string(p.eval_microbatches) + " microbatches)",
+               detail::megatron_schedule_message(*p.shape, p.eval_microbatches, p.shape->group_size()),
+               "give --eval-global-batch-size a count of microbatches that the group rules accept (at least the group, remainder 0 or at least " +
+                   std::to_string(pp) + ")");
 }
 
 } // namespace capscope::flags

@@ -35,6 +35,7 @@ inline constexpr std::string_view validate_args_input_flags[] = {
     // The pipeline schedule's microbatch count and grouping (pipeline_schedule_inputs.hpp).
     "--micro-batch-size", "--global-batch-size", "--step-batch-size-schedule", "--decrease-batch-size-if-needed",
     "--tensor-model-parallel-size", "--context-parallel-size", "--microbatch-group-size-per-virtual-pipeline-stage",
+    "--eval-global-batch-size", "--eval-micro-batch-size", "--seq-length",
 };
 inline bool is_validate_args_input(std::string_view flag) {
     return std::find(std::begin(validate_args_input_flags), std::end(validate_args_input_flags), flag) !=
