@@ -42,6 +42,23 @@ using namespace capscope;
 
 namespace {
 
+//! A kernel node's launch attributes, those NCCL may set on its kernel.
+std::string kernel_words(cudaGraphNode_t n) {
+    cudaLaunchAttributeValue v{};
+    std::string attrs;
+    if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeCooperative, &v) == cudaSuccess && v.cooperative) attrs += " cooperative";
+    if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeMemSyncDomain, &v) == cudaSuccess)
+        attrs += " memsync-domain=" + std::to_string(int(v.memSyncDomain));
+    if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributePriority, &v) == cudaSuccess) attrs += " priority=" + std::to_string(v.priority);
+    if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeClusterDimension, &v) == cudaSuccess && v.clusterDim.x > 1)
+        attrs += " cluster=" + std::to_string(v.clusterDim.x);
+    cudaKernelNodeParams kp{};
+    if (cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess)
+        attrs += " grid=" + std::to_string(kp.gridDim.x) + " block=" + std::to_string(kp.blockDim.x) + " smem=" + std::to_string(kp.sharedMemBytes);
+    (void)cudaGetLastError(); // a query that NCCL's driver-API node does not answer leaves its error behind
+    return "kernel [" + attrs + " ]";
+}
+
 std::string node_census(const cuda::graph& g) {
     std::size_t count = 0;
     CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nullptr, &count));
@@ -51,27 +68,11 @@ std::string node_census(const cuda::graph& g) {
     for (cudaGraphNode_t n : nodes) {
         cudaGraphNodeType t{};
         CAPSCOPE_CHECK(cudaGraphNodeGetType(n, &t));
-        const char* name = t == cudaGraphNodeTypeKernel ? "kernel" : t == cudaGraphNodeTypeMemcpy ? "memcpy" : t == cudaGraphNodeTypeMemset ? "memset"
+        const char* name = t == cudaGraphNodeTypeMemcpy ? "memcpy" : t == cudaGraphNodeTypeMemset ? "memset"
                          : t == cudaGraphNodeTypeHost ? "host" : t == cudaGraphNodeTypeGraph ? "child graph" : t == cudaGraphNodeTypeEmpty ? "empty"
                          : t == cudaGraphNodeTypeWaitEvent ? "event wait" : t == cudaGraphNodeTypeEventRecord ? "event record"
                          : t == cudaGraphNodeTypeMemAlloc ? "mem alloc" : t == cudaGraphNodeTypeMemFree ? "mem free" : "other";
-        if (t != cudaGraphNodeTypeKernel) ++kinds[name];
-        if (t == cudaGraphNodeTypeKernel) { // the launch attributes NCCL may set on its kernel
-            cudaLaunchAttributeValue v{};
-            std::string attrs;
-            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeCooperative, &v) == cudaSuccess && v.cooperative) attrs += " cooperative";
-            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeMemSyncDomain, &v) == cudaSuccess)
-                attrs += " memsync-domain=" + std::to_string(int(v.memSyncDomain));
-            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributePriority, &v) == cudaSuccess) attrs += " priority=" + std::to_string(v.priority);
-            if (cudaGraphKernelNodeGetAttribute(n, cudaLaunchAttributeClusterDimension, &v) == cudaSuccess && v.clusterDim.x > 1)
-                attrs += " cluster=" + std::to_string(v.clusterDim.x);
-            cudaKernelNodeParams kp{};
-            if (cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess)
-                attrs += " grid=" + std::to_string(kp.gridDim.x) + " block=" + std::to_string(kp.blockDim.x) + " smem=" + std::to_string(kp.sharedMemBytes);
-            (void)cudaGetLastError(); // a query that NCCL's driver-API node does not answer leaves its error behind
-            ++kinds["kernel [" + attrs + " ]"];
-            continue;
-        }
+        ++kinds[t == cudaGraphNodeTypeKernel ? kernel_words(n) : std::string(name)];
     }
     std::string out;
     for (const auto& [k, n] : kinds) out += (out.empty() ? "" : ", ") + std::to_string(n) + " " + k;
