@@ -64,15 +64,16 @@ public:
                                         " microbatches or more, and this step has " + std::to_string(microbatches) +
                                         " -- fix: at least as many microbatches as ranks");
         const int steady = microbatches - layout_.warmup;
-        const int period = detail::installed_breakage().one_phase_variant ? 1 : layout_.period; // (a test, broken on purpose)
+        const bool one_variant = detail::installed_breakage().one_phase_variant; // (a test, broken on purpose)
+        auto variant = [&](int j) { return std::size_t(one_variant ? 0 : layout_.variant_of(j)); };
         before_each(stream);
         warmup_->launch(stream);
         for (int j = 0; j + 1 < steady; ++j) {
             before_each(stream);
-            steady_[std::size_t(j % period)].launch(stream);
+            steady_[variant(j)].launch(stream);
         }
         before_each(stream);
-        tail_[std::size_t((steady - 1) % period)].launch(stream);
+        tail_[variant(steady - 1)].launch(stream);
     }
 
 private:

@@ -42,6 +42,9 @@ struct phase_layout {
     int least_microbatches = 2; //!< every rank runs a steady iteration: microbatches >= ranks
     constexpr int activation_slot(int microbatch) const { return microbatch % activation_slots; }
     constexpr int gradient_slot(int microbatch) const { return microbatch % gradient_slots; }
+    //! The variant of steady iteration `j` (and of the tail whose last steady iteration is `j`):
+    //! phases_of and the graphs' launch both key by it.
+    constexpr int variant_of(int j) const { return j % period; }
 };
 
 //! One phase of a rank's program for a given count: its passes [first_pass, end_pass) of the
@@ -86,8 +89,8 @@ constexpr std::vector<phase_segment> phases_of(const schedule_shape& s, int rank
     const int steady = microbatches - l.warmup; // R >= 1
     std::vector<phase_segment> out;
     out.push_back({{phase_kind::warmup, 0}, 0, l.warmup, {}});
-    for (int j = 0; j + 1 < steady; ++j) out.push_back({{phase_kind::steady, j % l.period}, l.warmup + 2 * j, l.warmup + 2 * j + 2, {}});
-    out.push_back({{phase_kind::tail, (steady - 1) % l.period}, l.warmup + 2 * (steady - 1), int(p.compute.size()), {}});
+    for (int j = 0; j + 1 < steady; ++j) out.push_back({{phase_kind::steady, l.variant_of(j)}, l.warmup + 2 * j, l.warmup + 2 * j + 2, {}});
+    out.push_back({{phase_kind::tail, l.variant_of(steady - 1)}, l.warmup + 2 * (steady - 1), int(p.compute.size()), {}});
     std::size_t phase = 0;
     for (const p2p_group& g : p.groups) {
         // A group issued after pass a belongs to the phase holding a (before the first: the warmup).
