@@ -15,6 +15,8 @@
 //   two NCCL graphs      two graphs with NCCL (one communicator), alternating, as per-layer
 //                        graphs of a sharded step are
 //   NCCL and kernel      a graph with NCCL alternating with one without
+//   NCCL, copied         the NCCL graph copied node by node without its user object
+//                        (cuda::without_user_objects, the fix); its all-gather is checked after
 //
 // With --strip-events, NCCL's event record and wait nodes are removed from the captured graphs
 // (their order kept) before they are instantiated.
@@ -29,6 +31,7 @@
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/graph_copy.hpp>
 #include <capscope/cuda/stream.hpp>
 
 #include <algorithm>
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
     cuda::stream s;
     const std::size_t floats = std::size_t{1} << 20;
     cuda::device_buffer<float> send(floats), gathered(floats * std::size_t(ranks));
-    send.fill_bytes(0, s);
+    CAPSCOPE_CHECK(cudaMemsetAsync(send.data(), rank + 1, send.bytes(), s)); // every byte of rank r's part is r + 1
     auto gather = [&](cudaStream_t on) {
         pipeline_kernels::spin(1000LL * spin_us, on);
         CAPSCOPE_CHECK(ncclAllGather(send.data(), gathered.data(), floats, ncclFloat, support::comm().get(), on));
@@ -148,15 +151,19 @@ int main(int argc, char** argv) {
     CAPSCOPE_CHECK(cudaGraphAddChildGraphNode(&child, parent.get(), nullptr, 0, g1.get()));
     CAPSCOPE_CHECK(cudaGraphClone(&clone_raw, g1.get()));
     const cuda::graph clone(clone_raw);
-    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone);
+    cuda::copy_result copied = cuda::without_user_objects(cuda::capture(s, gather));
+    if (!copied.refused.empty()) return std::fprintf(stderr, "the NCCL graph was not copied: %s\n", copied.refused.c_str()), 1;
+    if (rank == 0) std::printf("copied without its user object: %s\n", node_census(copied.copy).c_str());
+    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone), ecopy(copied.copy);
 
     struct plan {
         const char* name;
         std::vector<const cuda::graph_exec*> cycle;
     };
-    const std::vector<plan> plans{{"kernel only", {&ek}}, {"user object", {&eu}}, {"NCCL as a child", {&ep}}, {"NCCL cloned", {&ecl}}, {"one NCCL graph", {&e1}}, {"two NCCL graphs", {&e1, &e2}}, {"NCCL and kernel", {&e1, &ek}}};
+    const std::vector<plan> plans{{"kernel only", {&ek}}, {"user object", {&eu}}, {"NCCL as a child", {&ep}}, {"NCCL cloned", {&ecl}}, {"one NCCL graph", {&e1}}, {"two NCCL graphs", {&e1, &e2}}, {"NCCL and kernel", {&e1, &ek}}, {"NCCL, copied", {&ecopy}}};
     for (const plan& p : plans) {
         std::vector<double> us;
+        CAPSCOPE_CHECK(cudaMemsetAsync(gathered.data(), 0, gathered.bytes(), s));
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
         CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         const auto begin = std::chrono::steady_clock::now();
@@ -174,6 +181,15 @@ int main(int argc, char** argv) {
         const std::string ahead = first_wait == us.end() ? "none waited" : "launch " + std::to_string(first_wait - us.begin()) + " waited first";
         std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median; %.1f over the second half), enqueue %.1f ms of %.1f ms; %s\n",
                     rank, p.name, launches, bench::median(us), bench::median(late), enqueue_ms, total_ms, ahead.c_str());
+        if (p.cycle[0] == &ecopy) { // the copy gathers what the source does: rank r's part all r + 1
+            std::vector<unsigned char> back(gathered.bytes());
+            CAPSCOPE_CHECK(cudaMemcpy(back.data(), gathered.data(), back.size(), cudaMemcpyDeviceToHost));
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < back.size(); ++i) wrong += back[i] != (unsigned char)(i / send.bytes() + 1);
+            std::printf("rank %d, %-16s all-gather after the launches: %s\n", rank, p.name,
+                        wrong ? ("WRONG in " + std::to_string(wrong) + " bytes").c_str() : "every byte from its rank");
+            if (wrong) return 1;
+        }
     }
     { // the user-object graph launched on two streams in turn: is the limit per stream?
         cuda::stream other;

@@ -64,6 +64,11 @@ if is_part tests; then
     -- --kind 1f1b --grouping one_by_one --floats 67108864 --steps 2 --microbatches 2 >"$OUT/pipeline-p2p-one-by-one.log" 2>&1
   r=$?; echo "== pipeline-p2p-one-by-one (must hang): exit $r"; grep -E "hang|rank|FAIL|every case" "$OUT/pipeline-p2p-one-by-one.log" | head -6
   [ $r -eq 1 ] && grep -q "a hang" "$OUT/pipeline-p2p-one-by-one.log" || rc=1
+  # Broken on purpose: one pass graph per chunk and direction, whatever the slot, must differ from eager.
+  CAPSCOPE_BREAK=pass_graph_per_chunk timeout 150 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe \
+    -- --kind 1f1b --phase-steps 0 >"$OUT/pipeline-pass-graph-per-chunk.log" 2>&1
+  r=$?; echo "== pipeline-pass-graph-per-chunk (must fail): exit $r"; grep -E "local|FAIL" "$OUT/pipeline-pass-graph-per-chunk.log" | head -4
+  [ $r -eq 1 ] && grep -q "eager != local" "$OUT/pipeline-pass-graph-per-chunk.log" || rc=1
   # A rank that stops taking part in the phased pipeline: the other's watchdog ends the job.
   run pipeline-phases-stop python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 60 --expect-watchdog \
     -- --kind "1f1b phases" --stop-rank 1
@@ -79,6 +84,7 @@ if is_part bench; then
   rm -f "$OUT/bench-data-parallel.csv"
   run bench-1gpu mpirun --allow-run-as-root -np 1 -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   run bench-2gpu "${mpi2[@]}" ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
+  [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && run bench-4gpu mpirun --allow-run-as-root -np 4 -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   python3 bench/data_parallel_table.py "$OUT/bench-data-parallel.csv" >"$OUT/bench-data-parallel.md" && cat "$OUT/bench-data-parallel.md"
   for work in ${PIPELINE_WORK:-2000 100}; do
     timeout 240 "${mpi2[@]}" ./build-mpi/bench/pipeline --work "$work" >"$OUT/bench-pipeline-work$work.log" 2>&1

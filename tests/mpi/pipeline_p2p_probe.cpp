@@ -5,7 +5,9 @@
 // - eager: the rank's program (capscope/parallel/pipeline_p2p.hpp) issued step by step;
 // - graph: one eager step (NCCL opens its connections on the first send), then the whole step,
 //   sends, receives and the optimizer included, captured once and replayed;
-// - the CPU: the same microbatches through every stage in turn, the same float operations.
+// - the CPU: the same microbatches through every stage in turn, the same float operations;
+// and two more that must equal eager: `local` and `transformer_engine`, each pass replayed from a
+// graph per chunk, direction and slot (pipeline_pass_graphs), the sends and receives eager.
 // Activations wait in slots (pipeline::plan_slots), received gradients too: memory by in-flight
 // microbatches. Sends and receives are grouped as Megatron groups them, on one communicator.
 // Then 1F1B with the count cycling 8 -> 12 -> 16 every step for 100 steps, from graphs captured
@@ -31,6 +33,7 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
 #include <capscope/parallel/nccl_watchdog.hpp>
+#include <capscope/parallel/pipeline_pass_graphs.hpp>
 #include <capscope/parallel/pipeline_phases.hpp>
 #include <capscope/pipeline/activation_slots.hpp>
 
@@ -64,28 +67,39 @@ bool run_case(const pipeline::schedule_shape& shape, int microbatches, int steps
     cuda::stream s;
     const pipeline_p2p p2p(support::comm(), shape, microbatches);
     const pipeline::slot_plan plan = pipeline::plan_slots(shape, rank, microbatches);
-    stage_state eager(n, rank, ranks, shape.virtual_stages, plan, microbatches, s), graphed(n, rank, ranks, shape.virtual_stages, plan, microbatches, s);
+    const int chunks = shape.virtual_stages;
+    stage_state eager(n, rank, ranks, chunks, plan, microbatches, s), graphed(n, rank, ranks, chunks, plan, microbatches, s);
     for (int t = 0; t < steps; ++t) eager.step(p2p, s);
     graphed.step(p2p, s); // NCCL opens its connections on the first send: eagerly, before the capture
     const cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { graphed.step(p2p, on); });
     const cuda::graph_exec exec(g);
     for (int t = 1; t < steps; ++t) exec.launch(s);
-    bool eager_graph = true, graph_cpu = true;
-    for (int c = 0; c < shape.virtual_stages; ++c) {
+    // local and transformer_engine: each pass a graph (per chunk, direction and slot), the sends
+    // and receives eager between them; captured at first use, or all before the first step.
+    stage_state local(n, rank, ranks, chunks, plan, microbatches, s, std::nullopt, true), ahead(n, rank, ranks, chunks, plan, microbatches, s, std::nullopt, true);
+    pipeline_pass_graphs lazily(support::comm(), shape, microbatches, pass_capture::lazily),
+        ahead_of_time(support::comm(), shape, microbatches, pass_capture::ahead_of_time);
+    for (int t = 0; t < steps; ++t) local.step(lazily, s), ahead.step(ahead_of_time, s);
+    const bool passes_once = lazily.graphs_captured() == lazily.distinct_passes() && ahead_of_time.graphs_captured() == ahead_of_time.distinct_passes();
+    bool eager_graph = true, graph_cpu = true, eager_passes = passes_once;
+    for (int c = 0; c < chunks; ++c) {
         const std::vector<float> a = eager.weights(c, s), b = graphed.weights(c, s);
         eager_graph = eager_graph && a == b;
-        graph_cpu = graph_cpu && b == reference(ranks * shape.virtual_stages, c * ranks + rank, std::vector<int>(std::size_t(steps), microbatches), n);
+        eager_passes = eager_passes && a == local.weights(c, s) && a == ahead.weights(c, s);
+        graph_cpu = graph_cpu && b == reference(ranks * chunks, c * ranks + rank, std::vector<int>(std::size_t(steps), microbatches), n);
     }
-    const bool same = eager_graph && graph_cpu, everywhere = all_ranks(same);
+    const bool same = eager_graph && graph_cpu && eager_passes, everywhere = all_ranks(same);
     std::string slots;
     for (int k : plan.slots) slots += (slots.empty() ? "" : "+") + std::to_string(k);
     const bool looped = shape.kind == pipeline::schedule_kind::interleaved_1f1b;
-    const std::string chunks = looped ? " x " + std::to_string(shape.virtual_stages) + " chunks" : "";
+    const std::string chunk_text = looped ? " x " + std::to_string(chunks) + " chunks" : "";
     const std::string groups = looped ? " in groups of " + std::to_string(shape.group_size()) : "";
     if (rank == 0 || !same)
-        std::printf("rank %d, %s, %d ranks%s, %d microbatches%s (%s activation and %d gradient slots on rank %d), %d steps: eager %s graph %s CPU%s\n",
-                    rank, std::string(pipeline::name_of(shape.kind)).c_str(), ranks, chunks.c_str(), microbatches, groups.c_str(), slots.c_str(),
-                    plan.gradient_slots, rank, steps, eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=", everywhere ? ", bitwise on every rank" : "");
+        std::printf("rank %d, %s, %d ranks%s, %d microbatches%s (%s activation and %d gradient slots on rank %d), %d steps: eager %s graph %s CPU, "
+                    "eager %s local %s transformer_engine (%d pass graphs of %zu passes)%s\n",
+                    rank, std::string(pipeline::name_of(shape.kind)).c_str(), ranks, chunk_text.c_str(), microbatches, groups.c_str(), slots.c_str(),
+                    plan.gradient_slots, rank, steps, eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=", eager_passes ? "=" : "!=",
+                    eager_passes ? "=" : "!=", lazily.distinct_passes(), p2p.program().compute.size(), everywhere ? ", bitwise on every rank" : "");
     return everywhere;
 }
 
@@ -207,6 +221,6 @@ int main(int argc, char** argv) {
         std::printf("rank %d: %s\n", support::mpi().rank(), e.what());
         return 1;
     }
-    if (support::mpi().rank() == 0) std::printf("%s\n", ok ? "every case bitwise equal: eager, graph and CPU" : "FAIL");
+    if (support::mpi().rank() == 0) std::printf("%s\n", ok ? "every case bitwise equal: eager, graph, local, transformer_engine and CPU" : "FAIL");
     return ok ? 0 : 1;
 }

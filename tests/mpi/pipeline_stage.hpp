@@ -2,12 +2,13 @@
 // The pipeline probe's model, shared by tests/mpi/pipeline_p2p_probe.cpp and bench/pipeline.cpp:
 // each stage y = x * w + 1/4 in fp32, the data, the CPU's reference, and one rank's state (weights,
 // activation and gradient slots, send buffers) with its passes and its sends' and receives'
-// buffers.
+// buffers, and its step issued eagerly or with each pass replayed from a graph.
 
 #include "pipeline_kernels.hpp"
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
+#include <capscope/parallel/pipeline_pass_graphs.hpp>
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/phases.hpp>
 
@@ -71,13 +72,16 @@ struct stage_state {
     //! Phased (pipeline_phases.hpp): microbatch k's slots are the layout's k mod S and k mod G for
     //! every count, and the first stage loads its data into its slot through a device counter.
     std::optional<pipeline::phase_layout> phased;
-    cuda::device_buffer<float> pool;  //!< phased: every microbatch's data, in order
-    cuda::device_buffer<int> counter; //!< phased: the next microbatch the first stage loads
+    //! Phased, or passes replayed as graphs (pipeline_pass_graphs): the first stage loads its
+    //! microbatch into its slot through a device counter, since a graph's host values are fixed.
+    bool pooled = false;
+    cuda::device_buffer<float> pool;  //!< pooled: every microbatch's data, in order
+    cuda::device_buffer<int> counter; //!< pooled: the next microbatch the first stage loads
     stage_state(int n_, int rank_, int ranks_, int chunks_, const pipeline::slot_plan& plan, int microbatches_, cudaStream_t s,
-                std::optional<pipeline::phase_layout> phased_ = std::nullopt)
+                std::optional<pipeline::phase_layout> phased_ = std::nullopt, bool pooled_ = false)
         : n(n_), rank(rank_), ranks(ranks_), chunks(chunks_), microbatches(microbatches_), out(std::size_t(n_)), grad_out(std::size_t(n_)),
           slot_of(std::size_t(chunks_ * microbatches_), -1), gradient_slot_of(std::size_t(chunks_ * microbatches_), -1), phased(phased_),
-          pool(phased_ && rank_ == 0 ? std::size_t(n_) * std::size_t(microbatches_) : 1), counter(1) {
+          pooled(phased_.has_value() || pooled_), pool(pooled && rank_ == 0 ? std::size_t(n_) * std::size_t(microbatches_) : 1), counter(1) {
         std::vector<float> host(static_cast<std::size_t>(n));
         for (int c = 0; c < chunks; ++c) {
             for (int i = 0; i < n; ++i) host[std::size_t(i)] = weight_at(c * ranks + rank, i);
@@ -89,14 +93,14 @@ struct stage_state {
         for (int k = 0; k < plan.gradient_slots; ++k) gradients.emplace_back(std::size_t(n));
         for (const pipeline::slot_use& u : plan.uses) slot_of[std::size_t(u.chunk * microbatches + u.microbatch)] = u.slot;
         for (const pipeline::gradient_use& u : plan.gradients) gradient_slot_of[std::size_t(u.chunk * microbatches + u.microbatch)] = u.slot;
-        if (phased && rank == 0) {
+        if (pooled && rank == 0) {
             std::vector<float> all(std::size_t(n) * std::size_t(microbatches));
             for (int mb = 0; mb < microbatches; ++mb)
                 for (int i = 0; i < n; ++i) all[std::size_t(mb) * std::size_t(n) + std::size_t(i)] = data_at(mb, i);
             pool.copy_from_host(all, s);
             CAPSCOPE_CHECK(cudaStreamSynchronize(s));
         }
-        if (rank == 0 && !phased)
+        if (rank == 0 && !pooled)
             for (int mb = 0; mb < microbatches; ++mb) {
                 for (int i = 0; i < n; ++i) host[std::size_t(i)] = data_at(mb, i);
                 data.emplace_back(std::size_t(n)).copy_from_host(host, s);
@@ -106,7 +110,7 @@ struct stage_state {
     int stage_of(int chunk) const { return chunk * ranks + rank; }
     float* input(int chunk, int mb) {
         if (phased) return slots[std::size_t(chunk)][std::size_t(phased->activation_slot(mb))].data();
-        if (stage_of(chunk) == 0) return data[std::size_t(mb)].data();
+        if (stage_of(chunk) == 0 && !pooled) return data[std::size_t(mb)].data();
         return slots[std::size_t(chunk)][std::size_t(slot_of[std::size_t(chunk * microbatches + mb)])].data();
     }
     float* gradient(int chunk, int mb) {
@@ -123,14 +127,20 @@ struct stage_state {
         const std::size_t c = std::size_t(a.chunk);
         float* x = input(a.chunk, a.microbatch);
         float* dx = stage_of(a.chunk) > 0 ? grad_out.data() : nullptr;
-        if (phased && a.direction == pass::forward && stage_of(a.chunk) == 0) pipeline_kernels::load_next(pool.data(), counter.data(), x, n, s);
+        if (pooled && a.direction == pass::forward && stage_of(a.chunk) == 0) pipeline_kernels::load_next(pool.data(), counter.data(), x, n, s);
         if (a.direction == pass::forward) pipeline_kernels::forward(x, w[c].data(), out.data(), n, s);
         else if (stage_of(a.chunk) == ranks * chunks - 1) pipeline_kernels::last_backward(x, w[c].data(), dw[c].data(), dx, n, s);
         else pipeline_kernels::backward(gradient(a.chunk, a.microbatch), x, w[c].data(), dw[c].data(), dx, n, s);
     }
     void step(const pipeline_p2p& p2p, cudaStream_t s) {
-        if (phased) counter.fill_bytes(0, s);
+        if (pooled) counter.fill_bytes(0, s);
         p2p.run([&](const pipeline::p2p_op& op) { return buffer_of(op); }, [&](const compute_action& a, cudaStream_t on) { run(a, on); }, s);
+        optimizer(s);
+    }
+    //! The same step with each pass replayed from its graph (pipeline_pass_graphs).
+    void step(pipeline_pass_graphs& passes, cudaStream_t s) {
+        counter.fill_bytes(0, s);
+        passes.step([&](const pipeline::p2p_op& op) { return buffer_of(op); }, [&](const compute_action& a, cudaStream_t on) { run(a, on); }, s);
         optimizer(s);
     }
     void optimizer(cudaStream_t s) {

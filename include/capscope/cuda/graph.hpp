@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <utility>
 
 namespace capscope::cuda {
@@ -72,7 +73,14 @@ public:
         return n;
     }
 
+    //! What this graph's nodes refer to without owning it: for a copy made by
+    //! `without_user_objects` (graph_copy.hpp), the graph it was copied from, whose user objects
+    //! keep NCCL's plans alive. An executable graph instantiated from this one holds it too.
+    const std::shared_ptr<const void>& keeps_alive() const noexcept { return keep_; }
+    void keep_alive(std::shared_ptr<const void> what) noexcept { keep_ = std::move(what); }
+
 private:
+    std::shared_ptr<const void> keep_; // declared first, released last
     capscope::detail::unique_handle<cudaGraph_t, &detail::destroy_graph> handle_;
 };
 
@@ -82,6 +90,7 @@ public:
     explicit graph_exec(const graph& g) {
         CAPSCOPE_CHECK(cudaGraphInstantiate(handle_.out(), g.get(), 0));
         ++detail::live_exec_count;
+        keep_ = g.keeps_alive();
     }
 
     cudaGraphExec_t get() const noexcept { return handle_.get(); }
@@ -97,7 +106,10 @@ public:
         cudaGraphExecUpdateResultInfo info{};
         const cudaError_t e = cudaGraphExecUpdate(get(), g.get(), &info);
         if (why) *why = info.result;
-        if (e == cudaSuccess) return update_result::updated;
+        if (e == cudaSuccess) {
+            keep_ = g.keeps_alive(); // the nodes now refer to what `g`'s refer to
+            return update_result::updated;
+        }
         if (e == cudaErrorGraphExecUpdateFailure) {
             cudaGetLastError(); // reported by the result, not by the next call
             return update_result::refused;
@@ -107,6 +119,7 @@ public:
     }
 
 private:
+    std::shared_ptr<const void> keep_; // declared first, released last: see graph::keeps_alive
     capscope::detail::unique_handle<cudaGraphExec_t, &detail::destroy_exec> handle_;
 };
 

@@ -20,6 +20,9 @@ struct breakage {
     bool skip_graph_updates = false;    //!< calls updated in the graph keep the values of their capture
     bool skip_replay_check = false;     //!< pipeline_p2p issues sends and receives its replay check refused
     bool one_phase_variant = false;     //!< pipeline_phase_graphs replays steady and tail variant 0 whatever the iteration (wrong slots)
+    bool pass_graph_per_chunk = false;  //!< pipeline_pass_graphs keys a pass by chunk and direction only (one slot's graph for every microbatch)
+    bool keep_user_objects = false;     //!< runners instantiate their graphs as captured, user objects and all (launches wait past 28)
+    bool copy_kernels_as_empty = false; //!< without_user_objects copies each kernel node as an empty node (the copy computes nothing)
 };
 
 inline breakage installed_breakage_v{};

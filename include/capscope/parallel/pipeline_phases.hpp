@@ -13,6 +13,7 @@
 //! the first stage's load advances, because a captured host value never changes.
 
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/graph_copy.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
 #include <capscope/pipeline/phases.hpp>
@@ -84,7 +85,7 @@ private:
         const pipeline::rank_program& program = p2p.program();
         for (const pipeline::phase_segment& seg : pipeline::phases_of(shape_, rank_, m)) {
             if (!(seg.key == key)) continue;
-            const cuda::graph g = cuda::capture(stream, [&](cudaStream_t on) {
+            cuda::graph g = cuda::capture(stream, [&](cudaStream_t on) {
                 for (const pipeline::p2p_group& grp : seg.groups)
                     if (grp.after < seg.first_pass) p2p.issue(grp, buffer_of, on);
                 for (int k = seg.first_pass; k < seg.end_pass; ++k) {
@@ -94,7 +95,10 @@ private:
                 }
             });
             ++captures_;
-            return cuda::graph_exec(g);
+            // A phase holds NCCL's user object; launched from a copy without it, a step of more than
+            // 28 phases does not make the host wait (cuda/graph_copy.hpp).
+            if (detail::installed_breakage().keep_user_objects) return cuda::graph_exec(g);
+            return cuda::graph_exec(cuda::without_user_objects(std::move(g)).copy);
         }
         throw std::logic_error("capscope pipeline: no phase for its key in the count chosen to hold it"); // phases.hpp's test says never
     }

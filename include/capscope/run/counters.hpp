@@ -23,6 +23,8 @@ struct runner_counters {
     long doctor_calls_watched = 0; //!< stage calls the capture doctor watched in the last warmup step (0: it did not watch)
     long graph_updates = 0;   //!< calls updated in the graph (stage::updated_in_graph): recorded again and put in place before a replay
     long update_fallbacks = 0; //!< replays whose update the graph could not take, run eagerly instead (capture_failure::run_eagerly)
+    long user_object_copies = 0; //!< graphs copied without their user objects before instantiation (cuda/graph_copy.hpp), so that launches of graphs holding NCCL do not wait
+    long copies_refused = 0;     //!< graphs kept as captured, holding a node the copy does not take (a conditional node): their launches may wait past 28 in flight
     // Start-up, in host microseconds (set-up only: never on the replay path).
     long capture_us = 0;             //!< capturing segments into graphs, all of them
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them

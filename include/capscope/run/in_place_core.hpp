@@ -399,6 +399,7 @@ private:
             mode_ = segment_mode::eager; // ended: nothing to abort if what follows throws
             const std::size_t at = std::size_t(seg.graph);
             graphs_.updates[at] = executor_.take_captured_updates();
+            g = executor_.launchable(std::move(g), !graphs_.updates[at].empty());
             executor_.apply(graphs_.execs[at], g, calls_[std::size_t(seg.first_call)].name);
             if (!graphs_.updates[at].empty()) graphs_.kept[at] = std::move(g); // its child nodes are updated through it
             graphs_.execs[at].launch(on_);

@@ -332,6 +332,7 @@ private:
             return false;
         }
         graphs_.updates[at] = executor_.take_captured_updates();
+        g = executor_.launchable(std::move(g), !graphs_.updates[at].empty());
         executor_.apply(graphs_.execs[at], g, calls_[std::size_t(seg.first_call)].name);
         if (!graphs_.updates[at].empty()) graphs_.kept[at] = std::move(g); // its child nodes are updated through the graph instantiated
         fresh_[at] = {step_serial_, int(&seg - plan_.segments.data())};

@@ -26,6 +26,7 @@
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/graph_copy.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/plan/plan_calls.hpp>
@@ -307,6 +308,16 @@ public:
         const std::string_view refused = update_node(exec, u, c, why);
         detail::add_time(counters_.update_us, counters_.longest_update_us, detail::microseconds_since(started));
         return refused;
+    }
+
+    //! `g`, copied without its user objects (cuda/graph_copy.hpp) so that the launches of a graph
+    //! holding NCCL's do not wait once 28 are in flight; `g` itself when it holds a node the copy
+    //! does not take, or calls updated in the graph (their child nodes are addressed in `g`).
+    cuda::graph launchable(cuda::graph g, bool has_updated_calls) {
+        if (has_updated_calls || detail::installed_breakage().keep_user_objects) return g; // (the latter: a test, broken on purpose)
+        cuda::copy_result r = cuda::without_user_objects(std::move(g));
+        detail::count_one(r.refused.empty() ? counters_.user_object_copies : counters_.copies_refused);
+        return std::move(r.copy);
     }
 
     //! Makes `exec` run `g`: updated in place when it exists and CUDA accepts the update,
