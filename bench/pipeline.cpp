@@ -1,6 +1,8 @@
-// A 1F1B pipeline step on 2 GPUs (one process each), three ways side by side in one run:
+// A 1F1B pipeline step on 2 GPUs (one process each), four ways side by side in one run:
 //   eager   capscope's eager pipeline: each step's program (pipeline_p2p) issued from the host,
 //           with its sends and receives as NCCL groups
+//   passes  pipeline_pass_graphs: each pass replayed from its graph (per direction and slot), the
+//           sends and receives eager between them (the local and transformer_engine impls)
 //   whole   the whole step captured as one graph, one graph per microbatch count
 //   phases  pipeline_phase_graphs: warmup, steady and tail graphs captured once, for every count
 // The model is tests/mpi/pipeline_stage.hpp's (y = x * w + 1/4 per stage), each pass weighted by
@@ -13,16 +15,24 @@
 // the device memory that the phase graphs hold (captured once), that the whole-step graph of that
 // count holds, and what launching the phases at each count adds.
 //
-//   mpirun -np 2 pipeline [--floats N] [--work K] [--rounds R]     exit 77 without 2 GPUs
+// With --trace (CUPTI), each rank's whole-step graph at each timed count is traced after the
+// timing: compute kernels busy, NCCL kernels, the NCCL time no compute kernel overlaps, and the
+// time no kernel runs, per step (bench/kernel_timeline.hpp). That says where the idle goes.
+//
+//   mpirun -np 2 pipeline [--floats N] [--work K] [--rounds R] [--trace]     exit 77 without 2 GPUs
 
 #include "arguments.hpp"
 #include "round_robin.hpp"
 
 #include "../tests/gpu/mpi_support.hpp"
+#if defined(BENCH_WITH_CUPTI)
+#include "kernel_timeline.hpp"
+#endif
 #include "../tests/mpi/pipeline_stage.hpp"
 
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
+#include <capscope/parallel/pipeline_pass_graphs.hpp>
 #include <capscope/parallel/pipeline_phases.hpp>
 #include <capscope/pipeline/schedule_text.hpp>
 
@@ -98,7 +108,11 @@ constexpr double mib = 1024.0 * 1024.0;
 int main(int argc, char** argv) {
     int n = 1 << 20, work = 2000, rounds = 7;
     bench::arguments args("pipeline");
-    args.integer("--floats", n, 256).integer("--work", work, 0).integer("--rounds", rounds, 1).parse_or_exit(argc, argv);
+    bool trace = false;
+    args.integer("--floats", n, 256).integer("--work", work, 0).integer("--rounds", rounds, 1).flag("--trace", trace).parse_or_exit(argc, argv);
+#if !defined(BENCH_WITH_CUPTI)
+    if (trace) args.refuse("--trace needs CUPTI, which this build did not find");
+#endif
     const std::string device = bench::device_or_skip();
     if (cuda::usable_device_count() < 2) return std::printf("one GPU: a pipeline needs two (mpirun -np 2): skipped\n"), 77;
     support::comm();
@@ -147,7 +161,7 @@ int main(int argc, char** argv) {
     // Step time, the three ways round-robin per count, and each rank's passes alone.
     struct row {
         int m;
-        double eager, whole, phases;
+        double eager, passes, whole, phases;
         std::vector<double> idle;
     };
     std::vector<row> rows;
@@ -159,9 +173,17 @@ int main(int argc, char** argv) {
             for (const compute_action& a : order) busy_model.pass(a, on);
         });
         const cuda::graph_exec busy_exec(busy_graph);
-        std::vector<double> eager, graph, phased, busy;
+        pipeline_pass_graphs pass_graphs(support::comm(), shape, m, pass_capture::ahead_of_time);
+        auto pass_step = [&](cudaStream_t on) {
+            model.state.counter.fill_bytes(0, on);
+            pass_graphs.step(model.buffers(), model.passes(), on);
+            model.state.optimizer(on);
+        };
+        pass_step(s); // captured ahead of the first step, outside the timing
+        std::vector<double> eager, graph, phased, busy, per_pass;
         for (int r = 0; r < rounds; ++r) {
             eager.push_back(time_steps([&](cudaStream_t on) { model.step(p2p, on); }, 1, steps, s));
+            per_pass.push_back(time_steps(pass_step, 1, steps, s));
             graph.push_back(time_steps([&](cudaStream_t on) { whole.at(m).launch(on); }, 1, steps, s));
             phased.push_back(time_steps([&](cudaStream_t on) {
                 model.state.counter.fill_bytes(0, on);
@@ -170,7 +192,7 @@ int main(int argc, char** argv) {
             }, 1, steps, s));
             busy.push_back(time_steps([&](cudaStream_t on) { busy_exec.launch(on); }, 1, steps, s));
         }
-        row x{m, max_over_ranks(bench::median(eager)), max_over_ranks(bench::median(graph)), max_over_ranks(bench::median(phased)), {}};
+        row x{m, max_over_ranks(bench::median(eager)), max_over_ranks(bench::median(per_pass)), max_over_ranks(bench::median(graph)), max_over_ranks(bench::median(phased)), {}};
         const double idle = 1.0 - bench::median(busy) / x.phases;
         x.idle = gather(idle, ranks);
         rows.push_back(x);
@@ -178,17 +200,34 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
         std::printf("1f1b pipeline, %d ranks, %s; %d floats a message (%.1f MiB), --work %d\n", ranks, device.c_str(), n, double(n) * 4 / mib, work);
-        std::printf("\n| M | eager pipeline | whole-step graph | phases (captured once) | eager / phases | idle per rank (phases) | bubble in theory |\n");
-        std::printf("|---:|---:|---:|---:|---:|---|---:|\n");
+        std::printf("\n| M | eager pipeline | per-pass graphs | whole-step graph | phases (captured once) | eager / whole | idle per rank (phases) | bubble in theory |\n");
+        std::printf("|---:|---:|---:|---:|---:|---:|---|---:|\n");
         for (const row& x : rows) {
             std::string idle;
             for (double v : x.idle) idle += (idle.empty() ? "" : ", ") + std::to_string(int(v * 1000 + 0.5) / 10) + "." + std::to_string(int(v * 1000 + 0.5) % 10) + "%";
-            std::printf("| %d | %.3f ms | %.3f ms | %.3f ms | %.2fx | %s | %.1f%% |\n", x.m, x.eager, x.whole, x.phases, x.eager / x.phases, idle.c_str(),
+            std::printf("| %d | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.2fx | %s | %.1f%% |\n", x.m, x.eager, x.passes, x.whole, x.phases, x.eager / x.whole, idle.c_str(),
                         100.0 * pipeline::theoretical_bubble(shape, x.m));
         }
         std::printf("\n| M | phase graphs (captured once) | launching them at M adds | whole-step graph of M |\n|---:|---:|---:|---:|\n");
         for (int m : memory_counts)
             std::printf("| %d | %.2f MiB | %.2f MiB | %.2f MiB |\n", m, phase_mib_all, phase_growth_mib[m], whole_mib[m]);
     }
+#if defined(BENCH_WITH_CUPTI)
+    for (int m : trace ? timed_counts : std::vector<int>{}) { // after the timing: tracing slows the host
+        bench::kernel_timeline timeline;
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        timeline.start();
+        (void)time_steps([&](cudaStream_t on) { whole.at(m).launch(on); }, 1, steps, s);
+        timeline.stop();
+        for (int r = 0; r < ranks; ++r) { // one rank at a time, so lines do not interleave
+            if (r == rank) {
+                const std::string prefix = "trace, whole-step graph, M = " + std::to_string(m) + ", rank " + std::to_string(rank) + ": ";
+                timeline.print(steps, prefix.c_str());
+            }
+            std::fflush(stdout);
+            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        }
+    }
+#endif
     return 0;
 }
