@@ -9,4 +9,5 @@
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/graph_copy.hpp>
 #include <capscope/cuda/stream.hpp>
