@@ -105,6 +105,41 @@ def main():
                r["message"] == "eval_global_batch_size (15) must be divisible by eval_micro_batch_size (1) * data_parallel_size (2) * "
                                "gtp_weight_remat_size (1)" for r in j["refused_inputs"]), f"rc {rc}, {j and j['pipeline_schedule']}")
 
+    # Generalized tensor parallelism (--tensor-parallel-num-weight-shards): the shards' factor over tp
+    # counts toward the model size (validate_args), and the calculator is given replicas x factor.
+    gtp = interleaved + ["--tensor-model-parallel-size", "2", "--tensor-parallel-num-weight-shards", "4"]
+    rc, j, err = check(tool, gtp + ["--global-batch-size", "16"], world=32)
+    s = j and j.get("pipeline_schedule")
+    expect("GTP factor 2: world 32 over tp 2 x pp 4 x factor 2, 2 replicas, the calculator's data parallel 4", rc == 0 and s and
+           s["replicas"] == 2 and s["data_parallel"] == 4 and s["batches"][0]["microbatches"] == 4, f"rc {rc}, {s} {j and j['refused_inputs']}")
+    rc, j, err = check(tool, gtp + ["--global-batch-size", "32"], world=32)
+    s = j and j.get("pipeline_schedule")
+    expect("GTP factor 2 at global batch 32: 8 microbatches, accepted", rc == 0 and s and s["batches"][0]["microbatches"] == 8,
+           f"rc {rc}, {s} {j and j['refused_inputs']}")
+    rc, j, err = check(tool, gtp + ["--global-batch-size", "32"], world=8)
+    expect("GTP: a world the model size with the factor does not divide", rc == 1 and any(
+        "world size (8) is not divisible by total_model_size (total_model_size=16)" in r["message"] for r in j["refused_inputs"]), f"rc {rc}")
+    rc, j, err = check(tool, gtp, world=32)
+    # Megatron's default global batch is micro x replicas (2), while the calculator divides by micro x 4:
+    # validate_args's evaluation check refuses it first, in its words.
+    expect("GTP without a global batch: the default is refused", rc == 1 and any(
+        r["message"] == "eval_global_batch_size (2) must be divisible by eval_micro_batch_size (1) * data_parallel_size (2) * "
+                        "gtp_weight_remat_size (2)" for r in j["refused_inputs"]), f"rc {rc}, {j and j['refused_inputs']}")
+    for shards, words in (("3", "must be divisible by tensor_model_parallel_size (2)."), ("1", "must be >= tensor_model_parallel_size (2).")):
+        rc, j, err = check(tool, interleaved + ["--tensor-model-parallel-size", "2", "--tensor-parallel-num-weight-shards", shards,
+                                                "--global-batch-size", "16"], world=16)
+        expect(f"weight shards {shards} over tp 2 refused", rc == 1 and any(
+            r["where"] == "validate_args" and r["message"] == f"tensor_parallel_num_weight_shards ({shards}) {words}" for r in j["refused_inputs"]),
+            f"rc {rc}, {j and j['refused_inputs']}")
+    rc, j, err = check(tool, ["--num-layers", "4", "--micro-batch-size", "1", "--tensor-parallel-num-weight-shards", "2", "--fp4-format", "e2m1"])
+    expect("GTP with fp4 needs the fp4 parameter gather", rc == 1 and any(
+        "requires --fp4-param-gather" in r["message"] for r in j["refused_inputs"]), f"rc {rc}, {j and j['refused_inputs']}")
+    rc, j, err = check(tool, ["--num-layers", "4", "--micro-batch-size", "1", "--expert-tensor-parallel-size", "2",
+                              "--expert-tensor-parallel-num-weight-shards", "3"])
+    expect("expert weight shards refused over the expert tp, in Megatron's (dense) words", rc == 1 and any(
+        r["message"] == "tensor_parallel_num_weight_shards (3) must be divisible by tensor_model_parallel_size (2)."
+        for r in j["refused_inputs"]), f"rc {rc}, {j and j['refused_inputs']}")
+
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "16"])
     expect("no world size: the count is not known, nothing refused", rc == 0 and "--world-size" in j["pipeline_schedule"]["not_known"] and
            j["pipeline_schedule"]["batches"] == [], f"rc {rc}")

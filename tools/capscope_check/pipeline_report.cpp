@@ -1,5 +1,7 @@
 #include "pipeline_report.hpp"
 
+#include <algorithm>
+
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/schedule_text.hpp>
 
@@ -46,7 +48,12 @@ std::string pipeline_schedule_text(const flags::pipeline_schedule_inputs& p) {
     if (!p.shape)
         return out + "  not derived: --pipeline-model-parallel-layout gives the stages, which capscope does not read\n";
     out += "  " + shape_words(p) + "\n";
-    if (p.data_parallel > 0 && p.micro_batch > 0)
+    if (p.data_parallel > 0 && p.micro_batch > 0 && p.replicas != p.data_parallel)
+        out += fmt::format("  data parallel {} (replicas {} x the weight shards' factor {}), micro batch {}: a microbatch is {} samples across "
+                           "the data-parallel ranks\n",
+                           p.data_parallel, p.replicas, p.data_parallel / std::max(p.replicas, 1), p.micro_batch,
+                           static_cast<long long>(p.data_parallel) * p.micro_batch);
+    else if (p.data_parallel > 0 && p.micro_batch > 0)
         out += fmt::format("  data parallel {}, micro batch {}: a microbatch is {} samples across the data-parallel ranks\n", p.data_parallel,
                            p.micro_batch, static_cast<long long>(p.data_parallel) * p.micro_batch);
     for (const flags::pipeline_batch& b : p.batches) out += "  " + batch_words(p, b) + "\n";
@@ -80,6 +87,7 @@ nlohmann::json pipeline_schedule_json(const flags::pipeline_schedule_inputs& p) 
                        {"overlap_p2p", p.overlap_p2p}, {"batches", batches}};
     if (s.kind == schedule_kind::interleaved_1f1b) out["group"] = s.group_size();
     if (p.data_parallel > 0) out["data_parallel"] = p.data_parallel;
+    if (p.replicas > 0) out["replicas"] = p.replicas;
     if (p.micro_batch > 0) out["micro_batch"] = p.micro_batch;
     if (p.eval_microbatches > 0) out["eval_microbatches"] = p.eval_microbatches;
     if (!p.not_known.empty()) out["not_known"] = p.not_known;

@@ -41,7 +41,8 @@ struct pipeline_schedule_inputs {
     std::optional<pipeline::schedule_shape> shape; //!< none when --pipeline-model-parallel-layout gives the split
     int group_given = 0;                         //!< --microbatch-group-size-per-virtual-pipeline-stage as given (0: absent, the default; -1: below 1 or past 2^20)
     bool overlap_p2p = false;                    //!< Megatron overlaps sends and receives with compute (interleaved's default)
-    int data_parallel = 0;                       //!< world / (tp x pp x cp); 0 when not known
+    int data_parallel = 0;                       //!< the calculator's: world / (tp x pp x cp); 0 when not known
+    int replicas = 0;                            //!< data-parallel replicas: world / (tp x pp x cp x weight-shard factor)
     int micro_batch = 0;
     int eval_microbatches = 0;                   //!< evaluate()'s count; 0 when not known
     std::vector<pipeline_batch> batches;         //!< the batch sizes the run takes, in order; empty when not known
@@ -58,6 +59,7 @@ struct megatron_command_line {
         int pipeline_model_parallel_size = 1;
         std::optional<int> virtual_pipeline_model_parallel_size;  //!< none when 1
         int mtp_num_layers = 0;                 //!< from the hybrid pattern's / depths
+        int gtp_weight_remat_size = 1;          //!< --tensor-parallel-num-weight-shards / tp: a model-size factor
     } derived;
     //! An input Megatron refuses before the CUDA-graph rules (validate_args_inputs.hpp): the
     //! configuration is invalid (exit 1), and the rules are still checked and reported.

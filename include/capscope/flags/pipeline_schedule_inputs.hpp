@@ -4,7 +4,9 @@
 //! start-up, ported from Megatron-LM d98e8a64dd:
 //! - the microbatch count: the global batch over micro batch x data-parallel size
 //!   (num_microbatches_calculator.py at start-up), for each batch size of a
-//!   `--step-batch-size-schedule`, the data-parallel size being the world over tp x pp x cp;
+//!   `--step-batch-size-schedule`, the data-parallel size being the world over tp x pp x cp (with
+//!   `--tensor-parallel-num-weight-shards`, the world must divide by tp x pp x cp x the shards'
+//!   factor, and the calculator is still given the world over tp x pp x cp);
 //! - the interleaved schedule's group rules (schedules.py, raised at the first step that runs the
 //!   count, so a step schedule's later batch size fails hours into training);
 //! - capscope's replay check of the sends and receives (replay_check.hpp).
@@ -146,18 +148,25 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
         return;
     }
     const long long tp = in.integer("tensor_model_parallel_size").value_or(1), cp = in.integer("context_parallel_size").value_or(1);
+    // Generalized tensor parallelism's weight-shard factor counts toward the model size; the
+    // replicas are what is left, and the microbatch calculator is given replicas x factor.
+    const long long gtp = line.derived.gtp_weight_remat_size;
     long long model = 0;
-    if (tp < 1 || cp < 1 || __builtin_mul_overflow(tp, static_cast<long long>(pp), &model) || __builtin_mul_overflow(model, cp, &model))
+    if (tp < 1 || cp < 1 || __builtin_mul_overflow(tp, static_cast<long long>(pp), &model) || __builtin_mul_overflow(model, cp, &model) ||
+        __builtin_mul_overflow(model, gtp, &model))
         model = 0; // no world size divides it
     if (model < 1 || *world_size % model != 0) {
         no.require(false,
                    "world size (" + std::to_string(*world_size) + ") is not divisible by total_model_size (total_model_size=" +
                        (model > 0 ? std::to_string(model) : "tp x pp x cp, past 2^63") + ")",
-                   "use a world size that is a multiple of tensor x pipeline x context parallel sizes");
-        p.not_known = "the data-parallel size is not known: the world size is not a multiple of tp x pp x cp";
+                   gtp > 1 ? "use a world size that is a multiple of tensor x pipeline x context parallel sizes x the weight shards' factor "
+                             "(--tensor-parallel-num-weight-shards / tp)"
+                           : "use a world size that is a multiple of tensor x pipeline x context parallel sizes");
+        p.not_known = "the data-parallel size is not known: the world size is not a multiple of the model size";
         return;
     }
-    p.data_parallel = static_cast<int>(*world_size / model);
+    p.replicas = static_cast<int>(*world_size / model);
+    p.data_parallel = static_cast<int>(*world_size / model * gtp);
     const auto micro = in.integer("micro_batch_size");
     if (!micro || *micro < 1 || !detail::fits_int(*micro)) {
         no.require(false, micro ? "assert args.micro_batch_size > 0" : "assert args.micro_batch_size is not None",
@@ -191,7 +200,8 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
             return;
         }
     } else {
-        const long long global = in.integer("global_batch_size").value_or(per_step); // validate_args's default
+        // validate_args's default: micro batch x the replicas (without the weight-shard factor).
+        const long long global = in.integer("global_batch_size").value_or(*micro * p.replicas);
         if (global <= 0) {
             no.require(false, "assert args.global_batch_size > 0", "give --global-batch-size, 1 or more");
             p.not_known = "the microbatch count is not known without a positive global batch size";
@@ -203,14 +213,14 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
     // validate_args's start-up check of the evaluation batch (its default: the global batch before
     // any rounding; with a step schedule, micro batch x data parallel), and its count.
     const long long eval_micro = in.integer("eval_micro_batch_size").value_or(*micro);
-    const long long eval_global = in.integer("eval_global_batch_size").value_or(step_schedule ? per_step : batches.front());
+    const long long eval_global = in.integer("eval_global_batch_size").value_or(step_schedule ? *micro * p.replicas : batches.front());
     long long eval_per_step = 0;
     if (eval_micro > 0 && eval_global > 0 && !__builtin_mul_overflow(eval_micro, static_cast<long long>(p.data_parallel), &eval_per_step)) {
         if (eval_global % eval_per_step != 0)
             no.require(false,
                        "eval_global_batch_size (" + std::to_string(eval_global) + ") must be divisible by eval_micro_batch_size (" +
-                           std::to_string(eval_micro) + ") * data_parallel_size (" + std::to_string(p.data_parallel) +
-                           ") * gtp_weight_remat_size (1)",
+                           std::to_string(eval_micro) + ") * data_parallel_size (" + std::to_string(p.replicas) +
+                           ") * gtp_weight_remat_size (" + std::to_string(gtp) + ")",
                        "give --eval-global-batch-size as a multiple of " + std::to_string(eval_per_step));
         else if (detail::fits_int(eval_global / eval_per_step))
             p.eval_microbatches = static_cast<int>(eval_global / eval_per_step);

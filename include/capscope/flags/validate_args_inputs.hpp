@@ -36,6 +36,9 @@ inline constexpr std::string_view validate_args_input_flags[] = {
     "--micro-batch-size", "--global-batch-size", "--step-batch-size-schedule", "--decrease-batch-size-if-needed",
     "--tensor-model-parallel-size", "--context-parallel-size", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--eval-global-batch-size", "--eval-micro-batch-size", "--seq-length",
+    // Generalized tensor parallelism: the weight-shard factor counts toward the model size.
+    "--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards", "--expert-tensor-parallel-size",
+    "--fp4-format", "--fp4-param-gather",
 };
 inline bool is_validate_args_input(std::string_view flag) {
     return std::find(std::begin(validate_args_input_flags), std::end(validate_args_input_flags), flag) !=
@@ -96,6 +99,24 @@ public:
 private:
     megatron_command_line& line_;
 };
+
+//! model_parallel_config.py's resolve_tensor_parallel_weight_shards, as validate_args calls it:
+//! the weight-shard factor (gtp_weight_remat_size) a --*-num-weight-shards gives over its tensor
+//! parallel size, 1 when absent or refused. Megatron names the dense fields in both calls.
+inline int resolve_weight_shards(refusals& no, std::optional<long long> shards, long long tp) {
+    if (!shards || tp < 1) return 1;
+    if (!no.require(*shards >= tp,
+                    "tensor_parallel_num_weight_shards (" + std::to_string(*shards) + ") must be >= tensor_model_parallel_size (" +
+                        std::to_string(tp) + ").",
+                    "give the weight shards as a multiple of the tensor-parallel size, at least that size"))
+        return 1;
+    if (!no.require(*shards % tp == 0,
+                    "tensor_parallel_num_weight_shards (" + std::to_string(*shards) + ") must be divisible by tensor_model_parallel_size (" +
+                        std::to_string(tp) + ").",
+                    "give the weight shards as a multiple of the tensor-parallel size"))
+        return 1;
+    return fits_int(*shards / tp) ? static_cast<int>(*shards / tp) : 1;
+}
 
 //! hybrid_layer_allocation.py's _validate_pattern.
 inline void check_hybrid_symbols(refusals& no, std::string_view pattern, std::string_view name, bool allow_pipe) {
@@ -265,6 +286,9 @@ inline void apply_validate_args_inputs(megatron_command_line& line, const std::s
                "use 1 (no pipelining) or more");
     const int pp = pp_given >= 1 && pp_given <= (1 << 20) ? static_cast<int>(pp_given) : 1;
     line.derived.pipeline_model_parallel_size = pp;
+    // Generalized tensor parallelism, resolved before the model size (validate_args, first thing).
+    const long long tp = in.integer("tensor_model_parallel_size").value_or(1);
+    line.derived.gtp_weight_remat_size = detail::resolve_weight_shards(no, in.integer("tensor_parallel_num_weight_shards"), tp);
 
     auto pattern = in.text("hybrid_layer_pattern");
     if (const auto old = in.text("hybrid_override_pattern")) {
@@ -288,6 +312,14 @@ inline void apply_validate_args_inputs(megatron_command_line& line, const std::s
     no.require(!(fp16 && bf16), "--fp16 and --bf16 were both given (validate_args asserts not args.bf16 under fp16)",
                     "keep one precision flag");
     line.derived.params_dtype = fp16 ? "float16" : bf16 ? "bfloat16" : "float32";
+    // The expert layers' factor, resolved later in validate_args (expert tp defaults to tp); then
+    // GTP with fp4 needs the fp4 parameter gather.
+    const int expert_gtp = detail::resolve_weight_shards(no, in.integer("expert_tensor_parallel_num_weight_shards"),
+                                                         in.integer("expert_tensor_parallel_size").value_or(tp));
+    no.require(!((line.derived.gtp_weight_remat_size > 1 || expert_gtp > 1) && in.text("fp4") && !in.on("fp4_param_gather")),
+               "GTP (--tensor-parallel-num-weight-shards / --expert-tensor-parallel-num-weight-shards > 1) with --fp4-format requires "
+               "--fp4-param-gather so NVFP4 weights are all-gathered as native NVFP4.",
+               "add --fp4-param-gather");
     // Dynamic loss scaling (fp16 without a constant --loss-scale, 0 included) signals overflow
     // with NaNs, so Megatron turns its NaN check off: rule A1 then holds under full_iteration.
     if (fp16 && in.real("loss_scale").value_or(0.0) == 0.0) c.check_for_nan_in_loss_and_grad = false;
