@@ -27,7 +27,7 @@
 #include "round_robin.hpp"
 
 #include "../tests/gpu/mpi_support.hpp"
-#include "../tests/mpi/pipeline_kernels.hpp"
+#include "../examples/common/pipeline_kernels.hpp"
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/graph.hpp>

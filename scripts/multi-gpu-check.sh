@@ -20,7 +20,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel bench/data_parallel bench/pipeline >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel examples/15_pipeline_trainer bench/data_parallel bench/pipeline >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -79,6 +79,7 @@ if is_part tests; then
   [ $r -eq 1 ] && grep -q "graph != CPU" "$OUT/pipeline-phases-one-variant.log" || rc=1
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
+  run tutorial-15 "${mpi2[@]}" ./build-mpi/examples/15_pipeline_trainer
 fi
 if is_part bench; then
   rm -f "$OUT/bench-data-parallel.csv"

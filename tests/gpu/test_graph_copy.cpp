@@ -91,7 +91,7 @@ struct layers_holding_user_objects {
 
 TEST_CASE("a graph copied without its user objects computes what the source computes, and keeps the source alive") {
     cuda::stream s, side;
-    cuda::event fork, join;
+    cuda::event fork, join, external;
     constexpr int n = 4096;
     cuda::device_buffer<int> in(n), tripled(n), copied(n), counter(1), child_counter(1);
     std::vector<int> host_in(n);
@@ -114,6 +114,9 @@ TEST_CASE("a graph copied without its user objects computes what the source comp
         engine_kernels::scale(tripled.data(), in.data(), 3, n, on);
         CAPSCOPE_CHECK(cudaLaunchHostFunc(on, [](void*) { ++host_calls; }, nullptr));
         join.wait_on(on);
+        // An event record and an event wait node (external events: kept as nodes, not turned into edges).
+        CAPSCOPE_CHECK(cudaEventRecordWithFlags(external.get(), on, cudaEventRecordExternal));
+        CAPSCOPE_CHECK(cudaStreamWaitEvent(on, external.get(), cudaEventWaitExternal));
         CAPSCOPE_CHECK(cudaMemcpyAsync(copied.data(), tripled.data(), tripled.bytes(), cudaMemcpyDeviceToDevice, on));
     });
     const cuda::graph child = cuda::capture(s, [&](cudaStream_t on) { engine_kernels::add_one(child_counter.data(), on); });
@@ -126,7 +129,7 @@ TEST_CASE("a graph copied without its user objects computes what the source comp
     {
         cuda::copy_result r = cuda::without_user_objects(std::move(g));
         CHECK(r.refused.empty());
-        CHECK(r.copy.node_count() == nodes);
+        CHECK(r.copy.node_count() == nodes + 1); // and the event record node that says when a launch is done
         REQUIRE(r.copy.keeps_alive());
         exec.emplace(r.copy);
     } // the copy is gone; the executable graph holds the source
@@ -145,7 +148,7 @@ TEST_CASE("a graph copied without its user objects computes what the source comp
     CHECK_FALSE(destroyed_within(std::chrono::milliseconds(200))); // the source's user object lives while the copy's executable does
     exec.reset();
     CHECK(destroyed_within(std::chrono::milliseconds(2000)));
-    std::printf("  copied: %zu nodes (memset, 2 kernels, events, host, memcpy, child graph), 3 replays correct; the user object released with the last executable\n", nodes);
+    std::printf("  copied: %zu nodes (memset, 2 kernels, event record and wait, host, memcpy, child graph), 3 replays correct; the user object released with the last executable\n", nodes);
 }
 
 TEST_CASE("launches of the copy do not wait while the device is held, where the source's wait once 28 are in flight") {
@@ -176,6 +179,40 @@ TEST_CASE("launches of the copy do not wait while the device is held, where the 
     s.synchronize();
     CHECK(count[0] == 128);
     std::printf("  64 launches of the copy enqueued while the device was held; those of the source waited for it\n");
+}
+
+TEST_CASE("the source outlives launches of its copy still queued when the last executable graph goes") {
+    cuda::stream s;
+    cuda::device_buffer<int> counter(1);
+    counter.fill_bytes(0, s);
+    s.synchronize();
+    user_object_destroyed = false;
+    cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { engine_kernels::add_one(counter.data(), on); });
+    attach_user_object(g.get());
+    std::optional<cuda::graph_exec> exec;
+    {
+        const cuda::copy_result r = cuda::without_user_objects(std::move(g));
+        REQUIRE(r.refused.empty());
+        exec.emplace(r.copy);
+    }
+    static cuda::pinned_buffer<int> release(1);
+    *static_cast<volatile int*>(release.data()) = 0;
+    engine_kernels::hang_until(release.data(), s);
+    for (int i = 0; i < 3; ++i) exec->launch(s);
+    std::atomic<bool> destroyed_while_queued{true};
+    std::thread helper([&] { // the executable graph goes while its launches wait behind the held device
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        destroyed_while_queued = bool(user_object_destroyed);
+        *static_cast<volatile int*>(release.data()) = 1;
+    });
+    exec.reset(); // waits for the copy's last launch, then lets the source go
+    helper.join();
+    CHECK_FALSE(destroyed_while_queued);
+    CHECK(destroyed_within(std::chrono::milliseconds(2000)));
+    std::vector<int> count(1);
+    counter.copy_to_host(count, s);
+    s.synchronize();
+    CHECK(count[0] == 3);
 }
 
 TEST_CASE("a graph with a node the copy does not take is kept as captured, and the refusal names the node") {

@@ -24,7 +24,7 @@
 
 #include "../gpu/breakage.hpp"
 #include "../gpu/mpi_support.hpp"
-#include "pipeline_kernels.hpp"
+#include "../../examples/common/pipeline_kernels.hpp"
 #include "pipeline_stage.hpp"
 
 #include <capscope/cuda/buffer.hpp>

@@ -4,7 +4,7 @@
 // activation and gradient slots, send buffers) with its passes and its sends' and receives'
 // buffers, and its step issued eagerly or with each pass replayed from a graph.
 
-#include "pipeline_kernels.hpp"
+#include "../../examples/common/pipeline_kernels.hpp"
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>

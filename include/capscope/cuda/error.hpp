@@ -15,7 +15,7 @@
 namespace capscope::cuda {
 
 //! The library a failed call belongs to.
-enum class library { cuda, cublas, nccl, mpi };
+enum class library { cuda, cublas, nccl, mpi, cuda_driver };
 
 constexpr std::string_view library_name(library l) {
     switch (l) {
@@ -23,6 +23,7 @@ constexpr std::string_view library_name(library l) {
     case library::cublas: return "cuBLAS";
     case library::nccl: return "NCCL";
     case library::mpi: return "MPI";
+    case library::cuda_driver: return "CUDA driver";
     }
     return "?";
 }

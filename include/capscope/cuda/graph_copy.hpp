@@ -9,17 +9,25 @@
 //! graphs that hold one; the next `cudaGraphLaunch` waits on the host for the oldest to finish
 //! (bench/nccl_graph_launch, docs/performance.md). A step of per-layer graphs with collectives
 //! inside launches more than that, so the host cannot run ahead of the device. The copy's launches
-//! do not wait. NCCL's plan stays alive because its user object does, in the source graph; when
-//! the last holder lets go of the source, the device is synchronized first, so no launch of the
-//! copy can still read the plan when NCCL frees it (a set-up or clean-up cost, never on replay).
+//! do not wait.
+//!
+//! NCCL's plan stays alive because its user object does, in the source graph, until the last
+//! launch of the copy has finished. The copy ends with an event record node after all its other
+//! nodes, so every launch records that event, with no host call; launches of one executable graph
+//! run in order, so when the event's last record has completed, every launch has. When the last
+//! holder lets go, the source is destroyed after `cudaEventSynchronize` on that event: no device-
+//! or stream-wide wait, so a capture on another thread is not disturbed (a set-up or clean-up
+//! cost, never on replay).
 //!
 //! Copied: kernel nodes (through the driver API, which also answers for kernels that libraries
 //! such as NCCL add with it, with their launch attributes: clusters, priority, memory sync
 //! domain), memcpy, memset, host, empty, event record and wait nodes, and child graphs,
-//! recursively; edges with their data (programmatic launch ports). A graph with any other node
-//! (a conditional node, graph memory allocation, external semaphores) is not copied:
-//! `copy_result::refused` says which node, and `graph` is the source itself, which still works and
-//! whose launches still wait past 28.
+//! recursively; edges with their data (programmatic launch ports). Not copied, and the source
+//! returned as it was with `copy_result::refused` saying why (its launches still wait past 28):
+//! a graph with any other node (a conditional node, graph memory, external semaphores, batch
+//! memory operations), a kernel whose context is not the current one (the runtime adds the other
+//! nodes in the current device's context), and any node CUDA refuses to copy (device-updatable
+//! kernels, whose attributes cannot be copied).
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
@@ -32,6 +40,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -40,7 +49,7 @@ namespace capscope::cuda {
 namespace detail {
 
 inline void check_status(CUresult status, const char* call, const char* file, int line) {
-    if (status != CUDA_SUCCESS) raise(library::cuda, static_cast<int>(status), "a CUDA driver error (CUresult)", call, file, line);
+    if (status != CUDA_SUCCESS) raise(library::cuda_driver, static_cast<int>(status), "a CUDA driver error (CUresult)", call, file, line);
 }
 
 //! The three driver calls a kernel node's copy needs, found through the runtime so that nothing
@@ -49,6 +58,7 @@ struct driver_kernel_node_calls {
     PFN_cuGraphKernelNodeGetParams_v12000 get_params = nullptr;
     PFN_cuGraphAddKernelNode_v12000 add = nullptr;
     PFN_cuGraphKernelNodeCopyAttributes_v11000 copy_attributes = nullptr;
+    PFN_cuCtxGetCurrent_v4000 current_context = nullptr;
 };
 
 inline const driver_kernel_node_calls& driver_kernel_nodes() {
@@ -63,6 +73,7 @@ inline const driver_kernel_node_calls& driver_kernel_nodes() {
         find("cuGraphKernelNodeGetParams", reinterpret_cast<void**>(&c.get_params), 12000);
         find("cuGraphAddKernelNode", reinterpret_cast<void**>(&c.add), 12000);
         find("cuGraphKernelNodeCopyAttributes", reinterpret_cast<void**>(&c.copy_attributes), 11000);
+        find("cuCtxGetCurrent", reinterpret_cast<void**>(&c.current_context), 4000);
         return c;
     }();
     return calls;
@@ -124,6 +135,9 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
             const driver_kernel_node_calls& drv = driver_kernel_nodes();
             CUDA_KERNEL_NODE_PARAMS_v2 p{};
             CAPSCOPE_CHECK(drv.get_params(n, &p));
+            CUcontext current = nullptr;
+            CAPSCOPE_CHECK(drv.current_context(&current));
+            if (p.ctx && p.ctx != current) return "a kernel of another context than the current one (make its device current first)";
             CAPSCOPE_CHECK(drv.add(&copies[i], to, nullptr, 0, &p));
             CAPSCOPE_CHECK(drv.copy_attributes(copies[i], n));
             break;
@@ -175,10 +189,12 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
         std::vector<cudaGraphNode_t> src(edges), dst(edges);
         std::vector<cudaGraphEdgeData> data(edges);
         CAPSCOPE_CHECK(cudaGraphGetEdges(from, src.data(), dst.data(), data.data(), &edges));
+        std::unordered_map<cudaGraphNode_t, cudaGraphNode_t> copy_by_node;
+        for (std::size_t i = 0; i < count; ++i) copy_by_node.emplace(nodes[i], copies[i]);
         auto copy_of = [&](cudaGraphNode_t n) {
-            for (std::size_t i = 0; i < count; ++i)
-                if (nodes[i] == n) return copies[i];
-            throw std::logic_error("capscope: a graph edge names a node the graph does not list");
+            const auto at = copy_by_node.find(n);
+            if (at == copy_by_node.end()) throw std::logic_error("capscope: a graph edge names a node the graph does not list");
+            return at->second;
         };
         for (std::size_t e = 0; e < edges; ++e) {
             src[e] = copy_of(src[e]);
@@ -189,14 +205,35 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
     return {};
 }
 
-//! Keeps the source graph alive, and lets it go only after the device has finished what was
-//! launched from copies of it.
-struct source_after_device_work {
-    void operator()(const graph* source) const noexcept {
-        (void)cudaDeviceSynchronize();
-        (void)cudaGetLastError(); // a sticky fault is reported where it happened, not here
-        delete source;
+//! Ends `g` with an event record node after every node that has no successor: each launch then
+//! records `done` when all its work has finished.
+inline void record_when_done(cudaGraph_t g, cudaEvent_t done) {
+    std::size_t count = 0;
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count), sinks;
+    if (count) CAPSCOPE_CHECK(cudaGraphGetNodes(g, nodes.data(), &count));
+    for (cudaGraphNode_t n : nodes) {
+        std::size_t after = 0;
+        CAPSCOPE_CHECK(cudaGraphNodeGetDependentNodes(n, nullptr, nullptr, &after));
+        if (after == 0) sinks.push_back(n);
     }
+    cudaGraphNode_t record = nullptr;
+    CAPSCOPE_CHECK(cudaGraphAddEventRecordNode(&record, g, sinks.data(), sinks.size(), done));
+}
+
+//! The source graph, kept alive for its user objects until the last launch of its copy has
+//! finished (`done`, recorded by the copy's last node).
+struct kept_source {
+    graph source;
+    cudaEvent_t done = nullptr;
+    kept_source(graph s, cudaEvent_t d) noexcept : source(std::move(s)), done(d) {}
+    kept_source(const kept_source&) = delete;
+    kept_source& operator=(const kept_source&) = delete;
+    ~kept_source() {
+        // A failure here is a device fault, reported where it happened; the source goes either way.
+        (void)cudaEventSynchronize(done);
+        (void)cudaEventDestroy(done);
+    } // then `source`, and with it the user objects
 };
 
 } // namespace detail
@@ -209,12 +246,23 @@ struct copy_result {
 //! `source`'s nodes and edges in a new graph without its user objects, holding `source` alive
 //! (see the file's comment). Set-up work: one driver query and one add per node.
 inline copy_result without_user_objects(graph source) {
-    detail::raw_graph copy;
-    if (std::string why = detail::copy_nodes(source.get(), copy.g); !why.empty()) return {std::move(source), std::move(why)};
-    graph copied(std::exchange(copy.g, nullptr));
-    std::shared_ptr<const graph> keep(new graph(std::move(source)), detail::source_after_device_work{});
-    copied.keep_alive(std::move(keep));
-    return {std::move(copied), {}};
+    try {
+        detail::raw_graph copy;
+        if (std::string why = detail::copy_nodes(source.get(), copy.g); !why.empty()) return {std::move(source), std::move(why)};
+        cudaEvent_t done = nullptr;
+        CAPSCOPE_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        try {
+            detail::record_when_done(copy.g, done);
+        } catch (...) {
+            (void)cudaEventDestroy(done);
+            throw;
+        }
+        graph copied(std::exchange(copy.g, nullptr));
+        copied.keep_alive(std::make_shared<const detail::kept_source>(std::move(source), done));
+        return {std::move(copied), {}};
+    } catch (const error& e) { // CUDA would not copy a node: the source still works as it is
+        return {std::move(source), std::string("a node CUDA would not copy: ") + e.what()};
+    }
 }
 
 } // namespace capscope::cuda

@@ -1,6 +1,7 @@
 #pragma once
-// The pipeline probe's stage: y = x * w + 1/4, elementwise, in fp32 without fused multiply-adds,
-// so that the CPU reference computes the same bits.
+// A toy pipeline stage, y = x * w + 1/4 elementwise, in fp32 without fused multiply-adds, so that
+// a CPU reference computes the same bits: tutorial 15's trainer, the pipeline probe
+// (tests/mpi/pipeline_p2p_probe.cpp) and bench/pipeline share it.
 #include <cuda_runtime.h>
 
 namespace pipeline_kernels {
@@ -10,6 +11,9 @@ void forward(const float* x, const float* w, float* y, int n, cudaStream_t s);
 void backward(const float* dy, const float* x, const float* w, float* dw, float* dx, int n, cudaStream_t s);
 //! The last stage: dy = x * w + 1/4 (the loss is half the output's square), then as `backward`.
 void last_backward(const float* x, const float* w, float* dw, float* dx, int n, cudaStream_t s);
+//! *total += the sum of y^2 / 2 over y[0, n), in double, in one fixed order (one block), so that
+//! a replayed graph adds the same bits as the eager step: the last stage's loss.
+void add_half_square(const float* y, double* total, int n, cudaStream_t s);
 //! w -= lr * dw; dw = 0.
 void sgd(float* w, float* dw, float lr, int n, cudaStream_t s);
 //! The first stage's data loader inside a graph: dst = pool[*counter], then ++*counter (the

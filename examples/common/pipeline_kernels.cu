@@ -38,6 +38,18 @@ __global__ void burn_kernel(float* x, int n, int iterations) {
     for (int k = 0; k < iterations; ++k) v = fmaf(v, 0.999f, 0.001f);
     x[i] = v;
 }
+__global__ void half_square_kernel(const float* y, double* total, int n) {
+    __shared__ double part[block];
+    double sum = 0;
+    for (int i = threadIdx.x; i < n; i += block) sum += 0.5 * double(y[i]) * double(y[i]);
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int half = block / 2; half > 0; half /= 2) {
+        if (int(threadIdx.x) < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *total += part[0];
+}
 __global__ void spin_kernel(long long ns) {
     unsigned long long start = 0, now = 0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -73,6 +85,10 @@ void backward(const float* dy, const float* x, const float* w, float* dw, float*
 void last_backward(const float* x, const float* w, float* dw, float* dx, int n, cudaStream_t s) {
     backward_kernel<<<blocks(n), block, 0, s>>>(nullptr, x, w, dw, dx, n, true);
     CAPSCOPE_CHECK_LAUNCH("pipeline last backward");
+}
+void add_half_square(const float* y, double* total, int n, cudaStream_t s) {
+    half_square_kernel<<<1, block, 0, s>>>(y, total, n);
+    CAPSCOPE_CHECK_LAUNCH("pipeline loss");
 }
 void sgd(float* w, float* dw, float lr, int n, cudaStream_t s) {
     sgd_kernel<<<blocks(n), block, 0, s>>>(w, dw, lr, n);
