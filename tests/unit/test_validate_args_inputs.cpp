@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -112,4 +114,33 @@ TEST_CASE("every refused input is reported, with the rules beside it") {
     const auto report = validate(l.config);
     REQUIRE_FALSE(report.valid());
     CHECK(report.violations.front().rule->id == "R1");
+}
+
+TEST_CASE("generalized tensor parallelism's weight shards, recorded from Megatron's own resolve_tensor_parallel_weight_shards") {
+    // tools/conformance/megatron_weight_shards.py ran Megatron-LM d98e8a64dd's function over this
+    // grid on the GPU machine (it needs torch): its result (shards, factor) or its ValueError.
+    std::ifstream in(CAPSCOPE_UNIT_DATA "/megatron_weight_shards.jsonl");
+    REQUIRE(in.good());
+    const std::regex line_re(R"re(\{"tp": (\d+), "shards": (null|-?\d+), (?:"resolved": \[(-?\d+), (\d+)\]|"error": "ValueError: ([^"]*)")\})re");
+    int cases = 0, refused = 0;
+    for (std::string line; std::getline(in, line);) {
+        std::smatch m;
+        REQUIRE_MESSAGE(std::regex_match(line, m, line_re), line);
+        std::vector<std::string> args{"--tensor-model-parallel-size", m[1].str()};
+        if (m[2] != "null") args.insert(args.end(), {"--tensor-parallel-num-weight-shards=" + m[2].str()});
+        const megatron_command_line l = parse(args);
+        std::vector<std::string> ours;
+        for (const auto& r : l.refused_inputs)
+            if (r.message.find("tensor_parallel_num_weight_shards") != std::string::npos) ours.push_back(r.where + ": " + r.message);
+        if (m[5].matched) {
+            ++refused;
+            CHECK_MESSAGE(ours == std::vector<std::string>{"validate_args: " + m[5].str()}, line);
+        } else {
+            CHECK_MESSAGE(ours.empty(), line);
+            CHECK_MESSAGE(l.derived.gtp_weight_remat_size == std::stoi(m[4]), line);
+        }
+        ++cases;
+    }
+    MESSAGE(cases << " recorded cases, " << refused << " refused by Megatron");
+    CHECK(cases == 115);
 }
