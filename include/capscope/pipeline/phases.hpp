@@ -1,6 +1,6 @@
 #pragma once
 //! @file
-//! A 1F1B step cut into phases that do not depend on the microbatch count, so that graphs
+//! A 1F1B or interleaved 1F1B step cut into phases that do not depend on the microbatch count, so that graphs
 //! captured once serve every count: the warmup (the rank's warmup forwards and the receive of its
 //! first steady forward), a steady iteration (a forward, its paired sends and receives, a backward,
 //! and theirs), replayed M - warmup - 1 times, and the tail (the last steady iteration and the
@@ -18,7 +18,9 @@
 
 #include <capscope/pipeline/activation_slots.hpp>
 
+#include <algorithm>
 #include <numeric>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,17 +36,39 @@ struct phase_key {
 };
 
 //! What does not change with the microbatch count on one rank.
+//!
+//! Slots: a chunk's microbatches arrive in order and are freed in order (its forwards, and its
+//! backwards, run in microbatch order), so the ones alive at once are consecutive, and microbatch
+//! k of chunk c can live in slot k mod S_c, S_c being the most alive at once. Received gradients
+//! likewise, per chunk, in one pool (chunk c's at offset G_0 + ... + G_{c-1}).
+//!
+//! Period: interleaved, the passes go through the chunks in groups of `group` microbatches, so
+//! iteration j + chunks x Q repeats iteration j with microbatches Q later, Q being a multiple of
+//! the group and of every slot count; on the same slots, then. 1F1B is the case of one chunk and a
+//! group of one.
 struct phase_layout {
-    int warmup = 0;          //!< warmup forwards: ranks - rank - 1
-    int activation_slots = 1; //!< S: microbatch k's activations live in slot k mod S
-    int gradient_slots = 1;  //!< G: a received gradient of microbatch k lives in slot k mod G
-    int period = 1;          //!< P = lcm(S, G): the variants of the steady and tail phases
-    int least_microbatches = 2; //!< every rank runs a steady iteration: microbatches >= ranks
-    constexpr int activation_slot(int microbatch) const { return microbatch % activation_slots; }
-    constexpr int gradient_slot(int microbatch) const { return microbatch % gradient_slots; }
+    int warmup = 0;          //!< warmup forwards (Megatron's)
+    int chunks = 1;          //!< model chunks on the rank
+    int group = 1;           //!< interleaved: microbatches a group goes through each chunk with; 1F1B: 1
+    int activation_slots = 1; //!< S_0: chunk 0's slots (1F1B: the rank's)
+    int gradient_slots = 1;  //!< every chunk's received-gradient slots together
+    int microbatch_period = 1; //!< Q: microbatches k and k + Q use the same slots
+    int period = 1;          //!< P = chunks x Q: the variants of the steady phases
+    int least_microbatches = 2; //!< the least count the phases serve
+    std::vector<int> chunk_slots;     //!< S_c
+    std::vector<int> chunk_gradients; //!< G_c
+    std::vector<int> gradient_offset; //!< where chunk c's gradient slots start
+    constexpr int activation_slot(int chunk, int microbatch) const { return microbatch % chunk_slots[std::size_t(chunk)]; }
+    constexpr int gradient_slot(int chunk, int microbatch) const {
+        return gradient_offset[std::size_t(chunk)] + microbatch % chunk_gradients[std::size_t(chunk)];
+    }
+    constexpr int activation_slot(int microbatch) const { return activation_slot(0, microbatch); }
+    constexpr int gradient_slot(int microbatch) const { return gradient_slot(0, microbatch); }
     //! The variant of steady iteration `j` (and of the tail whose last steady iteration is `j`):
     //! phases_of and the graphs' launch both key by it.
     constexpr int variant_of(int j) const { return j % period; }
+    //! Whether the phases serve `microbatches` (at least the least count; interleaved, whole groups).
+    constexpr bool serves(int microbatches) const { return microbatches >= least_microbatches && microbatches % group == 0; }
 };
 
 //! One phase of a rank's program for a given count: its passes [first_pass, end_pass) of the
@@ -57,36 +81,95 @@ struct phase_segment {
 };
 
 constexpr void require_phased(const schedule_shape& s, int rank) {
-    if (s.kind != schedule_kind::one_f_one_b || s.grouping != p2p_grouping::megatron)
-        throw std::invalid_argument("capscope pipeline: phases that serve every microbatch count are cut for 1f1b grouped as Megatron does "
-                                    "(its steady state repeats); this schedule is " + std::string(name_of(s.kind)) +
-                                    " -- fix: capture the whole step for each count, or use one_f_one_b");
+    if (s.kind == schedule_kind::gpipe || s.grouping != p2p_grouping::megatron)
+        throw std::invalid_argument("capscope pipeline: phases that serve every microbatch count are cut for 1f1b and interleaved 1f1b "
+                                    "grouped as Megatron does (their steady state repeats); this schedule is " + std::string(name_of(s.kind)) +
+                                    (s.grouping != p2p_grouping::megatron ? ", grouped otherwise" : "") +
+                                    " -- fix: capture the whole step for each count, or use one_f_one_b or interleaved_1f1b with p2p_grouping::megatron");
     if (rank < 0 || rank >= s.ranks)
         throw std::invalid_argument("capscope pipeline: rank " + std::to_string(rank) + " is outside the schedule's " + std::to_string(s.ranks) + " ranks");
 }
 
+namespace detail {
+//! The most of one chunk's intervals [from, to] alive at once.
+constexpr int most_alive(std::vector<std::pair<int, int>> spans) {
+    int most = 0;
+    for (const auto& [from, to] : spans) {
+        int alive = 0;
+        for (const auto& [f, t] : spans) alive += f <= from && from < t ? 1 : 0; // one freed by a backward at `from` is free after it
+        most = std::max(most, alive);
+    }
+    return most;
+}
+} // namespace detail
+
 constexpr phase_layout phase_layout_of(const schedule_shape& s, int rank) {
     require_phased(s, rank);
-    const slot_plan plan = plan_slots(s, rank, 2 * s.ranks + 2); // the counts are flat from ranks on
     phase_layout l;
-    l.warmup = s.ranks - rank - 1;
-    l.activation_slots = plan.slots[0];
-    l.gradient_slots = plan.gradient_slots > 0 ? plan.gradient_slots : 1;
-    l.period = std::lcm(l.activation_slots, l.gradient_slots);
-    l.least_microbatches = s.ranks;
+    l.chunks = s.virtual_stages;
+    const bool looped = s.kind == schedule_kind::interleaved_1f1b;
+    l.group = looped ? s.group_size() : 1;
+    const int forwards_per_table = l.chunks * l.group;
+    l.warmup = looped ? std::min((s.ranks - rank - 1) * 2 + (l.chunks - 1) * l.group, 1 << 30) : s.ranks - rank - 1;
+    // The least count: whole groups, and a full table of steady iterations after the warmup.
+    // (1F1B: the ranks, so that every rank runs a steady iteration.)
+    int least = looped ? l.group : s.ranks;
+    while (looped && (l.chunks * least < l.warmup + forwards_per_table + 1 || least < s.ranks)) least += l.group;
+    l.least_microbatches = least;
+    // The slots a chunk needs, from a count well past the least (the counts are flat from there).
+    const int reference = least + 2 * l.group * (s.ranks + 1);
+    const slot_plan plan = plan_slots(s, rank, reference);
+    l.chunk_slots.assign(std::size_t(l.chunks), 1);
+    l.chunk_gradients.assign(std::size_t(l.chunks), 1);
+    l.gradient_offset.assign(std::size_t(l.chunks), 0);
+    for (int c = 0; c < l.chunks; ++c) {
+        std::vector<std::pair<int, int>> acts, grads;
+        for (const slot_use& u : plan.uses)
+            if (u.chunk == c) acts.emplace_back(u.received, u.backward);
+        for (const gradient_use& u : plan.gradients)
+            if (u.chunk == c) grads.emplace_back(u.received, u.backward);
+        l.chunk_slots[std::size_t(c)] = std::max(1, detail::most_alive(acts));
+        l.chunk_gradients[std::size_t(c)] = std::max(1, detail::most_alive(grads));
+    }
+    // Interleaved, a count is rounded up to a multiple of the group (or to a divisor of it, when
+    // smaller), so that the period stays a few groups long: the memory of a few slots, against
+    // as many graphs as the period has iterations.
+    auto fitted = [&](int count) {
+        if (!looped || count % l.group == 0) return count;
+        if (count > l.group) return (count + l.group - 1) / l.group * l.group;
+        int d = count;
+        while (l.group % d != 0) ++d;
+        return d;
+    };
+    for (int c = 0; c < l.chunks; ++c) {
+        l.chunk_slots[std::size_t(c)] = fitted(l.chunk_slots[std::size_t(c)]);
+        l.chunk_gradients[std::size_t(c)] = fitted(l.chunk_gradients[std::size_t(c)]);
+    }
+    int q = l.group, offset = 0;
+    for (int c = 0; c < l.chunks; ++c) {
+        q = std::lcm(q, std::lcm(l.chunk_slots[std::size_t(c)], l.chunk_gradients[std::size_t(c)]));
+        l.gradient_offset[std::size_t(c)] = offset;
+        offset += l.chunk_gradients[std::size_t(c)];
+    }
+    l.activation_slots = l.chunk_slots[0];
+    l.gradient_slots = offset;
+    l.microbatch_period = q;
+    l.period = l.chunks * q;
     return l;
 }
 
 //! The phases of rank `rank`'s program with `microbatches` microbatches, in issue order: warmup,
-//! steady 0 .. R - 2, tail, where R = microbatches - warmup.
+//! steady 0 .. R - 2, tail, where R = chunks x microbatches - warmup.
 constexpr std::vector<phase_segment> phases_of(const schedule_shape& s, int rank, int microbatches) {
     const phase_layout l = phase_layout_of(s, rank);
-    if (microbatches < l.least_microbatches)
-        throw std::invalid_argument("capscope pipeline: phases that serve every count need every rank to run a steady iteration: " +
-                                    std::to_string(microbatches) + " microbatches on " + std::to_string(s.ranks) +
-                                    " ranks -- fix: at least as many microbatches as ranks, or capture the whole step for this count");
+    if (!l.serves(microbatches))
+        throw std::invalid_argument("capscope pipeline: the phases that serve every count need at least " + std::to_string(l.least_microbatches) +
+                                    " microbatches" + (l.group > 1 ? " in whole groups of " + std::to_string(l.group) : std::string()) +
+                                    " on rank " + std::to_string(rank) + ", and this count is " + std::to_string(microbatches) +
+                                    " -- fix: at least as many microbatches as ranks" + (l.group > 1 ? ", a multiple of the group," : std::string()) +
+                                    " or capture the whole step for this count");
     const rank_program p = program_of(s, rank, microbatches);
-    const int steady = microbatches - l.warmup; // R >= 1
+    const int steady = l.chunks * microbatches - l.warmup; // R >= 1
     std::vector<phase_segment> out;
     out.push_back({{phase_kind::warmup, 0}, 0, l.warmup, {}});
     for (int j = 0; j + 1 < steady; ++j) out.push_back({{phase_kind::steady, l.variant_of(j)}, l.warmup + 2 * j, l.warmup + 2 * j + 2, {}});
@@ -100,22 +183,20 @@ constexpr std::vector<phase_segment> phases_of(const schedule_shape& s, int rank
     return out;
 }
 
-//! A count whose program holds the phase `key` (for capturing it): the warmup's is the least
-//! count; steady variant v needs v + 2 steady iterations; tail variant v, v + 1.
+//! A count whose program holds the phase `key` (for capturing it), or 0 when no count does: the
+//! warmup's is the least count; steady variant v needs v + 2 steady iterations; tail variant v,
+//! a count whose last steady iteration is v mod the period (interleaved, whole groups reach only
+//! some of them).
 constexpr int count_holding(const schedule_shape& s, int rank, phase_key key) {
     const phase_layout l = phase_layout_of(s, rank);
     if (key.variant < 0 || key.variant >= l.period) throw std::out_of_range("capscope pipeline: a phase variant outside the period");
-    // Rank 0 has the most warmup, so the least count serves it; later ranks run more steady iterations.
-    switch (key.kind) {
-    case phase_kind::warmup: return l.least_microbatches;
-    case phase_kind::steady: return std::max(l.least_microbatches, l.warmup + key.variant + 2);
-    case phase_kind::tail: {
-        int m = l.warmup + key.variant + 1;
-        while (m < l.least_microbatches) m += l.period; // keeps (m - warmup - 1) mod P
-        return m;
+    if (key.kind == phase_kind::warmup) return l.least_microbatches;
+    for (int m = l.least_microbatches;; m += l.group) {
+        const int last = l.chunks * m - l.warmup - 1; // the last steady iteration
+        if (key.kind == phase_kind::steady && last > key.variant) return m;
+        if (key.kind == phase_kind::tail && l.variant_of(last) == key.variant) return m;
+        if (key.kind == phase_kind::tail && m >= l.least_microbatches + l.microbatch_period) return 0; // every residue tried
     }
-    }
-    return l.least_microbatches;
 }
 
 namespace detail {
@@ -123,7 +204,7 @@ namespace detail {
 //! A phase in words with each microbatch taken mod the period: two phases with the same text
 //! issue the same operations on the same slots.
 inline std::string phase_text(const schedule_shape& s, int rank, const rank_program& p, const phase_segment& seg) {
-    const int period = phase_layout_of(s, rank).period;
+    const int period = phase_layout_of(s, rank).microbatch_period;
     std::string out;
     auto group_text = [&](const p2p_group& g) {
         for (const p2p_op& o : g.ops)
