@@ -10,11 +10,12 @@
 // graph per chunk, direction and slot (pipeline_pass_graphs), the sends and receives eager.
 // Activations wait in slots (pipeline::plan_slots), received gradients too: memory by in-flight
 // microbatches. Sends and receives are grouped as Megatron groups them, on one communicator.
-// Then 1F1B with the count cycling 8 -> 12 -> 16 every step for 100 steps, from graphs captured
-// once (pipeline_phase_graphs), each launch after a random delay on each rank.
+// Then 1F1B with the count cycling 8 -> 12 -> 16 every step for 100 steps, and interleaved 1F1B
+// (two chunks a rank) with counts in whole groups, from graphs captured once
+// (pipeline_phase_graphs), each launch after a random delay on each rank.
 //
 //   pipeline_p2p_probe gpus                    prints the usable GPU count
-//   pipeline_p2p_probe [--floats N] [--steps T] [--microbatches M] [--kind 1f1b|gpipe|interleaved 1f1b|1f1b phases] [--grouping megatron|paired|one_by_one]
+//   pipeline_p2p_probe [--floats N] [--steps T] [--microbatches M] [--kind 1f1b|gpipe|interleaved 1f1b|1f1b phases|interleaved phases] [--grouping megatron|paired|one_by_one]
 //                      [--phase-steps T] [--delay-us D] [--stop-rank R]
 //       --stop-rank R: rank R stops taking part before the phased case's step 5; the other
 //       ranks' watchdog (cuda::nccl_watchdog) must end the job
@@ -38,6 +39,7 @@
 #include <capscope/pipeline/activation_slots.hpp>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -103,15 +105,15 @@ bool run_case(const pipeline::schedule_shape& shape, int microbatches, int steps
     return everywhere;
 }
 
-//! 1F1B with the microbatch count changing every step (counts in turn), three ways that must
-//! agree bit for bit: eager (the whole program issued for each count), the phases captured once
-//! (pipeline_phase_graphs: one eager step, then graphs only, with no capture after the first
-//! step), and the CPU. Before each graph launch each rank holds its stream for a random 0 to
-//! `delay_us` microseconds, so the ranks reach each group at times that differ.
+//! 1F1B or interleaved 1F1B with the microbatch count changing every step (counts in turn), three
+//! ways that must agree bit for bit: eager (the whole program issued for each count), the phases
+//! captured once (pipeline_phase_graphs: one eager step, then graphs only, with no capture after
+//! the first step), and the CPU. Before each graph launch each rank holds its stream for a random
+//! 0 to `delay_us` microseconds, so the ranks reach each group at times that differ.
 //! With `stop_rank` >= 0 the graph steps are watched (cuda::nccl_watchdog, short timeouts) and that
 //! rank stops taking part before step 5: the other ranks' watchdog must end the job.
 bool run_phased_case(const pipeline::schedule_shape& shape, const std::vector<int>& cycle, int steps, int n, int delay_us, int stop_rank) {
-    const int ranks = support::comm().size(), rank = support::comm().rank();
+    const int ranks = support::comm().size(), rank = support::comm().rank(), chunks = shape.virtual_stages;
     cuda::stream s;
     pipeline_phase_graphs phases(support::comm(), shape);
     const pipeline::phase_layout layout = phases.layout();
@@ -124,7 +126,7 @@ bool run_phased_case(const pipeline::schedule_shape& shape, const std::vector<in
         return eager_programs[std::size_t(std::find(cycle.begin(), cycle.end(), m) - cycle.begin())];
     };
     const pipeline::slot_plan plan = pipeline::plan_slots(shape, rank, most);
-    stage_state eager(n, rank, ranks, 1, plan, most, s, layout), graphed(n, rank, ranks, 1, plan, most, s, layout);
+    stage_state eager(n, rank, ranks, chunks, plan, most, s, layout), graphed(n, rank, ranks, chunks, plan, most, s, layout);
     for (int m : counts) eager.step(eager_program(m), s);
 
     graphed.step(eager_program(counts[0]), s); // NCCL opens its connections on the first send: eagerly, before the capture
@@ -161,16 +163,26 @@ bool run_phased_case(const pipeline::schedule_shape& shape, const std::vector<in
         }
     }
     const bool no_recapture = phases.graphs_captured() == captured;
-    const std::vector<float> a = eager.weights(0, s), b = graphed.weights(0, s);
-    const bool eager_graph = a == b, graph_cpu = b == reference(ranks, rank, counts, n);
+    bool eager_graph = true, graph_cpu = true;
+    for (int c = 0; c < chunks; ++c) {
+        const std::vector<float> a = eager.weights(c, s), b = graphed.weights(c, s);
+        eager_graph = eager_graph && a == b;
+        graph_cpu = graph_cpu && b == reference(ranks * chunks, c * ranks + rank, counts, n);
+    }
     const bool same = eager_graph && graph_cpu && no_recapture, everywhere = all_ranks(same);
     std::string cycle_text;
     for (int m : cycle) cycle_text += (cycle_text.empty() ? "" : " -> ") + std::to_string(m);
+    const bool looped = shape.kind == pipeline::schedule_kind::interleaved_1f1b;
+    const std::string what = looped ? "interleaved 1f1b phases, " + std::to_string(ranks) + " ranks x " + std::to_string(chunks) +
+                                          " chunks in groups of " + std::to_string(layout.group)
+                                    : "1f1b phases, " + std::to_string(ranks) + " ranks";
+    std::string slots;
+    for (int k : layout.chunk_slots) slots += (slots.empty() ? "" : "+") + std::to_string(k);
     if (rank == 0 || !same)
-        std::printf("rank %d, 1f1b phases, %d ranks, microbatches %s every step, %d steps: %d graphs captured once (warmup, %d steady, %d tails; "
-                    "%d activation slots), %lld graph launches after random delays of 0-%d us, %s; eager %s graph %s CPU%s\n",
-                    rank, ranks, cycle_text.c_str(), steps, captured, layout.period, layout.period, layout.activation_slots, launches, delay_us,
-                    no_recapture ? "no capture after the first step" : "CAPTURED AGAIN", eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=",
+        std::printf("rank %d, %s, microbatches %s every step, %d steps: %d graphs captured once (warmup, %d steady, %d tails; "
+                    "%s activation slots), %lld graph launches after random delays of 0-%d us, %s; eager %s graph %s CPU%s\n",
+                    rank, what.c_str(), cycle_text.c_str(), steps, captured, layout.period, captured - 1 - layout.period, slots.c_str(), launches,
+                    delay_us, no_recapture ? "no capture after the first step" : "CAPTURED AGAIN", eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=",
                     everywhere ? ", bitwise on every rank" : "");
     return everywhere;
 }
@@ -216,6 +228,14 @@ int main(int argc, char** argv) {
     if ((only_kind.empty() || only_kind == "1f1b phases") && grouping == pipeline::p2p_grouping::megatron && phase_steps > 0) {
         const pipeline::schedule_shape plain{pipeline::schedule_kind::one_f_one_b, ranks, 1, ranks};
         ok = run_phased_case(plain, {8, 12, 16}, phase_steps, n, delay_us, stop_rank) && ok;
+    }
+    if ((only_kind.empty() || only_kind == "interleaved phases") && grouping == pipeline::p2p_grouping::megatron && phase_steps > 0 && stop_rank < 0) {
+        // Two chunks a rank in groups of the ranks; counts in whole groups from the least every rank's phases serve.
+        const pipeline::schedule_shape looped{pipeline::schedule_kind::interleaved_1f1b, ranks, 2, 2 * ranks};
+        int least = 0, mine = pipeline::phase_layout_of(looped, support::comm().rank()).least_microbatches;
+        CAPSCOPE_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        const int g = looped.group_size(), first = std::max(8, (least + g - 1) / g * g), step = std::lcm(g, 4);
+        ok = run_phased_case(looped, {first, first + step, first + 2 * step}, phase_steps, n, delay_us, -1) && ok;
     }
     } catch (const std::exception& e) { // a refused schedule: on every rank alike, before anything is sent
         std::printf("rank %d: %s\n", support::mpi().rank(), e.what());

@@ -69,8 +69,9 @@ struct stage_state {
     std::vector<cuda::device_buffer<float>> gradients, data;      //!< received gradients' slots; the first stage's inputs
     cuda::device_buffer<float> out, grad_out;                     //!< what the next send reads
     std::vector<int> slot_of, gradient_slot_of;                   //!< per (chunk, microbatch)
-    //! Phased (pipeline_phases.hpp): microbatch k's slots are the layout's k mod S and k mod G for
-    //! every count, and the first stage loads its data into its slot through a device counter.
+    //! Phased (pipeline_phases.hpp): microbatch k's slots in chunk c are the layout's k mod S_c and
+    //! its gradient's offset_c + k mod G_c for every count, and the first stage loads its data into
+    //! its slot through a device counter.
     std::optional<pipeline::phase_layout> phased;
     //! Phased, or passes replayed as graphs (pipeline_pass_graphs): the first stage loads its
     //! microbatch into its slot through a device counter, since a graph's host values are fixed.
@@ -88,9 +89,10 @@ struct stage_state {
             w.emplace_back(std::size_t(n)).copy_from_host(host, s);
             dw.emplace_back(std::size_t(n)).fill_bytes(0, s);
             slots.emplace_back();
-            for (int k = 0; k < plan.slots[std::size_t(c)]; ++k) slots.back().emplace_back(std::size_t(n));
+            const int chunk_slots = phased ? phased->chunk_slots[std::size_t(c)] : plan.slots[std::size_t(c)];
+            for (int k = 0; k < chunk_slots; ++k) slots.back().emplace_back(std::size_t(n));
         }
-        for (int k = 0; k < plan.gradient_slots; ++k) gradients.emplace_back(std::size_t(n));
+        for (int k = 0; k < (phased ? phased->gradient_slots : plan.gradient_slots); ++k) gradients.emplace_back(std::size_t(n));
         for (const pipeline::slot_use& u : plan.uses) slot_of[std::size_t(u.chunk * microbatches + u.microbatch)] = u.slot;
         for (const pipeline::gradient_use& u : plan.gradients) gradient_slot_of[std::size_t(u.chunk * microbatches + u.microbatch)] = u.slot;
         if (pooled && rank == 0) {
@@ -109,12 +111,12 @@ struct stage_state {
     }
     int stage_of(int chunk) const { return chunk * ranks + rank; }
     float* input(int chunk, int mb) {
-        if (phased) return slots[std::size_t(chunk)][std::size_t(phased->activation_slot(mb))].data();
+        if (phased) return slots[std::size_t(chunk)][std::size_t(phased->activation_slot(chunk, mb))].data();
         if (stage_of(chunk) == 0 && !pooled) return data[std::size_t(mb)].data();
         return slots[std::size_t(chunk)][std::size_t(slot_of[std::size_t(chunk * microbatches + mb)])].data();
     }
     float* gradient(int chunk, int mb) {
-        if (phased) return gradients[std::size_t(phased->gradient_slot(mb))].data();
+        if (phased) return gradients[std::size_t(phased->gradient_slot(chunk, mb))].data();
         return gradients[std::size_t(gradient_slot_of[std::size_t(chunk * microbatches + mb)])].data(); }
 
     p2p_buffer buffer_of(const pipeline::p2p_op& op) {

@@ -1,14 +1,16 @@
 #pragma once
 //! @file
-//! A 1F1B rank's step as graphs captured once, for every microbatch count from the ranks up: the
-//! warmup, P steady iterations, P tails (pipeline/phases.hpp), each with its sends and receives
-//! inside as NCCL groups (pipeline_p2p.hpp). `launch(M)` replays the warmup, the steady variant of
-//! each of the M - warmup - 1 steady iterations, and the tail, on one stream, with no capture
-//! and no allocation. Memory is the slots', the same for every count.
+//! A 1F1B or interleaved 1F1B rank's step as graphs captured once, for every microbatch count
+//! the layout serves (`phase_layout::serves`: from the ranks up for 1F1B; interleaved, whole groups
+//! from its least count): the warmup, P steady iterations, and the tails that those counts reach
+//! (pipeline/phases.hpp), each with its sends and receives inside as NCCL groups (pipeline_p2p.hpp).
+//! `launch(M)` replays the warmup, the steady variant of each of the chunks x M - warmup - 1
+//! steady iterations, and the tail, on one stream, with no capture and no allocation. Memory is
+//! the slots', the same for every count.
 //!
 //! The contract that lets one graph serve many microbatches: `buffer_of` and `pass` address a
-//! microbatch's activations by `layout().activation_slot(k)` and its received gradient by
-//! `layout().gradient_slot(k)`. Whatever else varies with the microbatch (the sample the first
+//! microbatch's activations by `layout().activation_slot(chunk, k)` and its received gradient by
+//! `layout().gradient_slot(chunk, k)`. Whatever else varies with the microbatch (the sample the first
 //! stage loads, the target the last compares with) is read on the device, e.g. through a counter
 //! the first stage's load advances, because a captured host value never changes.
 
@@ -30,7 +32,7 @@ namespace capscope {
 class pipeline_phase_graphs {
 public:
     //! Refuses what `pipeline_p2p` refuses, and schedules whose steady state does not repeat
-    //! (only 1F1B grouped as Megatron does is cut into phases).
+    //! (1F1B and interleaved 1F1B grouped as Megatron does are cut into phases).
     pipeline_phase_graphs(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape)
         : world_(world), shape_(shape), rank_(world.rank()), layout_(pipeline::phase_layout_of(shape, world.rank())) {
         // The rules and the replay check of the least count (each count a phase is captured from is checked too).
@@ -47,9 +49,11 @@ public:
         if (warmup_) throw std::logic_error("capscope pipeline: the phases are captured once; they serve every count");
         warmup_.emplace(capture_phase({pipeline::phase_kind::warmup, 0}, buffer_of, pass, stream));
         steady_.reserve(std::size_t(layout_.period));
-        tail_.reserve(std::size_t(layout_.period));
+        tail_.resize(std::size_t(layout_.period));
         for (int v = 0; v < layout_.period; ++v) steady_.push_back(capture_phase({pipeline::phase_kind::steady, v}, buffer_of, pass, stream));
-        for (int v = 0; v < layout_.period; ++v) tail_.push_back(capture_phase({pipeline::phase_kind::tail, v}, buffer_of, pass, stream));
+        for (int v = 0; v < layout_.period; ++v) // interleaved, whole groups reach only some tails
+            if (pipeline::count_holding(shape_, rank_, {pipeline::phase_kind::tail, v}) > 0)
+                tail_[std::size_t(v)].emplace(capture_phase({pipeline::phase_kind::tail, v}, buffer_of, pass, stream));
     }
 
     //! One step of `microbatches` microbatches on `stream`: launches only.
@@ -60,11 +64,13 @@ public:
     template <class Before>
     void launch(int microbatches, cudaStream_t stream, Before&& before_each) const {
         if (!warmup_) throw std::logic_error("capscope pipeline: launch before capture -- fix: call capture() once, after one eager step");
-        if (microbatches < layout_.least_microbatches)
-            throw std::invalid_argument("capscope pipeline: the phases serve " + std::to_string(layout_.least_microbatches) +
-                                        " microbatches or more, and this step has " + std::to_string(microbatches) +
-                                        " -- fix: at least as many microbatches as ranks");
-        const int steady = microbatches - layout_.warmup;
+        if (!layout_.serves(microbatches))
+            throw std::invalid_argument("capscope pipeline: the phases serve " + std::to_string(layout_.least_microbatches) + " microbatches or more" +
+                                        (layout_.group > 1 ? " in whole groups of " + std::to_string(layout_.group) : std::string()) +
+                                        ", and this step has " + std::to_string(microbatches) + " -- fix: " +
+                                        (layout_.group > 1 ? "a multiple of the group, at least " + std::to_string(layout_.least_microbatches)
+                                                           : std::string("at least as many microbatches as ranks")));
+        const int steady = layout_.chunks * microbatches - layout_.warmup;
         const bool one_variant = detail::installed_breakage().one_phase_variant; // (a test, broken on purpose)
         auto variant = [&](int j) { return std::size_t(one_variant ? 0 : layout_.variant_of(j)); };
         before_each(stream);
@@ -74,7 +80,10 @@ public:
             steady_[variant(j)].launch(stream);
         }
         before_each(stream);
-        tail_[variant(steady - 1)].launch(stream);
+        std::size_t tail = variant(steady - 1);
+        if (!tail_[tail]) tail = std::size_t(layout_.variant_of(steady - 1)); // (broken on purpose: a tail variant 0 may not exist)
+        if (!tail_[tail]) throw std::logic_error("capscope pipeline: no tail captured for " + std::to_string(microbatches) + " microbatches"); // phases.hpp's test says never
+        tail_[tail]->launch(stream);
     }
 
 private:
@@ -108,7 +117,8 @@ private:
     int rank_ = 0;
     pipeline::phase_layout layout_;
     std::optional<cuda::graph_exec> warmup_;
-    std::vector<cuda::graph_exec> steady_, tail_;
+    std::vector<cuda::graph_exec> steady_;
+    std::vector<std::optional<cuda::graph_exec>> tail_; //!< per variant: the tails a served count reaches
     int captures_ = 0;
 };
 
