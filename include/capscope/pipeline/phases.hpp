@@ -112,9 +112,12 @@ constexpr phase_layout phase_layout_of(const schedule_shape& s, int rank) {
     const int forwards_per_table = l.chunks * l.group;
     l.warmup = looped ? std::min((s.ranks - rank - 1) * 2 + (l.chunks - 1) * l.group, 1 << 30) : s.ranks - rank - 1;
     // The least count: whole groups, and a full table of steady iterations after the warmup.
-    // (1F1B: the ranks, so that every rank runs a steady iteration.)
+    // (1F1B: the ranks, so that every rank runs a steady iteration.) Interleaved, from rank 0's
+    // warmup, the longest, so that every rank serves the same counts: a count served on one rank
+    // and refused on another would leave the first waiting in its sends.
+    const int first_warmup = looped ? (s.ranks - 1) * 2 + (l.chunks - 1) * l.group : 0;
     int least = looped ? l.group : s.ranks;
-    while (looped && (l.chunks * least < l.warmup + forwards_per_table + 1 || least < s.ranks)) least += l.group;
+    while (looped && (l.chunks * least < first_warmup + forwards_per_table + 1 || least < s.ranks)) least += l.group;
     l.least_microbatches = least;
     // The slots a chunk needs, from a count well past the least (the counts are flat from there).
     const int reference = least + 2 * l.group * (s.ranks + 1);
@@ -166,7 +169,7 @@ constexpr std::vector<phase_segment> phases_of(const schedule_shape& s, int rank
         throw std::invalid_argument("capscope pipeline: the phases that serve every count need at least " + std::to_string(l.least_microbatches) +
                                     " microbatches" + (l.group > 1 ? " in whole groups of " + std::to_string(l.group) : std::string()) +
                                     " on rank " + std::to_string(rank) + ", and this count is " + std::to_string(microbatches) +
-                                    " -- fix: at least as many microbatches as ranks" + (l.group > 1 ? ", a multiple of the group," : std::string()) +
+                                    " -- fix: at least " + std::to_string(l.least_microbatches) + " microbatches" + (l.group > 1 ? " in whole groups," : std::string()) +
                                     " or capture the whole step for this count");
     const rank_program p = program_of(s, rank, microbatches);
     const int steady = l.chunks * microbatches - l.warmup; // R >= 1
