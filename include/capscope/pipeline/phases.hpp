@@ -110,7 +110,7 @@ constexpr phase_layout phase_layout_of(const schedule_shape& s, int rank) {
     const bool looped = s.kind == schedule_kind::interleaved_1f1b;
     l.group = looped ? s.group_size() : 1;
     const int forwards_per_table = l.chunks * l.group;
-    l.warmup = looped ? std::min((s.ranks - rank - 1) * 2 + (l.chunks - 1) * l.group, 1 << 30) : s.ranks - rank - 1;
+    l.warmup = looped ? (s.ranks - rank - 1) * 2 + (l.chunks - 1) * l.group : s.ranks - rank - 1;
     // The least count: whole groups, and a full table of steady iterations after the warmup.
     // (1F1B: the ranks, so that every rank runs a steady iteration.) Interleaved, from rank 0's
     // warmup, the longest, so that every rank serves the same counts: a count served on one rank
