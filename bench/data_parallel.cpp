@@ -8,7 +8,10 @@
 // layers, vocab 256. Variants: data parallel, sharded (re-gather for backward, each layer's
 // gathers prefetched while the layer before it computes) and sharded with gathers on demand, each under
 // `none` (eager, collectives too), `transformer_engine` (per-layer graphs, collectives captured
-// in them) and `full_iteration` (the whole step one graph). Per variant: device time per step
+// in them) and `full_iteration` (the whole step one graph); and three cuts of what NCCL's kernels
+// take from compute, under the two graphed impls: NCCL's fewest CTAs (data parallel), the
+// all-gathers on copy engines (sharded; NCCL 2.28's zero-CTA policy, buffers in symmetric
+// windows) and half the gathers (sharded, each layer's gathered copy kept for its backward). Per variant: device time per step
 // (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
@@ -75,6 +78,7 @@ using te_cfg = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>
 using full_cfg = config<impl::whole_iteration, no_nan_check, warmup_steps<1>>;
 using sharded_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward>; // gathers prefetched one layer ahead
 using on_demand_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward, gather_on_demand>;
+using kept_mode = sharded<static_double_buffer, persistent_buffer, keep_for_backward>; // half the gathers, a buffer per layer
 
 //! The variants, as `--only` names them (main() adds them in this order).
 const std::vector<std::string> variant_names{"data parallel/none",      "data parallel/transformer_engine",
@@ -83,13 +87,16 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
                                              "sharded (gathers on demand)/none", "sharded (gathers on demand)/transformer_engine",
                                              "sharded (gathers on demand)/full_iteration",
                                              "data parallel (graphs as captured)/transformer_engine",
-                                             "sharded (graphs as captured)/transformer_engine"};
+                                             "sharded (graphs as captured)/transformer_engine",
+                                             "data parallel (fewest CTAs)/transformer_engine", "data parallel (fewest CTAs)/full_iteration",
+                                             "sharded (copy-engine gathers)/transformer_engine", "sharded (copy-engine gathers)/full_iteration",
+                                             "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration"};
 
 //! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
 //! steps, captures), and measures what it holds.
 template <class Config, class Mode>
 void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
-         const char* impl, int rank, cudaStream_t s, const std::string& only) {
+         const char* impl, int rank, cudaStream_t s, const std::string& only, gpt::collective_buffers buffers = gpt::collective_buffers::device) {
     const std::string name = std::string(mode) + "/" + impl;
     if (std::find(variant_names.begin(), variant_names.end(), name) == variant_names.end())
         throw std::logic_error("bench/data_parallel: variant '" + name + "' is missing from variant_names, so --only cannot pick it");
@@ -97,7 +104,7 @@ void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, co
     const gpt::model_config c = bench_model();
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
-    auto t = std::make_shared<gpt::data_parallel_trainer<T, Config, Mode>>(c, comm, s);
+    auto t = std::make_shared<gpt::data_parallel_trainer<T, Config, Mode>>(c, comm, s, watchdog_settings{}, step_watchdog::fault_handler{}, buffers);
     std::mt19937 rng(7 + unsigned(rank));
     std::uniform_int_distribution<int> tok(0, c.vocab - 1);
     std::vector<int> tokens(std::size_t(c.tokens())), labels(tokens.size());
@@ -139,6 +146,7 @@ int main(int argc, char** argv) {
     cuda::mpi_session mpi;
     const cuda::nccl_communicator comm = cuda::communicator_from_mpi(mpi);
     cuda::stream s;
+    std::vector<std::shared_ptr<cuda::nccl_communicator>> communicators; // outlive the trainers below
     std::vector<variant> v;
     std::vector<std::shared_ptr<void>> keep;
     const int r = mpi.rank();
@@ -159,6 +167,19 @@ int main(int argc, char** argv) {
     add<te_cfg, gpt::replicated>(v, keep, comm, "data parallel (graphs as captured)", "transformer_engine", r, s, only);
     add<te_cfg, sharded_mode>(v, keep, comm, "sharded (graphs as captured)", "transformer_engine", r, s, only);
     detail::installed_breakage().keep_user_objects = false;
+    // Issue 50's cuts of what NCCL's kernels take from compute, each on its own communicator:
+    // NCCL's fewest CTAs; all-gathers on copy engines (no CTA, buffers in symmetric windows);
+    // and half the gathers (each layer's gathered copy kept for its backward).
+    communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::efficiency})));
+    communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero})));
+    add<te_cfg, gpt::replicated>(v, keep, *communicators[0], "data parallel (fewest CTAs)", "transformer_engine", r, s, only);
+    add<full_cfg, gpt::replicated>(v, keep, *communicators[0], "data parallel (fewest CTAs)", "full_iteration", r, s, only);
+    add<te_cfg, sharded_mode>(v, keep, *communicators[1], "sharded (copy-engine gathers)", "transformer_engine", r, s, only,
+                              gpt::collective_buffers::nccl_symmetric);
+    add<full_cfg, sharded_mode>(v, keep, *communicators[1], "sharded (copy-engine gathers)", "full_iteration", r, s, only,
+                                gpt::collective_buffers::nccl_symmetric);
+    add<te_cfg, kept_mode>(v, keep, comm, "sharded (kept for backward)", "transformer_engine", r, s, only);
+    add<full_cfg, kept_mode>(v, keep, comm, "sharded (kept for backward)", "full_iteration", r, s, only);
 
 #if defined(BENCH_WITH_CUPTI)
     // --trace: the timed rounds traced (their times then include the tracing's cost).

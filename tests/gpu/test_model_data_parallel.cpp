@@ -64,10 +64,11 @@ trained<T> state_after(gpt::gpt_model<T>& model, std::vector<float> losses, cuda
 }
 
 template <class T, class Config, class Mode>
-trained<T> train(const gpt::model_config& c) {
+trained<T> train(const gpt::model_config& c, const cuda::nccl_communicator* on = nullptr,
+                 gpt::collective_buffers buffers = gpt::collective_buffers::device) {
     comm(); // takes this rank's GPU before any stream or buffer is made
     cuda::stream s;
-    gpt::data_parallel_trainer<T, Config, Mode> trainer(c, comm(), s);
+    gpt::data_parallel_trainer<T, Config, Mode> trainer(c, on ? *on : comm(), s, {}, {}, buffers);
     std::vector<float> losses;
     for (int step = 0; step < steps; ++step) {
         for (int mb = 0; mb < c.microbatches; ++mb) {
@@ -77,7 +78,10 @@ trained<T> train(const gpt::model_config& c) {
         trainer.step(s);
         losses.push_back(trainer.model().loss(s));
     }
-    if constexpr (Config::impl != graph_impl::eager) CHECK(trainer.runner().counters().replays > 0);
+    if constexpr (Config::impl != graph_impl::eager) {
+        CHECK(trainer.runner().counters().replays > 0);
+        CHECK(trainer.runner().counters().copies_refused == 0); // every graph launched without NCCL's user objects
+    }
     return state_after(trainer.model(), std::move(losses), s);
 }
 
@@ -135,6 +139,68 @@ TEST_CASE("the example model, sharded: gathers prefetched one layer ahead give t
     if (mpi().rank() == 0)
         std::printf("  example model sharded, prefetched gathers: %d ranks, none / local / transformer_engine / full_iteration bitwise equal to "
                     "gathers on demand\n", mpi().size());
+}
+
+TEST_CASE("the example model, sharded, with its all-gathers on copy engines: the bits of gathers by NCCL's kernels") {
+    // A communicator with NCCL's zero-CTA policy, and the store's collective buffers in symmetric
+    // windows: NCCL turns each all-gather into copy-engine copies ordered by memory operations.
+    comm();
+    static cuda::nccl_communicator copy_engines = cuda::communicator_from_mpi(mpi(), {cuda::nccl_cta_policy::zero});
+    cuda::stream s;
+    if (mpi().size() > 1) { // (one rank's collectives are local copies anyway)
+        const std::size_t n = 1 << 16;
+        cuda::nccl_symmetric_buffer<float> part(copy_engines, n), whole(copy_engines, n * std::size_t(mpi().size()));
+        // NCCL sets up a window's device state at its first collective, which a capture forbids:
+        // one eager all-gather first (the trainers' warmup steps do the same), checked.
+        std::vector<float> mine(n, float(mpi().rank() + 1)), back(n * std::size_t(mpi().size()));
+        CAPSCOPE_CHECK(cudaMemcpyAsync(part.data(), mine.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+        CAPSCOPE_CHECK(ncclAllGather(part.data(), whole.data(), n, ncclFloat32, copy_engines.get(), s));
+        CAPSCOPE_CHECK(cudaMemcpyAsync(back.data(), whole.data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+        s.synchronize();
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < back.size(); ++i) wrong += back[i] != float(i / n + 1);
+        CHECK(wrong == 0);
+        cuda::graph g = cuda::capture(s, [&](cudaStream_t on) {
+            CAPSCOPE_CHECK(ncclAllGather(part.data(), whole.data(), n, ncclFloat32, copy_engines.get(), on));
+        });
+        std::size_t count = g.node_count(), kernels = 0, copies = 0;
+        std::vector<cudaGraphNode_t> nodes(count);
+        CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
+        for (cudaGraphNode_t node : nodes) {
+            const cudaGraphNodeType t = cuda::node_type(node); // (the runtime's query fails on memory-operation nodes)
+            kernels += t == cudaGraphNodeTypeKernel;
+            copies += t == cudaGraphNodeTypeMemcpy;
+        }
+        INFO("a captured all-gather between symmetric windows: ", count, " nodes, ", kernels, " kernels, ", copies, " copies");
+        CHECK(kernels == 0);
+        CHECK(copies >= std::size_t(mpi().size()) - 1);
+        // Replayed from its copy without NCCL's user object (cuda/graph_copy.hpp takes the memory operations too).
+        cuda::copy_result copied = cuda::without_user_objects(std::move(g));
+        INFO("refused: ", copied.refused);
+        CHECK(copied.refused.empty());
+        const cuda::graph_exec exec(copied.copy);
+        for (int replay = 1; replay <= 3; ++replay) {
+            std::fill(mine.begin(), mine.end(), float(10 * replay + mpi().rank()));
+            CAPSCOPE_CHECK(cudaMemcpyAsync(part.data(), mine.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+            exec.launch(s);
+            CAPSCOPE_CHECK(cudaMemcpyAsync(back.data(), whole.data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+            s.synchronize();
+            wrong = 0;
+            for (std::size_t i = 0; i < back.size(); ++i) wrong += back[i] != float(10 * replay + int(i / n));
+            CHECK(wrong == 0);
+        }
+    }
+    const gpt::model_config c = model_for_data_parallel("DEMD");
+    const trained<float> by_kernels = train<float, te_config, regather>(c);
+    check_identical(train<float, te_config, regather>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric), by_kernels,
+                    "copy-engine gathers, transformer_engine");
+    check_identical(train<float, full_config, regather>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric), by_kernels,
+                    "copy-engine gathers, full_iteration");
+    check_identical(train<__nv_bfloat16, full_config, keep>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric),
+                    train<__nv_bfloat16, full_config, keep>(c), "copy-engine gathers, bf16, kept for backward");
+    if (mpi().rank() == 0)
+        std::printf("  example model sharded, all-gathers on copy engines (symmetric windows, zero-CTA communicator): %d ranks, "
+                    "transformer_engine and full_iteration bitwise equal to gathers by NCCL's kernels\n", mpi().size());
 }
 
 TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's shard is its slice of the replicated run") {

@@ -90,12 +90,13 @@ template <class T> void parameter_store<T>::allocate_sharded(std::uint64_t seed,
     v_ = capscope::cuda::device_buffer<float>(replicated);
     values_ = capscope::cuda::device_buffer<T>(replicated);
     shard_master_ = capscope::cuda::device_buffer<float>(l.shard_elements);
-    shard_grad_ = capscope::cuda::device_buffer<float>(l.shard_elements);
     shard_m_ = capscope::cuda::device_buffer<float>(l.shard_elements);
     shard_v_ = capscope::cuda::device_buffer<float>(l.shard_elements);
-    shard_values_ = capscope::cuda::device_buffer<T>(l.shard_elements);
-    grad_full_ = capscope::cuda::device_buffer<float>(l.full_elements);
-    gathered_ = capscope::cuda::device_buffer<T>(sh.gather_into == store_sharding::gathered::double_buffer ? 2 * slot_elements_ : l.full_elements);
+    shard_grad_ = detail::collective_buffer<float>(l.shard_elements, sh.collective_memory);
+    shard_values_ = detail::collective_buffer<T>(l.shard_elements, sh.collective_memory);
+    grad_full_ = detail::collective_buffer<float>(l.full_elements, sh.collective_memory);
+    gathered_ = detail::collective_buffer<T>(sh.gather_into == store_sharding::gathered::double_buffer ? 2 * slot_elements_ : l.full_elements,
+                                             sh.collective_memory);
 
     // The same draw as the replicated store, split: the replicated part, and this rank's slice of
     // each layer's group (its padding tail zero, and it stays zero: zero gradient, zero moments).
@@ -117,7 +118,9 @@ template <class T> void parameter_store<T>::allocate_sharded(std::uint64_t seed,
     shard_master_.copy_from_host(host_shard, s);
     kernels::cast_from_float(master_.data(), values_.data(), long(replicated), s);
     kernels::cast_from_float(shard_master_.data(), shard_values_.data(), long(l.shard_elements), s);
-    for (auto* b : {&grads_, &m_, &v_, &shard_grad_, &shard_m_, &shard_v_, &grad_full_}) b->fill_bytes(0, s);
+    for (auto* b : {&grads_, &m_, &v_, &shard_m_, &shard_v_}) b->fill_bytes(0, s);
+    shard_grad_.fill_bytes(0, s);
+    grad_full_.fill_bytes(0, s);
     gathered_.fill_bytes(0, s);
     CAPSCOPE_CHECK(cudaStreamSynchronize(s)); // the host vectors die here
 }

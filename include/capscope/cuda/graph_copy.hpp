@@ -21,13 +21,14 @@
 //!
 //! Copied: kernel nodes (through the driver API, which also answers for kernels that libraries
 //! such as NCCL add with it, with their launch attributes: clusters, priority, memory sync
-//! domain), memcpy, memset, host, empty, event record and wait nodes, and child graphs,
-//! recursively; edges with their data (programmatic launch ports). Not copied, and the source
-//! returned as it was with `copy_result::refused` saying why (its launches still wait past 28):
-//! a graph with any other node (a conditional node, graph memory, external semaphores, batch
-//! memory operations), a kernel whose context is not the current one (the runtime adds the other
-//! nodes in the current device's context), and any node CUDA refuses to copy (device-updatable
-//! kernels, whose attributes cannot be copied).
+//! domain), batch memory operations (waits on and writes of 32-bit values, which NCCL's
+//! copy-engine collectives capture), memcpy, memset, host, empty, event record and wait nodes,
+//! and child graphs, recursively; edges with their data (programmatic launch ports). Not copied,
+//! and the source returned as it was with `copy_result::refused` saying why (its launches still
+//! wait past 28): a graph with any other node (a conditional node, graph memory, external
+//! semaphores), a kernel or memory operation whose context is not the current one (the runtime
+//! adds the other nodes in the current device's context), and any node CUDA refuses to copy
+//! (device-updatable kernels, whose attributes cannot be copied).
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
@@ -52,18 +53,24 @@ inline void check_status(CUresult status, const char* call, const char* file, in
     if (status != CUDA_SUCCESS) raise(library::cuda_driver, static_cast<int>(status), "a CUDA driver error (CUresult)", call, file, line);
 }
 
-//! The three driver calls a kernel node's copy needs, found through the runtime so that nothing
+//! The driver calls the copies of kernel and memory-operation nodes need, found through the runtime so that nothing
 //! links libcuda directly.
-struct driver_kernel_node_calls {
+struct driver_node_calls {
     PFN_cuGraphKernelNodeGetParams_v12000 get_params = nullptr;
     PFN_cuGraphAddKernelNode_v12000 add = nullptr;
     PFN_cuGraphKernelNodeCopyAttributes_v11000 copy_attributes = nullptr;
     PFN_cuCtxGetCurrent_v4000 current_context = nullptr;
+    //! Stream memory operations (wait on and write 32-bit values), which NCCL's copy-engine
+    //! collectives capture to order the ranks' copies.
+    PFN_cuGraphBatchMemOpNodeGetParams_v11070 batch_mem_op_params = nullptr;
+    PFN_cuGraphAddBatchMemOpNode_v11070 add_batch_mem_op = nullptr;
+    //! The runtime's cudaGraphNodeGetType fails ("unknown error") on a batch memory operation node.
+    PFN_cuGraphNodeGetType_v10000 node_type = nullptr;
 };
 
-inline const driver_kernel_node_calls& driver_kernel_nodes() {
-    static const driver_kernel_node_calls calls = [] {
-        driver_kernel_node_calls c;
+inline const driver_node_calls& driver_nodes() {
+    static const driver_node_calls calls = [] {
+        driver_node_calls c;
         auto find = [](const char* name, void** fn, unsigned version) {
             cudaDriverEntryPointQueryResult found{};
             CAPSCOPE_CHECK(cudaGetDriverEntryPointByVersion(name, fn, version, cudaEnableDefault, &found));
@@ -74,10 +81,16 @@ inline const driver_kernel_node_calls& driver_kernel_nodes() {
         find("cuGraphAddKernelNode", reinterpret_cast<void**>(&c.add), 12000);
         find("cuGraphKernelNodeCopyAttributes", reinterpret_cast<void**>(&c.copy_attributes), 11000);
         find("cuCtxGetCurrent", reinterpret_cast<void**>(&c.current_context), 4000);
+        find("cuGraphBatchMemOpNodeGetParams", reinterpret_cast<void**>(&c.batch_mem_op_params), 11070);
+        find("cuGraphAddBatchMemOpNode", reinterpret_cast<void**>(&c.add_batch_mem_op), 11070);
+        find("cuGraphNodeGetType", reinterpret_cast<void**>(&c.node_type), 10000);
         return c;
     }();
     return calls;
 }
+
+//! The runtime's enum has no name for the driver's CU_GRAPH_NODE_TYPE_BATCH_MEM_OP.
+inline constexpr cudaGraphNodeType batch_mem_op_node = static_cast<cudaGraphNodeType>(CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
 
 inline const char* node_type_name(cudaGraphNodeType t) {
     switch (t) {
@@ -94,9 +107,22 @@ inline const char* node_type_name(cudaGraphNodeType t) {
     case cudaGraphNodeTypeMemAlloc: return "graph memory allocation";
     case cudaGraphNodeTypeMemFree: return "graph memory free";
     case cudaGraphNodeTypeConditional: return "conditional";
-    default: return "unknown";
+    default: return t == batch_mem_op_node ? "batch memory operation" : "unknown";
     }
 }
+
+} // namespace detail
+
+//! A node's type, asked of the driver: the runtime's `cudaGraphNodeGetType` fails on the batch
+//! memory operation nodes that NCCL's copy-engine collectives capture (`detail::batch_mem_op_node`).
+//! The driver's enum numbers the runtime's types alike.
+inline cudaGraphNodeType node_type(cudaGraphNode_t n) {
+    CUgraphNodeType t{};
+    CAPSCOPE_CHECK(detail::driver_nodes().node_type(n, &t));
+    return static_cast<cudaGraphNodeType>(t);
+}
+
+namespace detail {
 
 struct raw_graph { // a graph being built here, destroyed unless handed on
     cudaGraph_t g = nullptr;
@@ -116,23 +142,32 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
     std::vector<cudaGraphNode_t> nodes(count), copies(count, nullptr);
     if (count) CAPSCOPE_CHECK(cudaGraphGetNodes(from, nodes.data(), &count));
     for (std::size_t i = 0; i < count; ++i) {
-        cudaGraphNodeType t{};
-        CAPSCOPE_CHECK(cudaGraphNodeGetType(nodes[i], &t));
+        const cudaGraphNodeType t = node_type(nodes[i]);
         if (t != cudaGraphNodeTypeKernel && t != cudaGraphNodeTypeMemcpy && t != cudaGraphNodeTypeMemset && t != cudaGraphNodeTypeHost &&
-            t != cudaGraphNodeTypeGraph && t != cudaGraphNodeTypeEmpty && t != cudaGraphNodeTypeWaitEvent && t != cudaGraphNodeTypeEventRecord)
+            t != cudaGraphNodeTypeGraph && t != cudaGraphNodeTypeEmpty && t != cudaGraphNodeTypeWaitEvent && t != cudaGraphNodeTypeEventRecord &&
+            t != batch_mem_op_node)
             return std::string("a ") + node_type_name(t) + " node";
     }
     for (std::size_t i = 0; i < count; ++i) {
         const cudaGraphNode_t n = nodes[i];
-        cudaGraphNodeType t{};
-        CAPSCOPE_CHECK(cudaGraphNodeGetType(n, &t));
+        const cudaGraphNodeType t = node_type(n);
+        if (t == batch_mem_op_node) { // not a runtime enumerator, so not a case of the switch
+            const driver_node_calls& drv = driver_nodes();
+            CUDA_BATCH_MEM_OP_NODE_PARAMS p{}; // its array is the node's, read before `from` changes
+            CAPSCOPE_CHECK(drv.batch_mem_op_params(n, &p));
+            CUcontext current = nullptr;
+            CAPSCOPE_CHECK(drv.current_context(&current));
+            if (p.ctx && p.ctx != current) return "a memory operation of another context than the current one (make its device current first)";
+            CAPSCOPE_CHECK(drv.add_batch_mem_op(&copies[i], to, nullptr, 0, &p));
+            continue;
+        }
         switch (t) {
         case cudaGraphNodeTypeKernel: {
             if (capscope::detail::installed_breakage().copy_kernels_as_empty) { // a test, broken on purpose
                 CAPSCOPE_CHECK(cudaGraphAddEmptyNode(&copies[i], to, nullptr, 0));
                 break;
             }
-            const driver_kernel_node_calls& drv = driver_kernel_nodes();
+            const driver_node_calls& drv = driver_nodes();
             CUDA_KERNEL_NODE_PARAMS_v2 p{};
             CAPSCOPE_CHECK(drv.get_params(n, &p));
             CUcontext current = nullptr;

@@ -37,11 +37,37 @@ inline ncclResult_t destroy_or_abort(ncclComm_t comm) {
 
 namespace capscope::cuda {
 
+//! How many SMs NCCL's collectives may take from compute (`ncclConfig_t::CTAPolicy`).
+enum class nccl_cta_policy {
+    nccl_default, //!< NCCL's choice: as many CTAs as its fastest algorithm wants
+    efficiency,   //!< the fewest CTAs that still perform decently
+    //! No CTA where NCCL can (NCCL 2.28+): all-gathers between buffers in symmetric windows
+    //! (nccl_window.hpp) become copy-engine copies, which leave every SM to compute.
+    zero,
+};
+
+struct nccl_options {
+    nccl_cta_policy cta_policy = nccl_cta_policy::nccl_default;
+};
+
 class nccl_communicator {
 public:
     //! Rank `rank` of `ranks`, joined through `id` (from rank 0's `ncclGetUniqueId`). The current
     //! device is the rank's GPU.
-    nccl_communicator(int ranks, const ncclUniqueId& id, int rank) { CAPSCOPE_CHECK(ncclCommInitRank(comm_.out(), ranks, id, rank)); }
+    nccl_communicator(int ranks, const ncclUniqueId& id, int rank, nccl_options options = {}) {
+        if (options.cta_policy == nccl_cta_policy::nccl_default) {
+            CAPSCOPE_CHECK(ncclCommInitRank(comm_.out(), ranks, id, rank));
+            return;
+        }
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+        config.CTAPolicy = options.cta_policy == nccl_cta_policy::zero ? NCCL_CTA_POLICY_ZERO : NCCL_CTA_POLICY_EFFICIENCY;
+#else
+        throw std::invalid_argument("nccl_communicator: a CTA policy needs NCCL 2.28 or later (this is " + std::to_string(NCCL_MAJOR) + "." +
+                                    std::to_string(NCCL_MINOR) + ") -- fix: nccl_cta_policy::nccl_default, or a newer NCCL");
+#endif
+        CAPSCOPE_CHECK(ncclCommInitRankConfig(comm_.out(), ranks, id, rank, &config));
+    }
 
     //! One communicator per device of this process (`ncclCommInitAll`): several GPUs without MPI.
     static std::vector<nccl_communicator> for_devices(std::span<const int> devices) {

@@ -122,7 +122,7 @@ int run_ranks(F&& fn) {
 //! Takes GPU `local_rank` of this node and joins every rank of `mpi` in one NCCL communicator
 //! (call it before making any stream or buffer: they belong to the device current then):
 //! rank 0 makes the unique id, `MPI_Bcast` carries it.
-inline nccl_communicator communicator_from_mpi(const mpi_session& mpi) {
+inline nccl_communicator communicator_from_mpi(const mpi_session& mpi, nccl_options options = {}) {
     int devices = 0;
     CAPSCOPE_CHECK(cudaGetDeviceCount(&devices));
     if (mpi.local_rank() >= devices)
@@ -133,7 +133,7 @@ inline nccl_communicator communicator_from_mpi(const mpi_session& mpi) {
     ncclUniqueId id{};
     if (mpi.rank() == 0) CAPSCOPE_CHECK(ncclGetUniqueId(&id));
     CAPSCOPE_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
-    return nccl_communicator(mpi.size(), id, mpi.rank());
+    return nccl_communicator(mpi.size(), id, mpi.rank(), options);
 }
 
 } // namespace capscope::cuda

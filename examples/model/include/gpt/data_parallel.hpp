@@ -17,6 +17,7 @@
 #include <gpt/model.hpp>
 
 #include <capscope/cuda/nccl.hpp>
+#include <capscope/cuda/nccl_window.hpp>
 #include <capscope/parallel/nccl_watchdog.hpp>
 #include <capscope/hooks.hpp>
 #include <capscope/parallel/data_parallel.hpp>
@@ -27,6 +28,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <span>
@@ -38,6 +41,15 @@ namespace gpt {
 
 //! Data parallelism with every parameter on every rank.
 struct replicated {};
+
+//! Where a sharded trainer's collectives read and write.
+enum class collective_buffers {
+    device, //!< cudaMalloc
+    //! NCCL's symmetric windows on the trainer's communicator (capscope/cuda/nccl_window.hpp).
+    //! On a communicator made with `nccl_cta_policy::zero`, the all-gathers then run on copy
+    //! engines and take no SM from the layers computing beside them.
+    nccl_symmetric,
+};
 
 namespace detail {
 template <class Mode>
@@ -77,11 +89,22 @@ auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::spa
 }
 
 template <class Mode>
-std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicator& comm) {
-    if constexpr (!is_sharded<Mode>) return std::nullopt;
-    else {
+std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicator& comm, collective_buffers buffers) {
+    if constexpr (!is_sharded<Mode>) {
+        if (buffers != collective_buffers::device)
+            throw std::invalid_argument("gpt::data_parallel_trainer: collective_buffers::nccl_symmetric places a sharded store's gather and "
+                                        "reduce-scatter buffers; a replicated model keeps its gradients in its own arena -- fix: "
+                                        "collective_buffers::device, or a capscope::sharded<...> mode");
+        return std::nullopt;
+    } else {
         const bool keep = std::is_same_v<typename Mode::backward, capscope::keep_for_backward>;
-        return store_sharding{comm.rank(), comm.size(), keep ? store_sharding::gathered::one_per_layer : store_sharding::gathered::double_buffer};
+        store_sharding out{comm.rank(), comm.size(), keep ? store_sharding::gathered::one_per_layer : store_sharding::gathered::double_buffer};
+        if (buffers == collective_buffers::nccl_symmetric)
+            out.collective_memory = [&comm](std::size_t bytes) {
+                auto b = std::make_shared<capscope::cuda::nccl_symmetric_buffer<std::byte>>(comm, bytes);
+                return std::shared_ptr<void>(b, b->data()); // the buffer lives as long as the pointer
+            };
+        return out;
     }
 }
 } // namespace detail
@@ -102,11 +125,12 @@ public:
 
     //! `watchdog`: how long a step may take before the watchdog ends the process
     //! (capscope/parallel/nccl_watchdog.hpp); it watches every step. `on_fault`, if given, runs
-    //! instead of ending the process, after the communicator is aborted. `comm` must not move
-    //! while the trainer lives.
+    //! instead of ending the process, after the communicator is aborted. `buffers`: where a
+    //! sharded store's collectives read and write. `comm` must not move while the trainer lives.
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
-                          capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {})
-        : model_(cfg, s, detail::store_layout<Mode>(comm)), tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
+                          capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {},
+                          collective_buffers buffers = collective_buffers::device)
+        : model_(cfg, s, detail::store_layout<Mode>(comm, buffers)), tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
           hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_)),
           outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)),
           watchdog_(comm, watchdog, std::move(on_fault)) {

@@ -18,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,7 +46,38 @@ struct store_sharding {
     //! l % 2; needs a gather again before the backward), or one buffer per layer (kept from the
     //! forward for the backward). Both are static: graphs replay on fixed addresses.
     enum class gathered { double_buffer, one_per_layer } gather_into = gathered::double_buffer;
+    //! Where the buffers the collectives read and write come from (the shard of the working copy,
+    //! the gathered copy, the layers' full gradients and their reduced shard): cudaMalloc when
+    //! empty. Given, it returns `bytes` of device memory, freed when the last copy of the pointer
+    //! goes; gpt/data_parallel.hpp gives NCCL's symmetric windows, in which gathers can run on
+    //! copy engines. Every rank asks for the same sizes in the same order.
+    std::function<std::shared_ptr<void>(std::size_t bytes)> collective_memory = nullptr;
 };
+
+namespace detail {
+//! `count` elements of T from cudaMalloc, or from a `store_sharding::collective_memory`.
+template <class T>
+class collective_buffer {
+public:
+    collective_buffer() = default;
+    collective_buffer(std::size_t count, const std::function<std::shared_ptr<void>(std::size_t)>& from) : count_(count) {
+        if (!from) own_ = capscope::cuda::device_buffer<T>(count);
+        else if (count) given_ = from(count * sizeof(T));
+    }
+    T* data() const { return given_ ? static_cast<T*>(given_.get()) : own_.data(); }
+    std::size_t size() const { return count_; }
+    std::size_t bytes() const { return count_ * sizeof(T); }
+    bool empty() const { return count_ == 0; }
+    void fill_bytes(int byte, cudaStream_t s) {
+        if (count_) CAPSCOPE_CHECK(cudaMemsetAsync(data(), byte, bytes(), s));
+    }
+
+private:
+    capscope::cuda::device_buffer<T> own_;
+    std::shared_ptr<void> given_;
+    std::size_t count_ = 0;
+};
+} // namespace detail
 
 //! A run of parameters the optimizer steps element by element.
 template <class T>
@@ -133,8 +166,9 @@ private:
     std::optional<capscope::shard_layout> layout_;
     store_sharding sharding_;
     std::size_t slot_elements_ = 0; //!< a double-buffer slot: the largest padded group
-    capscope::cuda::device_buffer<float> shard_master_, shard_grad_, shard_m_, shard_v_, grad_full_;
-    capscope::cuda::device_buffer<T> shard_values_, gathered_;
+    capscope::cuda::device_buffer<float> shard_master_, shard_m_, shard_v_;
+    detail::collective_buffer<float> shard_grad_, grad_full_; //!< what the reduce-scatter reads and writes
+    detail::collective_buffer<T> shard_values_, gathered_;    //!< what the all-gathers read and write
 };
 
 } // namespace gpt
