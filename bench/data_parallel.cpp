@@ -10,8 +10,9 @@
 // `none` (eager, collectives too), `transformer_engine` (per-layer graphs, collectives captured
 // in them) and `full_iteration` (the whole step one graph); and three cuts of what NCCL's kernels
 // take from compute, under the two graphed impls: NCCL's fewest CTAs (data parallel), the
-// all-gathers on copy engines (sharded; NCCL 2.28's zero-CTA policy, buffers in symmetric
-// windows) and half the gathers (sharded, each layer's gathered copy kept for its backward). Per variant: device time per step
+// all-gathers on copy engines (NCCL 2.28's zero-CTA policy, buffers in symmetric windows;
+// data parallel splits each all-reduce into a reduce-scatter and an all-gather for it) and half
+// the gathers (sharded, each layer's gathered copy kept for its backward). Per variant: device time per step
 // (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
@@ -89,6 +90,7 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
                                              "data parallel (graphs as captured)/transformer_engine",
                                              "sharded (graphs as captured)/transformer_engine",
                                              "data parallel (fewest CTAs)/transformer_engine", "data parallel (fewest CTAs)/full_iteration",
+                                             "data parallel (copy-engine gathers)/transformer_engine", "data parallel (copy-engine gathers)/full_iteration",
                                              "sharded (copy-engine gathers)/transformer_engine", "sharded (copy-engine gathers)/full_iteration",
                                              "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration"};
 
@@ -174,6 +176,10 @@ int main(int argc, char** argv) {
     communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero})));
     add<te_cfg, gpt::replicated>(v, keep, *communicators[0], "data parallel (fewest CTAs)", "transformer_engine", r, s, only);
     add<full_cfg, gpt::replicated>(v, keep, *communicators[0], "data parallel (fewest CTAs)", "full_iteration", r, s, only);
+    add<te_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine gathers)", "transformer_engine", r, s, only,
+                                 gpt::collective_buffers::nccl_symmetric);
+    add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine gathers)", "full_iteration", r, s, only,
+                                   gpt::collective_buffers::nccl_symmetric);
     add<te_cfg, sharded_mode>(v, keep, *communicators[1], "sharded (copy-engine gathers)", "transformer_engine", r, s, only,
                               gpt::collective_buffers::nccl_symmetric);
     add<full_cfg, sharded_mode>(v, keep, *communicators[1], "sharded (copy-engine gathers)", "full_iteration", r, s, only,

@@ -141,7 +141,7 @@ TEST_CASE("the example model, sharded: gathers prefetched one layer ahead give t
                     "gathers on demand\n", mpi().size());
 }
 
-TEST_CASE("the example model, sharded, with its all-gathers on copy engines: the bits of gathers by NCCL's kernels") {
+TEST_CASE("the example model with its all-gathers on copy engines (sharded gathers, data parallel's split all-reduce): the bits of NCCL's kernels") {
     // A communicator with NCCL's zero-CTA policy, and the store's collective buffers in symmetric
     // windows: NCCL turns each all-gather into copy-engine copies ordered by memory operations.
     comm();
@@ -198,9 +198,19 @@ TEST_CASE("the example model, sharded, with its all-gathers on copy engines: the
                     "copy-engine gathers, full_iteration");
     check_identical(train<__nv_bfloat16, full_config, keep>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric),
                     train<__nv_bfloat16, full_config, keep>(c), "copy-engine gathers, bf16, kept for backward");
+    // Data parallel: each all-reduce a reduce-scatter and an all-gather, that on copy engines. On
+    // two ranks every element is one sum of two values, the same bits either way.
+    const trained<float> split = train<float, eager_config, gpt::replicated>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric);
+    check_identical(train<float, te_config, gpt::replicated>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric), split,
+                    "data parallel, split all-reduce, transformer_engine");
+    check_identical(train<float, full_config, gpt::replicated>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric), split,
+                    "data parallel, split all-reduce, full_iteration");
+    if (mpi().size() <= 2) check_identical(split, train<float, eager_config, gpt::replicated>(c), "data parallel, split against one all-reduce");
     if (mpi().rank() == 0)
         std::printf("  example model sharded, all-gathers on copy engines (symmetric windows, zero-CTA communicator): %d ranks, "
-                    "transformer_engine and full_iteration bitwise equal to gathers by NCCL's kernels\n", mpi().size());
+                    "transformer_engine and full_iteration bitwise equal to gathers by NCCL's kernels; data parallel with each all-reduce split "
+                    "(its all-gather on copy engines): every impl bitwise equal to eager%s\n",
+                    mpi().size(), mpi().size() <= 2 ? ", and to one all-reduce" : "");
 }
 
 TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's shard is its slice of the replicated run") {

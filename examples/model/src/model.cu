@@ -15,7 +15,8 @@ using capscope::cuda::device_buffer;
 using detail::gemm;
 
 template <class T>
-gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<store_sharding> sharding, const activation_offload& offload)
+gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<store_sharding> sharding, const activation_offload& offload,
+                        const collective_memory_source& collective_memory)
     : cfg_(detail::validated(cfg)), expert_overflow_(1), may_update_(1), skipped_at_start_(1), rng_at_start_(1), rng_(1), loss_scale_(1),
       loss_scale_at_start_(1) {
     kernels::set_rng(rng_.data(), cfg.seed, 0, s);
@@ -58,8 +59,8 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<s
         throw std::invalid_argument("model_config::check_finite_on_device with sharded parameters: each rank would check only its own "
                                     "shard of the gradients and decide apart, so the ranks would diverge -- fix: check on the device "
                                     "with replicated parameters (their gradients are all-reduced first), or turn the check off");
-    if (sharding) params_.allocate_sharded(cfg.seed, s, *sharding);
-    else params_.allocate(cfg.seed, s);
+    if (sharding) params_.allocate_sharded(cfg.seed, s, *sharding, collective_memory);
+    else params_.allocate(cfg.seed, s, true, collective_memory);
     arenas_ = params_.optimizer_arenas();
     set_optimizer(adamw_config{}, s);
     activations_.allocate(offload.policy, offload.ring);

@@ -35,12 +35,13 @@ template <class T> std::vector<float> parameter_store<T>::initial_values(std::ui
     return host;
 }
 
-template <class T> void parameter_store<T>::allocate(std::uint64_t seed, cudaStream_t s, bool training_state) {
+template <class T>
+void parameter_store<T>::allocate(std::uint64_t seed, cudaStream_t s, bool training_state, const collective_memory_source& collective_memory) {
     // Forward-only: the fp32 draw goes through a temporary buffer, freed when this returns.
     capscope::cuda::device_buffer<float> staging(training_state ? 0 : total_);
     if (training_state) {
         master_ = capscope::cuda::device_buffer<float>(total_);
-        grads_ = capscope::cuda::device_buffer<float>(total_);
+        grads_ = detail::collective_buffer<float>(total_, collective_memory);
         m_ = capscope::cuda::device_buffer<float>(total_);
         v_ = capscope::cuda::device_buffer<float>(total_);
     }
@@ -63,7 +64,8 @@ template <class T> std::size_t parameter_store<T>::group_begin(int layer) const 
     throw std::out_of_range("parameter_store: layer " + std::to_string(layer) + " has no parameters");
 }
 
-template <class T> void parameter_store<T>::allocate_sharded(std::uint64_t seed, cudaStream_t s, const store_sharding& sh) {
+template <class T>
+void parameter_store<T>::allocate_sharded(std::uint64_t seed, cudaStream_t s, const store_sharding& sh, const collective_memory_source& collective_memory) {
     if (sh.ranks < 1 || sh.rank < 0 || sh.rank >= sh.ranks)
         throw std::invalid_argument("allocate_sharded: rank " + std::to_string(sh.rank) + " of " + std::to_string(sh.ranks) +
                                     " ranks; give 0 <= rank < ranks");
@@ -85,18 +87,18 @@ template <class T> void parameter_store<T>::allocate_sharded(std::uint64_t seed,
     for (const auto& g : l.parameters) slot_elements_ = std::max(slot_elements_, g.padded);
 
     master_ = capscope::cuda::device_buffer<float>(replicated);
-    grads_ = capscope::cuda::device_buffer<float>(replicated);
+    grads_ = detail::collective_buffer<float>(replicated, nullptr); // all-reduced once a step, small
     m_ = capscope::cuda::device_buffer<float>(replicated);
     v_ = capscope::cuda::device_buffer<float>(replicated);
     values_ = capscope::cuda::device_buffer<T>(replicated);
     shard_master_ = capscope::cuda::device_buffer<float>(l.shard_elements);
     shard_m_ = capscope::cuda::device_buffer<float>(l.shard_elements);
     shard_v_ = capscope::cuda::device_buffer<float>(l.shard_elements);
-    shard_grad_ = detail::collective_buffer<float>(l.shard_elements, sh.collective_memory);
-    shard_values_ = detail::collective_buffer<T>(l.shard_elements, sh.collective_memory);
-    grad_full_ = detail::collective_buffer<float>(l.full_elements, sh.collective_memory);
+    shard_grad_ = detail::collective_buffer<float>(l.shard_elements, collective_memory);
+    shard_values_ = detail::collective_buffer<T>(l.shard_elements, collective_memory);
+    grad_full_ = detail::collective_buffer<float>(l.full_elements, collective_memory);
     gathered_ = detail::collective_buffer<T>(sh.gather_into == store_sharding::gathered::double_buffer ? 2 * slot_elements_ : l.full_elements,
-                                             sh.collective_memory);
+                                             collective_memory);
 
     // The same draw as the replicated store, split: the replicated part, and this rank's slice of
     // each layer's group (its padding tail zero, and it stays zero: zero gradient, zero moments).
@@ -118,7 +120,8 @@ template <class T> void parameter_store<T>::allocate_sharded(std::uint64_t seed,
     shard_master_.copy_from_host(host_shard, s);
     kernels::cast_from_float(master_.data(), values_.data(), long(replicated), s);
     kernels::cast_from_float(shard_master_.data(), shard_values_.data(), long(l.shard_elements), s);
-    for (auto* b : {&grads_, &m_, &v_, &shard_m_, &shard_v_}) b->fill_bytes(0, s);
+    for (auto* b : {&m_, &v_, &shard_m_, &shard_v_}) b->fill_bytes(0, s);
+    grads_.fill_bytes(0, s);
     shard_grad_.fill_bytes(0, s);
     grad_full_.fill_bytes(0, s);
     gathered_.fill_bytes(0, s);

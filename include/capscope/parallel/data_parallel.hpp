@@ -26,6 +26,17 @@
 
 namespace capscope {
 
+//! How a gradient all-reduce is issued.
+enum class all_reduce_as {
+    one_call, //!< `ncclAllReduce`
+    //! `ncclReduceScatter` into this rank's part, then `ncclAllGather` of the parts, both in place
+    //! (a tail that does not split evenly is all-reduced). The same bytes move; with the gradients
+    //! in NCCL symmetric windows on a communicator with `nccl_cta_policy::zero`
+    //! (capscope/cuda/nccl_window.hpp), the all-gather runs on copy engines, so half the work no
+    //! longer takes SMs from the backward beside it.
+    reduce_scatter_then_all_gather,
+};
+
 namespace detail {
 //! A reduction's bucket size, for the plan's fingerprint: ranks that group their calls
 //! differently issue other NCCL groups.
@@ -41,28 +52,52 @@ constexpr std::size_t nccl_type_bytes(ncclDataType_t t) {
     }
 }
 
-//! All-reduces `gradients` in place: one call per tensor, a bucket of several tensors (by size,
-//! up to `bucket_bytes`) in one NCCL group. Where the tensors lie changes nothing.
+//! Runs `issue(i)` for each tensor i of [first, last) in one NCCL group (no group for one call).
+template <class Issue>
+void in_one_group(std::size_t first, std::size_t last, Issue&& issue) {
+    if (last - first == 1) return issue(first);
+    CAPSCOPE_CHECK(ncclGroupStart());
+    struct group_end { // ends the group even when a call in it throws
+        bool armed = true;
+        ~group_end() {
+            if (armed) ncclGroupEnd();
+        }
+    } end;
+    for (std::size_t i = first; i < last; ++i) issue(i);
+    end.armed = false;
+    CAPSCOPE_CHECK(ncclGroupEnd());
+}
+
+//! All-reduces `gradients` in place: one call per tensor (two, split), a bucket of several
+//! tensors (by size, up to `bucket_bytes`) in one NCCL group (split: a group of reduce-scatters,
+//! then one of all-gathers, which need the reduced parts). Where the tensors lie changes nothing.
 inline void all_reduce_buckets(ncclComm_t comm, std::span<const tensor_ref> gradients, ncclDataType_t type, ncclRedOp_t op,
-                               std::size_t bucket_bytes, cudaStream_t s) {
+                               std::size_t bucket_bytes, cudaStream_t s, all_reduce_as as = all_reduce_as::one_call) {
     const std::size_t element = nccl_type_bytes(type);
     require_whole_elements(gradients, element, "capscope gradient all-reduce");
+    int ranks = 1, rank = 0;
+    if (as == all_reduce_as::reduce_scatter_then_all_gather) {
+        CAPSCOPE_CHECK(ncclCommCount(comm, &ranks));
+        CAPSCOPE_CHECK(ncclCommUserRank(comm, &rank));
+    }
     for_each_reduction_bucket(gradients, bucket_bytes, [&](std::size_t first, std::size_t last) {
-        if (last - first == 1) {
-            CAPSCOPE_CHECK(ncclAllReduce(gradients[first].data, gradients[first].data, gradients[first].bytes / element, type, op, comm, s));
+        auto at = [&](std::size_t i, std::size_t elements) { return static_cast<char*>(gradients[i].data) + elements * element; };
+        if (as == all_reduce_as::one_call) {
+            in_one_group(first, last, [&](std::size_t i) {
+                CAPSCOPE_CHECK(ncclAllReduce(gradients[i].data, gradients[i].data, gradients[i].bytes / element, type, op, comm, s));
+            });
             return;
         }
-        CAPSCOPE_CHECK(ncclGroupStart());
-        struct group_end { // ends the group even when a call in it throws
-            bool armed = true;
-            ~group_end() {
-                if (armed) ncclGroupEnd();
-            }
-        } end;
-        for (std::size_t i = first; i < last; ++i)
-            CAPSCOPE_CHECK(ncclAllReduce(gradients[i].data, gradients[i].data, gradients[i].bytes / element, type, op, comm, s));
-        end.armed = false;
-        CAPSCOPE_CHECK(ncclGroupEnd());
+        // Split: each rank's part is `part` elements; a tail past ranks * part is all-reduced.
+        in_one_group(first, last, [&](std::size_t i) {
+            const std::size_t count = gradients[i].bytes / element, part = count / std::size_t(ranks), split = part * std::size_t(ranks);
+            if (part) CAPSCOPE_CHECK(ncclReduceScatter(gradients[i].data, at(i, std::size_t(rank) * part), part, type, op, comm, s));
+            if (split < count) CAPSCOPE_CHECK(ncclAllReduce(at(i, split), at(i, split), count - split, type, op, comm, s));
+        });
+        in_one_group(first, last, [&](std::size_t i) {
+            const std::size_t part = gradients[i].bytes / element / std::size_t(ranks);
+            if (part) CAPSCOPE_CHECK(ncclAllGather(at(i, std::size_t(rank) * part), gradients[i].data, part, type, comm, s));
+        });
     });
 }
 
@@ -88,8 +123,11 @@ struct gradient_reduction {
     std::size_t bucket_bytes;
     ncclDataType_t type;
     ncclRedOp_t op;
-    void operator()(backward_context& c) const { all_reduce_buckets(comm, c.gradients(), type, op, bucket_bytes, c.stream()); }
-    std::string collective_calls(int) const { return bucket_words(bucket_bytes); }
+    all_reduce_as as = all_reduce_as::one_call;
+    void operator()(backward_context& c) const { all_reduce_buckets(comm, c.gradients(), type, op, bucket_bytes, c.stream(), as); }
+    std::string collective_calls(int) const {
+        return bucket_words(bucket_bytes) + (as == all_reduce_as::one_call ? "" : ", each a reduce-scatter then an all-gather");
+    }
 };
 
 inline void check_type(ncclDataType_t type, const char* who) {
@@ -100,13 +138,14 @@ inline void check_type(ncclDataType_t type, const char* who) {
 //! The data-parallel backward hook: reduces (`op`, by default the average) each layer's gradients
 //! of type `type` across the ranks of `comm`, after the layer's backward in the step's last
 //! microbatch, on the runner's side stream `Lane` (so it overlaps the backward of the layers
-//! before it; the optimizer waits for it).
+//! before it; the optimizer waits for it). `as`: one all-reduce per tensor, or a reduce-scatter
+//! and an all-gather (see `all_reduce_as`).
 template <int Lane = 1>
 auto gradient_all_reduce(const cuda::nccl_communicator& comm, ncclDataType_t type = ncclFloat32, ncclRedOp_t op = ncclAvg,
-                         std::size_t bucket_bytes = std::size_t(40) << 20) {
+                         std::size_t bucket_bytes = std::size_t(40) << 20, all_reduce_as as = all_reduce_as::one_call) {
     detail::check_type(type, "gradient_all_reduce");
     return hook<hook_phase::backward, capturable, on_lane<Lane>, last_microbatch_only>(
-        detail::reduction_hook_name(type, op), detail::gradient_reduction{comm.get(), bucket_bytes, type, op});
+        detail::reduction_hook_name(type, op), detail::gradient_reduction{comm.get(), bucket_bytes, type, op, as});
 }
 
 //! The reduction of gradients outside the layers (an embedding, a head), once per step: a stage

@@ -42,12 +42,14 @@ namespace gpt {
 //! Data parallelism with every parameter on every rank.
 struct replicated {};
 
-//! Where a sharded trainer's collectives read and write.
+//! Where a trainer's collectives read and write.
 enum class collective_buffers {
     device, //!< cudaMalloc
     //! NCCL's symmetric windows on the trainer's communicator (capscope/cuda/nccl_window.hpp).
-    //! On a communicator made with `nccl_cta_policy::zero`, the all-gathers then run on copy
-    //! engines and take no SM from the layers computing beside them.
+    //! On a communicator made with `nccl_cta_policy::zero`, all-gathers then run on copy engines
+    //! and take no SM from the layers computing beside them: sharded, the parameter gathers;
+    //! replicated, each layer's all-reduce is issued as a reduce-scatter and an all-gather
+    //! (`capscope::all_reduce_as`), so half of it moves that way.
     nccl_symmetric,
 };
 
@@ -76,9 +78,12 @@ constexpr ncclDataType_t nccl_type_of() {
 }
 
 template <class Mode>
-auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::span<const capscope::sharded_layer_buffers> layers) {
+auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::span<const capscope::sharded_layer_buffers> layers,
+                         collective_buffers buffers = collective_buffers::device) {
     using namespace capscope;
-    if constexpr (!is_sharded<Mode>) return hook_pipeline{gradient_all_reduce(comm)};
+    // In symmetric windows, the all-reduce is split so that its all-gather can run on copy engines.
+    const all_reduce_as as = buffers == collective_buffers::nccl_symmetric ? all_reduce_as::reduce_scatter_then_all_gather : all_reduce_as::one_call;
+    if constexpr (!is_sharded<Mode>) return hook_pipeline{gradient_all_reduce(comm, ncclFloat32, ncclAvg, std::size_t(40) << 20, as)};
     else {
         using gather = typename Mode::gather; // prefetched while the layer before computes, or on demand
         if constexpr (std::is_same_v<typename Mode::backward, regather_for_backward>)
@@ -89,23 +94,21 @@ auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::spa
 }
 
 template <class Mode>
-std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicator& comm, collective_buffers buffers) {
-    if constexpr (!is_sharded<Mode>) {
-        if (buffers != collective_buffers::device)
-            throw std::invalid_argument("gpt::data_parallel_trainer: collective_buffers::nccl_symmetric places a sharded store's gather and "
-                                        "reduce-scatter buffers; a replicated model keeps its gradients in its own arena -- fix: "
-                                        "collective_buffers::device, or a capscope::sharded<...> mode");
-        return std::nullopt;
-    } else {
+std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicator& comm) {
+    if constexpr (!is_sharded<Mode>) return std::nullopt;
+    else {
         const bool keep = std::is_same_v<typename Mode::backward, capscope::keep_for_backward>;
-        store_sharding out{comm.rank(), comm.size(), keep ? store_sharding::gathered::one_per_layer : store_sharding::gathered::double_buffer};
-        if (buffers == collective_buffers::nccl_symmetric)
-            out.collective_memory = [&comm](std::size_t bytes) {
-                auto b = std::make_shared<capscope::cuda::nccl_symmetric_buffer<std::byte>>(comm, bytes);
-                return std::shared_ptr<void>(b, b->data()); // the buffer lives as long as the pointer
-            };
-        return out;
+        return store_sharding{comm.rank(), comm.size(), keep ? store_sharding::gathered::one_per_layer : store_sharding::gathered::double_buffer};
     }
+}
+
+//! NCCL's symmetric windows on `comm`, or cudaMalloc (an empty source).
+inline collective_memory_source collective_memory_of(const capscope::cuda::nccl_communicator& comm, collective_buffers buffers) {
+    if (buffers == collective_buffers::device) return nullptr;
+    return [&comm](std::size_t bytes) {
+        auto b = std::make_shared<capscope::cuda::nccl_symmetric_buffer<std::byte>>(comm, bytes);
+        return std::shared_ptr<void>(b, b->data()); // the buffer lives as long as the pointer
+    };
 }
 } // namespace detail
 
@@ -125,13 +128,14 @@ public:
 
     //! `watchdog`: how long a step may take before the watchdog ends the process
     //! (capscope/parallel/nccl_watchdog.hpp); it watches every step. `on_fault`, if given, runs
-    //! instead of ending the process, after the communicator is aborted. `buffers`: where a
-    //! sharded store's collectives read and write. `comm` must not move while the trainer lives.
+    //! instead of ending the process, after the communicator is aborted. `buffers`: where the
+    //! collectives read and write (`collective_buffers`). `comm` must not move while the trainer lives.
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
                           capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {},
                           collective_buffers buffers = collective_buffers::device)
-        : model_(cfg, s, detail::store_layout<Mode>(comm, buffers)), tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
-          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_)),
+        : model_(cfg, s, detail::store_layout<Mode>(comm), {}, detail::collective_memory_of(comm, buffers)),
+          tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
+          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_, buffers)),
           outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)),
           watchdog_(comm, watchdog, std::move(on_fault)) {
         capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);

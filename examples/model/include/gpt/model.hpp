@@ -44,8 +44,9 @@ public:
     //! (parameters.hpp; sharded data parallelism, gpt/data_parallel.hpp). The layers are the same.
     //! With `offload`, the tensors the layers keep for their backward are planned and placed as
     //! its policy says; `training_program(scope)` adds the copies.
+    //! With `collective_memory`, the buffers collectives read and write come from it (parameters.hpp).
     gpt_model(const model_config& cfg, cudaStream_t setup_stream, std::optional<store_sharding> sharding = std::nullopt,
-              const activation_offload& offload = {});
+              const activation_offload& offload = {}, const collective_memory_source& collective_memory = nullptr);
     gpt_model(const gpt_model&) = delete;
     gpt_model& operator=(const gpt_model&) = delete;
 

@@ -46,21 +46,23 @@ struct store_sharding {
     //! l % 2; needs a gather again before the backward), or one buffer per layer (kept from the
     //! forward for the backward). Both are static: graphs replay on fixed addresses.
     enum class gathered { double_buffer, one_per_layer } gather_into = gathered::double_buffer;
-    //! Where the buffers the collectives read and write come from (the shard of the working copy,
-    //! the gathered copy, the layers' full gradients and their reduced shard): cudaMalloc when
-    //! empty. Given, it returns `bytes` of device memory, freed when the last copy of the pointer
-    //! goes; gpt/data_parallel.hpp gives NCCL's symmetric windows, in which gathers can run on
-    //! copy engines. Every rank asks for the same sizes in the same order.
-    std::function<std::shared_ptr<void>(std::size_t bytes)> collective_memory = nullptr;
 };
 
+//! Where the buffers that collectives read and write come from: replicated, the gradient arena
+//! (all-reduced); sharded, the shard of the working copy, the gathered copy, the layers' full
+//! gradients and their reduced shard. Empty: cudaMalloc. Given, it returns `bytes` of device
+//! memory, freed when the last copy of the pointer goes; gpt/data_parallel.hpp gives NCCL's
+//! symmetric windows, in which all-gathers can run on copy engines. Every rank asks for the same
+//! sizes in the same order.
+using collective_memory_source = std::function<std::shared_ptr<void>(std::size_t bytes)>;
+
 namespace detail {
-//! `count` elements of T from cudaMalloc, or from a `store_sharding::collective_memory`.
+//! `count` elements of T from cudaMalloc, or from a `collective_memory_source`.
 template <class T>
 class collective_buffer {
 public:
     collective_buffer() = default;
-    collective_buffer(std::size_t count, const std::function<std::shared_ptr<void>(std::size_t)>& from) : count_(count) {
+    collective_buffer(std::size_t count, const collective_memory_source& from) : count_(count) {
         if (!from) own_ = capscope::cuda::device_buffer<T>(count);
         else if (count) given_ = from(count * sizeof(T));
     }
@@ -113,10 +115,11 @@ public:
     void begin_layer(int layer) { layer_ = layer; }
     //! Allocates the arenas and draws the initial values from `seed` (host RNG, set-up only).
     //! Without training state only the working copy is kept: no masters, gradients or moments.
-    void allocate(std::uint64_t seed, cudaStream_t s, bool training_state = true);
+    void allocate(std::uint64_t seed, cudaStream_t s, bool training_state = true, const collective_memory_source& collective_memory = nullptr);
     //! Allocates this rank's shards and the static gather buffers (see the file comment); the
     //! initial values are the replicated store's, so every layout starts from the same weights.
-    void allocate_sharded(std::uint64_t seed, cudaStream_t s, const store_sharding& sharding);
+    void allocate_sharded(std::uint64_t seed, cudaStream_t s, const store_sharding& sharding,
+                          const collective_memory_source& collective_memory = nullptr);
     //! Copies another store's working values (same parameters, same order), e.g. a trained model's.
     void copy_values_from(const parameter_store& other, cudaStream_t s);
     //! Device bytes of the arenas (and, sharded, of the gather buffers).
@@ -160,7 +163,8 @@ private:
     std::vector<parameter_info> params_;
     std::size_t total_ = 0;
     int layer_ = -1, layers_ = 0;
-    capscope::cuda::device_buffer<float> master_, grads_, m_, v_;
+    capscope::cuda::device_buffer<float> master_, m_, v_;
+    detail::collective_buffer<float> grads_; //!< replicated, what the all-reduce reads and writes
     capscope::cuda::device_buffer<T> values_;
     // Sharded only.
     std::optional<capscope::shard_layout> layout_;
