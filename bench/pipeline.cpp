@@ -40,6 +40,8 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 using namespace capscope;
@@ -174,6 +176,17 @@ int main(int argc, char** argv) {
         });
         const cuda::graph_exec busy_exec(busy_graph);
         pipeline_pass_graphs pass_graphs(support::comm(), shape, m, pass_capture::ahead_of_time);
+        // The model addresses by the phase layout's slots; the pass graphs are keyed by theirs. 1F1B's
+        // are the same (k mod S, k mod G), else a replay would use buffers its capture did not.
+        for (int k = 0; k < m; ++k) {
+            const int slot = pass_graphs.activation_slot(0, k), gradient = pass_graphs.gradient_slot(0, k);
+            if (slot != layout.activation_slot(k) || (gradient >= 0 && gradient != layout.gradient_slot(k)))
+                throw std::logic_error("rank " + std::to_string(rank) + ", M = " + std::to_string(m) + ", microbatch " + std::to_string(k) +
+                                       ": the pass graphs key it by slots " + std::to_string(slot) + "/" + std::to_string(gradient) +
+                                       ", the model addresses it by " + std::to_string(layout.activation_slot(k)) + "/" +
+                                       std::to_string(layout.gradient_slot(k)) +
+                                       " -- fix: give the per-pass graphs a model addressed by pipeline_pass_graphs::activation_slot and gradient_slot");
+        }
         auto pass_step = [&](cudaStream_t on) {
             model.state.counter.fill_bytes(0, on);
             pass_graphs.step(model.buffers(), model.passes(), on);

@@ -7,7 +7,8 @@
 // deadlock when a graph replays it.
 //
 //   mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE=0 15_pipeline_trainer [steps]   (default 24)
-//   exit 77 without two GPUs and two ranks
+//   exit 77 (skipped) without a CUDA device or as one rank, 2 with more ranks than two; two ranks
+//   on a node with one GPU stop at communicator_from_mpi's error (one process per GPU)
 #include "../common/pipeline_kernels.hpp"
 
 #include <capscope/cuda/buffer.hpp>
@@ -19,11 +20,13 @@
 #include <capscope/pipeline.hpp>
 #include <capscope/pipeline/schedule_text.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 using namespace capscope;
@@ -33,11 +36,12 @@ using pipeline::schedule_kind;
 using pipeline::schedule_shape;
 
 // [snippet trainer_schedule]
-// Two ranks, one layer each, 1F1B; checked at compile time for the counts the run takes.
+// Two ranks, one layer each, 1F1B; checked at compile time for the counts the run takes, in turn.
 constexpr schedule_shape shape{.kind = schedule_kind::one_f_one_b, .ranks = 2, .layers = 2};
 using schedule = pipeline_schedule<shape, 8, 12, 16>;
 static_assert(schedule::communicators == pipeline::communicator_layout::shared); // Megatron's grouping: one communicator
-constexpr int counts[] = {8, 12, 16};
+constexpr auto& counts = schedule::declared_microbatches;
+constexpr int most_microbatches = std::ranges::max(counts); // the samples a step loads, at most
 // [snippet trainer_schedule]
 
 namespace {
@@ -58,10 +62,10 @@ struct stage {
     cuda::device_buffer<int> counter{1};
     cuda::device_buffer<double> loss{1};
 
-    stage(int r, cudaStream_t s) : rank(r), layout(pipeline::phase_layout_of(shape, r)), pool(r == 0 ? std::size_t(n) * 16 : 1) {
+    stage(int r, cudaStream_t s) : rank(r), layout(pipeline::phase_layout_of(shape, r)), pool(r == 0 ? std::size_t(n) * most_microbatches : 1) {
         for (int k = 0; k < layout.activation_slots; ++k) activations.emplace_back(n);
         for (int k = 0; k < layout.gradient_slots; ++k) gradients.emplace_back(n);
-        std::vector<float> host(std::size_t(n) * (r == 0 ? 16 : 1));
+        std::vector<float> host(std::size_t(n) * (r == 0 ? most_microbatches : 1));
         for (std::size_t i = 0; i < std::size_t(n); ++i) host[i] = 1.f + float(i % 17) / 170.f;
         w.copy_from_host(std::span<const float>(host.data(), std::size_t(n)), s);
         dw.fill_bytes(0, s);
@@ -148,7 +152,7 @@ int main(int argc, char** argv) {
     int launches = 0;
     bool same = true;
     for (int t = 0; t < steps; ++t) {
-        const int m = counts[t % 3];
+        const int m = counts[std::size_t(t) % counts.size()];
         eager.begin_step(s);
         programs.at(m).run([&](const pipeline::p2p_op& op) { return eager.buffer_of(op); },
                            [&](const compute_action& a, cudaStream_t on) { eager.run(a, on); }, s);
@@ -178,10 +182,13 @@ int main(int argc, char** argv) {
     CAPSCOPE_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     std::fflush(stdout);
     CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    std::string cycle;
+    for (int m : counts) cycle += (cycle.empty() ? "" : " -> ") + std::to_string(m);
+    const int steady = phases.layout().period, tails = phases.graphs_captured() - 1 - steady; // the rest after the warmup
     if (rank == 0)
-        std::printf("%d steps, counts 8 -> 12 -> 16: %d phase graphs captured once on rank 0 (warmup, %d steady, %d tails), %d launches; "
+        std::printf("%d steps, counts %s: %d phase graphs captured once on rank 0 (warmup, %d steady, %d tails), %d launches; "
                     "losses and weights %s\n",
-                    steps, phases.graphs_captured(), phases.layout().period, phases.layout().period, launches,
+                    steps, cycle.c_str(), phases.graphs_captured(), steady, tails, launches,
                     all ? "bitwise equal to the eager pipeline on every rank" : "DIFFERENT from the eager pipeline");
     return all ? 0 : 1;
 }

@@ -93,6 +93,11 @@ def main():
     expect("a world size the model does not divide", rc == 1 and any(
         "world size (10) is not divisible by total_model_size (total_model_size=4)" in r["message"] for r in j["refused_inputs"]), f"rc {rc}")
 
+    rc, j, err = check(tool, interleaved + ["--tensor-model-parallel-size", "2147483647", "--context-parallel-size", "2147483647"], world=8)
+    expect("a model size past 2^63, the product named with its factor", rc == 1 and any(
+        "(total_model_size=tp x pp x cp x the weight-shard factor, past 2^63)" in r["message"] for r in j["refused_inputs"]),
+        f"rc {rc}, {j and j['refused_inputs']}")
+
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "15"], world=8)
     expect("a global batch that is no multiple of micro batch x data parallel", rc == 1 and any(
         "global batch size (15) is not divisible by micro batch size (1) times data parallel size (2)" in r["message"]
@@ -136,8 +141,9 @@ def main():
         "requires --fp4-param-gather" in r["message"] for r in j["refused_inputs"]), f"rc {rc}, {j and j['refused_inputs']}")
     rc, j, err = check(tool, ["--num-layers", "4", "--micro-batch-size", "1", "--expert-tensor-parallel-size", "2",
                               "--expert-tensor-parallel-num-weight-shards", "3"])
-    expect("expert weight shards refused over the expert tp, in Megatron's (dense) words", rc == 1 and any(
-        r["message"] == "tensor_parallel_num_weight_shards (3) must be divisible by tensor_model_parallel_size (2)."
+    expect("expert weight shards refused over the expert tp, in Megatron's (dense) words, the fix naming the expert flags", rc == 1 and any(
+        r["message"] == "tensor_parallel_num_weight_shards (3) must be divisible by tensor_model_parallel_size (2)." and
+        r["fix"] == "give --expert-tensor-parallel-num-weight-shards as a multiple of --expert-tensor-parallel-size"
         for r in j["refused_inputs"]), f"rc {rc}, {j and j['refused_inputs']}")
 
     rc, j, err = check(tool, interleaved + ["--global-batch-size", "16"])

@@ -78,9 +78,10 @@ bool run_case(const pipeline::schedule_shape& shape, int microbatches, int steps
     for (int t = 1; t < steps; ++t) exec.launch(s);
     // local and transformer_engine: each pass a graph (per chunk, direction and slot), the sends
     // and receives eager between them; captured at first use, or all before the first step.
-    stage_state local(n, rank, ranks, chunks, plan, microbatches, s, std::nullopt, true), ahead(n, rank, ranks, chunks, plan, microbatches, s, std::nullopt, true);
+    // Their states address buffers by the slots the pass graphs give.
     pipeline_pass_graphs lazily(support::comm(), shape, microbatches, pass_capture::lazily),
         ahead_of_time(support::comm(), shape, microbatches, pass_capture::ahead_of_time);
+    stage_state local(n, rank, ranks, lazily, s), ahead(n, rank, ranks, ahead_of_time, s);
     for (int t = 0; t < steps; ++t) local.step(lazily, s), ahead.step(ahead_of_time, s);
     const bool passes_once = lazily.graphs_captured() == lazily.distinct_passes() && ahead_of_time.graphs_captured() == ahead_of_time.distinct_passes();
     bool eager_graph = true, graph_cpu = true, eager_passes = passes_once;

@@ -12,6 +12,7 @@
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/phases.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -108,6 +109,28 @@ struct stage_state {
                 data.emplace_back(std::size_t(n)).copy_from_host(host, s);
             }
         CAPSCOPE_CHECK(cudaStreamSynchronize(s)); // the host vectors go
+    }
+    //! Passes replayed as graphs (pipeline_pass_graphs): its buffers addressed by the slots the
+    //! graphs are keyed by, read from `passes`, not planned again here.
+    stage_state(int n_, int rank_, int ranks_, const pipeline_pass_graphs& passes, cudaStream_t s)
+        : stage_state(n_, rank_, ranks_, passes.chunks(), plan_of(passes), passes.microbatches(), s, std::nullopt, true) {}
+    //! What this state reads of a slot plan (each microbatch's slots, the slots per chunk), as
+    //! `passes` gives them.
+    static pipeline::slot_plan plan_of(const pipeline_pass_graphs& passes) {
+        pipeline::slot_plan plan;
+        plan.slots.assign(std::size_t(passes.chunks()), 0);
+        for (int c = 0; c < passes.chunks(); ++c)
+            for (int mb = 0; mb < passes.microbatches(); ++mb) {
+                if (const int k = passes.activation_slot(c, mb); k >= 0) {
+                    plan.uses.push_back({c, mb, k});
+                    plan.slots[std::size_t(c)] = std::max(plan.slots[std::size_t(c)], k + 1);
+                }
+                if (const int k = passes.gradient_slot(c, mb); k >= 0) {
+                    plan.gradients.push_back({c, mb, k});
+                    plan.gradient_slots = std::max(plan.gradient_slots, k + 1);
+                }
+            }
+        return plan;
     }
     int stage_of(int chunk) const { return chunk * ranks + rank; }
     float* input(int chunk, int mb) {

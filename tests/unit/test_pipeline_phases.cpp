@@ -145,6 +145,7 @@ TEST_CASE("interleaved phases: every whole-group count's program is its phases, 
                             CHECK(seg.first_pass == next_pass);
                             next_pass = seg.end_pass;
                             for (const p2p_group& g : seg.groups) {
+                                REQUIRE(groups < p.groups.size()); // more groups in the phases than in the program
                                 CHECK(g.after == p.groups[groups].after);
                                 CHECK(g.ops.size() == p.groups[groups++].ops.size());
                             }

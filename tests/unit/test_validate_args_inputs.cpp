@@ -144,3 +144,19 @@ TEST_CASE("generalized tensor parallelism's weight shards, recorded from Megatro
     MESSAGE(cases << " recorded cases, " << refused << " refused by Megatron");
     CHECK(cases == 115);
 }
+
+TEST_CASE("a refused weight-shard count: Megatron's (dense) words, the fix naming the flags given") {
+    auto fix_of = [](const megatron_command_line& l) {
+        REQUIRE(l.refused_inputs.size() == 1);
+        return l.refused_inputs.front().fix;
+    };
+    CHECK(fix_of(parse({"--tensor-model-parallel-size", "2", "--tensor-parallel-num-weight-shards", "3"})) ==
+          "give --tensor-parallel-num-weight-shards as a multiple of --tensor-model-parallel-size");
+    const auto expert = parse({"--expert-tensor-parallel-size", "2", "--expert-tensor-parallel-num-weight-shards", "3"});
+    CHECK(expert.refused_inputs.front().message == "tensor_parallel_num_weight_shards (3) must be divisible by tensor_model_parallel_size (2).");
+    CHECK(fix_of(expert) == "give --expert-tensor-parallel-num-weight-shards as a multiple of --expert-tensor-parallel-size");
+    // Without --expert-tensor-parallel-size the expert size is tp's, and the fix says so.
+    CHECK(fix_of(parse({"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-num-weight-shards", "1"})) ==
+          "give --expert-tensor-parallel-num-weight-shards as a multiple of the expert tensor-parallel size (--tensor-model-parallel-size, as "
+          "--expert-tensor-parallel-size is not given), at least that size");
+}

@@ -158,7 +158,7 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
     if (model < 1 || *world_size % model != 0) {
         no.require(false,
                    "world size (" + std::to_string(*world_size) + ") is not divisible by total_model_size (total_model_size=" +
-                       (model > 0 ? std::to_string(model) : "tp x pp x cp, past 2^63") + ")",
+                       (model > 0 ? std::to_string(model) : "tp x pp x cp x the weight-shard factor, past 2^63") + ")",
                    gtp > 1 ? "use a world size that is a multiple of tensor x pipeline x context parallel sizes x the weight shards' factor "
                              "(--tensor-parallel-num-weight-shards / tp)"
                            : "use a world size that is a multiple of tensor x pipeline x context parallel sizes");
@@ -211,7 +211,7 @@ inline void apply_pipeline_schedule_inputs(megatron_command_line& line, std::opt
     }
 
     // validate_args's start-up check of the evaluation batch (its default: the global batch before
-    // any rounding; with a step schedule, micro batch x data parallel), and its count.
+    // any rounding; with a step schedule, micro batch x the replicas), and its count.
     const long long eval_micro = in.integer("eval_micro_batch_size").value_or(*micro);
     const long long eval_global = in.integer("eval_global_batch_size").value_or(step_schedule ? *micro * p.replicas : batches.front());
     long long eval_per_step = 0;

@@ -102,18 +102,20 @@ private:
 
 //! model_parallel_config.py's resolve_tensor_parallel_weight_shards, as validate_args calls it:
 //! the weight-shard factor (gtp_weight_remat_size) a --*-num-weight-shards gives over its tensor
-//! parallel size, 1 when absent or refused. Megatron names the dense fields in both calls.
-inline int resolve_weight_shards(refusals& no, std::optional<long long> shards, long long tp) {
+//! parallel size, 1 when absent or refused. Megatron names the dense fields in both calls, so the
+//! message does too; the fix names the flags to change (`shards_flag`, and `size` for the size).
+inline int resolve_weight_shards(refusals& no, std::optional<long long> shards, long long tp, std::string_view shards_flag,
+                                 std::string_view size) {
     if (!shards || tp < 1) return 1;
     if (!no.require(*shards >= tp,
                     "tensor_parallel_num_weight_shards (" + std::to_string(*shards) + ") must be >= tensor_model_parallel_size (" +
                         std::to_string(tp) + ").",
-                    "give the weight shards as a multiple of the tensor-parallel size, at least that size"))
+                    "give " + std::string(shards_flag) + " as a multiple of " + std::string(size) + ", at least that size"))
         return 1;
     if (!no.require(*shards % tp == 0,
                     "tensor_parallel_num_weight_shards (" + std::to_string(*shards) + ") must be divisible by tensor_model_parallel_size (" +
                         std::to_string(tp) + ").",
-                    "give the weight shards as a multiple of the tensor-parallel size"))
+                    "give " + std::string(shards_flag) + " as a multiple of " + std::string(size)))
         return 1;
     return fits_int(*shards / tp) ? static_cast<int>(*shards / tp) : 1;
 }
@@ -288,7 +290,8 @@ inline void apply_validate_args_inputs(megatron_command_line& line, const std::s
     line.derived.pipeline_model_parallel_size = pp;
     // Generalized tensor parallelism, resolved before the model size (validate_args, first thing).
     const long long tp = in.integer("tensor_model_parallel_size").value_or(1);
-    line.derived.gtp_weight_remat_size = detail::resolve_weight_shards(no, in.integer("tensor_parallel_num_weight_shards"), tp);
+    line.derived.gtp_weight_remat_size = detail::resolve_weight_shards(no, in.integer("tensor_parallel_num_weight_shards"), tp,
+                                                                       "--tensor-parallel-num-weight-shards", "--tensor-model-parallel-size");
 
     auto pattern = in.text("hybrid_layer_pattern");
     if (const auto old = in.text("hybrid_override_pattern")) {
@@ -314,8 +317,12 @@ inline void apply_validate_args_inputs(megatron_command_line& line, const std::s
     line.derived.params_dtype = fp16 ? "float16" : bf16 ? "bfloat16" : "float32";
     // The expert layers' factor, resolved later in validate_args (expert tp defaults to tp); then
     // GTP with fp4 needs the fp4 parameter gather.
-    const int expert_gtp = detail::resolve_weight_shards(no, in.integer("expert_tensor_parallel_num_weight_shards"),
-                                                         in.integer("expert_tensor_parallel_size").value_or(tp));
+    const std::optional<long long> expert_tp = in.integer("expert_tensor_parallel_size");
+    const int expert_gtp = detail::resolve_weight_shards(no, in.integer("expert_tensor_parallel_num_weight_shards"), expert_tp.value_or(tp),
+                                                         "--expert-tensor-parallel-num-weight-shards",
+                                                         expert_tp ? "--expert-tensor-parallel-size"
+                                                                   : "the expert tensor-parallel size (--tensor-model-parallel-size, as "
+                                                                     "--expert-tensor-parallel-size is not given)");
     no.require(!((line.derived.gtp_weight_remat_size > 1 || expert_gtp > 1) && in.text("fp4") && !in.on("fp4_param_gather")),
                "GTP (--tensor-parallel-num-weight-shards / --expert-tensor-parallel-num-weight-shards > 1) with --fp4-format requires "
                "--fp4-param-gather so NVFP4 weights are all-gathered as native NVFP4.",

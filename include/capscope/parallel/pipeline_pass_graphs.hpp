@@ -9,9 +9,10 @@
 //! Which graph a pass replays is derived from the slot plan, not named by the caller: a pass is
 //! its chunk, its direction, the activation slot of its microbatch and, for a backward, the slot
 //! its received gradient waits in (`pipeline::plan_slots`). Passes with the same four share one
-//! graph. The contract that makes that right, as for the phases: `pass` addresses a microbatch's
-//! buffers by those slots, and what else varies with the microbatch (the sample the first stage
-//! loads) is read on the device, because a captured host value never changes.
+//! graph. The contract that makes that right, as for the phases: `pass` (and the step's buffers)
+//! must address a microbatch's buffers by those slots, as `activation_slot` and `gradient_slot`
+//! give them, and what else varies with the microbatch (the sample the first stage loads) is read
+//! on the device, because a captured host value never changes.
 //!
 //! - `pass_capture::lazily` (`local`): a pass is captured the first time it runs.
 //! - `pass_capture::ahead_of_time` (`transformer_engine`): every distinct pass is captured before
@@ -41,15 +42,16 @@ class pipeline_pass_graphs {
 public:
     //! Refuses what `pipeline_p2p` refuses (the rules, a replay that would not complete).
     pipeline_pass_graphs(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape, int microbatches, pass_capture when)
-        : p2p_(world, shape, microbatches), when_(when) {
+        : p2p_(world, shape, microbatches), when_(when), chunks_(shape.virtual_stages), microbatches_(microbatches) {
         const pipeline::slot_plan plan = pipeline::plan_slots(shape, world.rank(), microbatches);
         const std::size_t chunks = std::size_t(shape.virtual_stages), mbs = std::size_t(microbatches);
-        std::vector<int> activation(chunks * mbs, -1), gradient(chunks * mbs, -1);
-        for (const pipeline::slot_use& u : plan.uses) activation[std::size_t(u.chunk) * mbs + std::size_t(u.microbatch)] = u.slot;
-        for (const pipeline::gradient_use& u : plan.gradients) gradient[std::size_t(u.chunk) * mbs + std::size_t(u.microbatch)] = u.slot;
+        activation_.assign(chunks * mbs, -1);
+        gradient_.assign(chunks * mbs, -1);
+        for (const pipeline::slot_use& u : plan.uses) activation_[std::size_t(u.chunk) * mbs + std::size_t(u.microbatch)] = u.slot;
+        for (const pipeline::gradient_use& u : plan.gradients) gradient_[std::size_t(u.chunk) * mbs + std::size_t(u.microbatch)] = u.slot;
         for (const pipeline::compute_action& a : p2p_.program().compute) {
             const std::size_t at = std::size_t(a.chunk) * mbs + std::size_t(a.microbatch);
-            pass_key key{a.direction, a.chunk, activation[at], a.direction == pipeline::pass::backward ? gradient[at] : -1};
+            pass_key key{a.direction, a.chunk, activation_[at], a.direction == pipeline::pass::backward ? gradient_[at] : -1};
             if (detail::installed_breakage().pass_graph_per_chunk) key.activation_slot = key.gradient_slot = -1; // a test, broken on purpose
             std::size_t g = 0;
             while (g < keys_.size() && !(keys_[g] == key)) ++g;
@@ -66,6 +68,16 @@ public:
     //! Distinct passes: the graphs a step needs.
     int distinct_passes() const noexcept { return int(keys_.size()); }
     int graphs_captured() const noexcept { return captures_; }
+    int chunks() const noexcept { return chunks_; }
+    int microbatches() const noexcept { return microbatches_; }
+
+    //! The slots the graphs are keyed by, which `pass` and the step's buffers must address by: the
+    //! activation slot of chunk `chunk`'s microbatch `microbatch` on this rank (the first stage's
+    //! too, where it loads its sample), -1 where the plan gives none; the slot its received
+    //! gradient waits in, -1 where none (the last stage receives no gradient). Out of range:
+    //! `std::out_of_range`.
+    int activation_slot(int chunk, int microbatch) const { return activation_[index_of(chunk, microbatch, "activation_slot")]; }
+    int gradient_slot(int chunk, int microbatch) const { return gradient_[index_of(chunk, microbatch, "gradient_slot")]; }
 
     //! One step on `stream`: before each pass its group of sends and receives, issued eagerly,
     //! then the pass's graph (captured here first, lazily or all ahead of time).
@@ -85,6 +97,15 @@ public:
     }
 
 private:
+    std::size_t index_of(int chunk, int microbatch, const char* what) const {
+        if (chunk < 0 || chunk >= chunks_ || microbatch < 0 || microbatch >= microbatches_)
+            throw std::out_of_range(std::string("capscope pipeline_pass_graphs::") + what + "(" + std::to_string(chunk) + ", " +
+                                    std::to_string(microbatch) + "): outside " + std::to_string(chunks_) + " chunk(s) x " +
+                                    std::to_string(microbatches_) + " microbatch(es) -- fix: ask for a chunk in [0, chunks()) and a "
+                                    "microbatch in [0, microbatches()), the count these graphs were made for");
+        return std::size_t(chunk) * std::size_t(microbatches_) + std::size_t(microbatch);
+    }
+
     struct pass_key {
         pipeline::pass direction = pipeline::pass::forward;
         int chunk = 0, activation_slot = -1, gradient_slot = -1;
@@ -100,6 +121,8 @@ private:
 
     pipeline_p2p p2p_;
     pass_capture when_;
+    int chunks_, microbatches_;
+    std::vector<int> activation_, gradient_; //!< per (chunk, microbatch): its slots, -1 where none
     std::vector<pass_key> keys_;
     std::vector<pipeline::compute_action> first_run_; //!< per graph: the pass it is captured from
     std::vector<std::size_t> graph_of_;               //!< per pass of the program: its graph
