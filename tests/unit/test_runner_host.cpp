@@ -103,6 +103,19 @@ TEST_CASE("nan_check_on_device needs the optimizer guarded by the check's flag (
     check.outputs.push_back(all_finite);
     p.step_end.insert(p.step_end.begin(), check);
     p.step_end.back().guard = run_if(all_finite);
+    // A model that updates layer by layer: every optimizer stage guarded, or the unguarded one named.
+    training_program by_layer = p;
+    stage second = by_layer.step_end.back();
+    second.name = "optimizer (layer 0)";
+    second.guard = {};
+    by_layer.step_end.push_back(second);
+    try {
+        runner<config<impl::whole_iteration, nan_check_on_device>> r(by_layer);
+        FAIL("no error");
+    } catch (const plan_error& e) {
+        CHECK(e.rule() == "P17");
+        CHECK(std::string(e.what()).find("the optimizer stage 'optimizer (layer 0)' is not guarded") != std::string::npos);
+    }
     runner<config<impl::whole_iteration, nan_check_on_device>> r(p); // no runner without the option checks this
     CHECK(r.plan().graph_count == 1);
 }
@@ -144,6 +157,13 @@ TEST_CASE("a step the device may refuse (training_program::rerun) is checked whe
     gate.inputs = {flag};
     gate.outputs = {gate_flag};
     p.step_end.insert(p.step_end.begin(), gate);
+    // Every optimizer stage is guarded, where a model updates layer by layer.
+    training_program by_layer = p;
+    stage second = by_layer.step_end.back();
+    second.name = "optimizer (layer 0)";
+    second.guard = {};
+    by_layer.step_end.push_back(second);
+    CHECK(rule_of([&] { runner<moe_local> r(by_layer); }).find("the optimizer stage 'optimizer (layer 0)' is not guarded by run_if") != std::string::npos);
     // A collective would run twice on the refused rank only.
     training_program with_collective = p;
     stage reduce = m.make("grad all-reduce (outside the layers)", -1, stage_kind::other, {}, &m.buffers[62]);

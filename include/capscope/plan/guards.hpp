@@ -122,6 +122,9 @@ inline void check_rerun(const training_plan& plan, const training_program& progr
                      "declare the flag among the outputs of the stage whose kernel sets it (and of the stage that clears it at the step's start)");
 }
 
+//! An optimizer stage guarded by run_if.
+inline bool is_guarded_optimizer(const stage& s) { return s.kind == stage_kind_id{stage_kind::optimizer} && s.guard.kind == guard_kind::if_holds; }
+
 //! P18, the program's part: a refused step must change nothing the rerun depends on. So its
 //! optimizer is guarded by a flag that a gate before it writes from the rerun flag (never by the
 //! rerun flag itself, which holds when the step must not update), a stage at the step's start
@@ -165,33 +168,48 @@ inline void require_safe_rerun(const training_program& p, bool config_asks) {
     refuse_collectives(p.step_begin);
     for (const auto& list : p.microbatches) refuse_collectives(list);
     refuse_collectives(p.step_end);
+    // Every optimizer stage (a model may update layer by layer) is guarded by a flag that a gate
+    // before it writes from the rerun flag.
+    if (std::none_of(p.step_end.begin(), p.step_end.end(), is_guarded_optimizer))
+        throw plan_error("P18", "",
+                         "the program declares a rerun when '" + flag + "' is set, but no optimizer stage of step_end is guarded by run_if, so "
+                         "the refused step would update the weights before its rerun does",
+                         "guard the optimizer with run_if(flag), a flag a gate stage clears whenever '" + flag + "' is set");
     for (std::size_t i = 0; i < p.step_end.size(); ++i) {
         const stage& opt = p.step_end[i];
         if (opt.kind != stage_kind_id{stage_kind::optimizer}) continue;
-        if (opt.guard.kind != guard_kind::if_holds) break;
+        if (!is_guarded_optimizer(opt))
+            throw plan_error("P18", opt.name,
+                             "the optimizer stage '" + opt.name + "' is not guarded by run_if, so a refused step would update its weights "
+                             "before the rerun does",
+                             "guard every optimizer stage with run_if(flag), the flag the gate stage clears whenever '" + flag + "' is set");
         if (opt.guard.predicate == r.flag)
             throw plan_error("P18", opt.name,
                              "the optimizer is guarded by the rerun flag '" + flag + "' itself, so it would update exactly in the refused steps",
                              "guard it by a flag a gate stage writes: set when '" + flag + "' is clear (the example model's update_gate)");
-        for (std::size_t k = 0; k < i; ++k)
-            if (reads(p.step_end[k], r.flag) && writes(p.step_end[k], opt.guard.predicate)) return;
-        throw plan_error("P18", opt.name,
-                         "the optimizer is guarded by '" + name_of(opt.guard.predicate) + "', which no step_end stage before it writes from the rerun flag '" +
-                             flag + "', so a refused step could still update the weights",
-                         "put a gate stage before the optimizer that reads '" + flag + "' (in its inputs) and writes the optimizer's flag (in its outputs)");
+        bool gated = false;
+        for (std::size_t k = 0; k < i && !gated; ++k) gated = reads(p.step_end[k], r.flag) && writes(p.step_end[k], opt.guard.predicate);
+        if (!gated)
+            throw plan_error("P18", opt.name,
+                             "the optimizer is guarded by '" + name_of(opt.guard.predicate) + "', which no step_end stage before it writes from the rerun flag '" +
+                                 flag + "', so a refused step could still update the weights",
+                             "put a gate stage before the optimizer that reads '" + flag + "' (in its inputs) and writes the optimizer's flag (in its outputs)");
     }
-    throw plan_error("P18", "",
-                     "the program declares a rerun when '" + flag + "' is set, but no optimizer stage of step_end is guarded by run_if, so "
-                     "the refused step would update the weights before its rerun does",
-                     "guard the optimizer with run_if(flag), a flag a gate stage clears whenever '" + flag + "' is set");
 }
 
 //! P17: a config that checks loss and gradients on the device (`nan_check_on_device`) has a
 //! program whose optimizer is guarded by the check's flag; otherwise the check would change
 //! nothing, silently.
 inline void require_guarded_optimizer(const training_program& p) {
-    for (const stage& s : p.step_end)
-        if (s.kind == stage_kind_id{stage_kind::optimizer} && s.guard.kind == guard_kind::if_holds) return;
+    if (std::any_of(p.step_end.begin(), p.step_end.end(), is_guarded_optimizer)) {
+        for (const stage& s : p.step_end) // every one of them, where a model updates layer by layer
+            if (s.kind == stage_kind_id{stage_kind::optimizer} && !is_guarded_optimizer(s))
+                throw plan_error("P17", s.name,
+                                 "the config checks loss and gradients on the device (nan_check_on_device), but the optimizer stage '" + s.name +
+                                     "' is not guarded by run_if, so a step with an inf or a NaN would still update its weights",
+                                 "guard every optimizer stage with run_if(flag), the finite check's flag");
+        return;
+    }
     throw plan_error("P17", "",
                      "the config checks loss and gradients on the device (nan_check_on_device), but no optimizer stage of step_end "
                      "(stage_kind::optimizer) is guarded by run_if, so a step with an inf or a NaN would still update the weights",
