@@ -17,6 +17,9 @@
 //   NCCL and kernel      a graph with NCCL alternating with one without
 //   NCCL, copied         the NCCL graph copied node by node without its user object
 //                        (cuda::without_user_objects, the fix); its all-gather is checked after
+//   copy engines         the all-gather on copy engines (a zero-CTA communicator, buffers in
+//                        NCCL symmetric windows: memcpy and memory-operation nodes, no kernel),
+//                        as captured; and copied, checked after
 //
 // With --strip-events, NCCL's event record and wait nodes are removed from the captured graphs
 // (their order kept) before they are instantiated.
@@ -32,6 +35,7 @@
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/graph_copy.hpp>
+#include <capscope/cuda/nccl_window.hpp>
 #include <capscope/cuda/stream.hpp>
 
 #include <algorithm>
@@ -69,9 +73,9 @@ std::string node_census(const cuda::graph& g) {
     CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
     std::map<std::string, int> kinds;
     for (cudaGraphNode_t n : nodes) {
-        cudaGraphNodeType t{};
-        CAPSCOPE_CHECK(cudaGraphNodeGetType(n, &t));
-        const char* name = t == cudaGraphNodeTypeMemcpy ? "memcpy" : t == cudaGraphNodeTypeMemset ? "memset"
+        const cudaGraphNodeType t = cuda::node_type(n); // (the runtime's query fails on memory-operation nodes)
+        const char* name = t == static_cast<cudaGraphNodeType>(CU_GRAPH_NODE_TYPE_BATCH_MEM_OP) ? "memory operations"
+                         : t == cudaGraphNodeTypeMemcpy ? "memcpy" : t == cudaGraphNodeTypeMemset ? "memset"
                          : t == cudaGraphNodeTypeHost ? "host" : t == cudaGraphNodeTypeGraph ? "child graph" : t == cudaGraphNodeTypeEmpty ? "empty"
                          : t == cudaGraphNodeTypeWaitEvent ? "event wait" : t == cudaGraphNodeTypeEventRecord ? "event record"
                          : t == cudaGraphNodeTypeMemAlloc ? "mem alloc" : t == cudaGraphNodeTypeMemFree ? "mem free" : "other";
@@ -154,16 +158,33 @@ int main(int argc, char** argv) {
     cuda::copy_result copied = cuda::without_user_objects(cuda::capture(s, gather));
     if (!copied.refused.empty()) return std::fprintf(stderr, "the NCCL graph was not copied: %s\n", copied.refused.c_str()), 1;
     if (rank == 0) std::printf("copied without its user object: %s\n", node_census(copied.copy).c_str());
-    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone), ecopy(copied.copy);
+    // The all-gather on copy engines: its own communicator with NCCL's zero-CTA policy, and its
+    // buffers in symmetric windows; one eager call first (a window's device state is set up then).
+    const cuda::nccl_communicator zero_cta = cuda::communicator_from_mpi(support::mpi(), {cuda::nccl_cta_policy::zero});
+    cuda::nccl_symmetric_buffer<float> ce_send(zero_cta, floats), ce_gathered(zero_cta, floats * std::size_t(ranks));
+    CAPSCOPE_CHECK(cudaMemsetAsync(ce_send.data(), rank + 1, ce_send.bytes(), s));
+    auto gather_ce = [&](cudaStream_t on) {
+        pipeline_kernels::spin(1000LL * spin_us, on);
+        CAPSCOPE_CHECK(ncclAllGather(ce_send.data(), ce_gathered.data(), floats, ncclFloat, zero_cta.get(), on));
+    };
+    gather_ce(s);
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    const cuda::graph gce = cuda::capture(s, gather_ce);
+    if (rank == 0) std::printf("on copy engines, captured: %s\n", node_census(gce).c_str());
+    cuda::copy_result ce_copied = cuda::without_user_objects(cuda::capture(s, gather_ce));
+    if (!ce_copied.refused.empty()) return std::fprintf(stderr, "the copy-engine graph was not copied: %s\n", ce_copied.refused.c_str()), 1;
+    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone), ecopy(copied.copy), ece(gce), ecec(ce_copied.copy);
 
     struct plan {
         const char* name;
         std::vector<const cuda::graph_exec*> cycle;
     };
-    const std::vector<plan> plans{{"kernel only", {&ek}}, {"user object", {&eu}}, {"NCCL as a child", {&ep}}, {"NCCL cloned", {&ecl}}, {"one NCCL graph", {&e1}}, {"two NCCL graphs", {&e1, &e2}}, {"NCCL and kernel", {&e1, &ek}}, {"NCCL, copied", {&ecopy}}};
+    const std::vector<plan> plans{{"kernel only", {&ek}}, {"user object", {&eu}}, {"NCCL as a child", {&ep}}, {"NCCL cloned", {&ecl}}, {"one NCCL graph", {&e1}}, {"two NCCL graphs", {&e1, &e2}}, {"NCCL and kernel", {&e1, &ek}}, {"NCCL, copied", {&ecopy}},
+                                  {"copy engines", {&ece}}, {"copy engines, copied", {&ecec}}};
     for (const plan& p : plans) {
         std::vector<double> us;
         CAPSCOPE_CHECK(cudaMemsetAsync(gathered.data(), 0, gathered.bytes(), s));
+        CAPSCOPE_CHECK(cudaMemsetAsync(ce_gathered.data(), 0, ce_gathered.bytes(), s));
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
         CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         const auto begin = std::chrono::steady_clock::now();
@@ -181,9 +202,10 @@ int main(int argc, char** argv) {
         const std::string ahead = first_wait == us.end() ? "none waited" : "launch " + std::to_string(first_wait - us.begin()) + " waited first";
         std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median; %.1f over the second half), enqueue %.1f ms of %.1f ms; %s\n",
                     rank, p.name, launches, bench::median(us), bench::median(late), enqueue_ms, total_ms, ahead.c_str());
-        if (p.cycle[0] == &ecopy) { // the copy gathers what the source does: rank r's part all r + 1
+        if (p.cycle[0] == &ecopy || p.cycle[0] == &ecec) { // the copy gathers what the source does: rank r's part all r + 1
             std::vector<unsigned char> back(gathered.bytes());
-            CAPSCOPE_CHECK(cudaMemcpy(back.data(), gathered.data(), back.size(), cudaMemcpyDeviceToHost));
+            CAPSCOPE_CHECK(cudaMemcpy(back.data(), p.cycle[0] == &ecopy ? static_cast<void*>(gathered.data()) : ce_gathered.data(), back.size(),
+                                      cudaMemcpyDeviceToHost));
             std::size_t wrong = 0;
             for (std::size_t i = 0; i < back.size(); ++i) wrong += back[i] != (unsigned char)(i / send.bytes() + 1);
             std::printf("rank %d, %-16s all-gather after the launches: %s\n", rank, p.name,
