@@ -129,9 +129,10 @@ int main(int argc, char** argv) {
 
     // [snippet trainer_refused]
     // The replay check, before anything is sent: an interleaved schedule whose sends and receives
-    // are paired pass by pass would deadlock on one communicator when a graph replays it.
+    // are paired pass by pass would deadlock on one shared communicator when a graph replays it.
+    // (Left to choose, `communicator_choice::automatic`, it gets a communicator per edge and runs.)
     const schedule_shape paired{.kind = schedule_kind::interleaved_1f1b, .ranks = 2, .virtual_stages = 2, .layers = 4,
-                                .grouping = pipeline::p2p_grouping::paired};
+                                .communicators = pipeline::communicator_choice::shared, .grouping = pipeline::p2p_grouping::paired};
     try {
         const pipeline_p2p refused(comm, paired, 4);
         std::printf("rank %d: the paired layout was accepted, which it must not be\n", rank);

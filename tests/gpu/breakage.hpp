@@ -9,6 +9,7 @@
 //   skip_in_place_replays  an in_place_runner launches no graph it has replayed before (its regions' work is lost)
 //   skip_graph_updates     calls updated in the graph keep the values they were captured with
 //   skip_replay_check      pipeline_p2p issues sends and receives that its replay check refused
+//   drop_edge_waits        per edge, pipeline_p2p's passes do not wait for the edges their receives are on
 //   one_phase_variant      pipeline_phase_graphs replays variant 0 of its steady and tail phases only
 //   pass_graph_per_chunk   pipeline_pass_graphs replays one graph per chunk and direction, whatever the slot
 //   keep_user_objects      runners instantiate their graphs as captured (launches of NCCL's wait past 28 in flight)
@@ -55,6 +56,7 @@ inline void install_from_environment() {
         else if (item == "skip_in_place_replays") library.skip_in_place_replays = true;
         else if (item == "skip_graph_updates") library.skip_graph_updates = true;
         else if (item == "skip_replay_check") library.skip_replay_check = true;
+        else if (item == "drop_edge_waits") library.drop_edge_waits = true;
         else if (item == "one_phase_variant") library.one_phase_variant = true;
         else if (item == "pass_graph_per_chunk") library.pass_graph_per_chunk = true;
         else if (item == "keep_user_objects") library.keep_user_objects = true;
@@ -66,7 +68,7 @@ inline void install_from_environment() {
         }
         if (!known) {
             std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, skip_in_place_replays, skip_graph_updates, "
-                                 "skip_replay_check, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
+                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
             std::exit(99);
         }
     }

@@ -21,7 +21,9 @@
 //       ranks' watchdog (cuda::nccl_watchdog) must end the job
 //       exit 0 when every case agrees, 1 when one differs, 77 with one rank; under
 //       CAPSCOPE_BREAK=skip_replay_check with --grouping one_by_one, sends and receives the replay
-//       check refuses are issued anyway (does the hang it predicts happen?)
+//       check refuses are issued anyway, on one communicator (does the hang it predicts happen?)
+//       --grouping paired or one_by_one: the groupings that would not complete on one
+//       communicator run on a communicator per edge (pipeline_p2p's choice), and must agree too
 
 #include "../gpu/breakage.hpp"
 #include "../gpu/mpi_support.hpp"
@@ -99,10 +101,12 @@ bool run_case(const pipeline::schedule_shape& shape, int microbatches, int steps
     const std::string groups = looped ? " in groups of " + std::to_string(shape.group_size()) : "";
     if (rank == 0 || !same)
         std::printf("rank %d, %s, %d ranks%s, %d microbatches%s (%s activation and %d gradient slots on rank %d), %d steps: eager %s graph %s CPU, "
-                    "eager %s local %s transformer_engine (%d pass graphs of %zu passes)%s\n",
+                    "eager %s local %s transformer_engine (%d pass graphs of %zu passes)%s%s\n",
                     rank, std::string(pipeline::name_of(shape.kind)).c_str(), ranks, chunk_text.c_str(), microbatches, groups.c_str(), slots.c_str(),
                     plan.gradient_slots, rank, steps, eager_graph ? "=" : "!=", graph_cpu ? "=" : "!=", eager_passes ? "=" : "!=",
-                    eager_passes ? "=" : "!=", lazily.distinct_passes(), p2p.program().compute.size(), everywhere ? ", bitwise on every rank" : "");
+                    eager_passes ? "=" : "!=", lazily.distinct_passes(), p2p.program().compute.size(),
+                    p2p.layout() == pipeline::communicator_layout::per_edge ? (", on " + std::to_string(p2p.edges()) + " per-edge communicators").c_str() : "",
+                    everywhere ? ", bitwise on every rank" : "");
     return everywhere;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -77,6 +78,17 @@ public:
         out.reserve(raw.size());
         for (ncclComm_t c : raw) out.push_back(nccl_communicator(c));
         return out;
+    }
+
+    //! The ranks of `parent` that give one `color` (>= 0), as a communicator of their own, ranked
+    //! by `key` (`ncclCommSplit`); nothing for a rank that gives `no_color`. Every rank of
+    //! `parent` calls it, in the same order as its other collectives.
+    static constexpr int no_color = NCCL_SPLIT_NOCOLOR;
+    static std::optional<nccl_communicator> split(const nccl_communicator& parent, int color, int key) {
+        ncclComm_t child = nullptr;
+        CAPSCOPE_CHECK(ncclCommSplit(parent.get(), color, key, &child, nullptr));
+        if (!child) return std::nullopt;
+        return nccl_communicator(child);
     }
 
     nccl_communicator(nccl_communicator&&) noexcept = default;

@@ -19,6 +19,7 @@ struct breakage {
     bool skip_in_place_replays = false; //!< an in_place_runner launches no captured graph after its first (a no-op replay)
     bool skip_graph_updates = false;    //!< calls updated in the graph keep the values of their capture
     bool skip_replay_check = false;     //!< pipeline_p2p issues sends and receives its replay check refused
+    bool drop_edge_waits = false;       //!< per edge, pipeline_p2p's passes do not wait for their receives' edges
     bool one_phase_variant = false;     //!< pipeline_phase_graphs replays steady and tail variant 0 whatever the iteration (wrong slots)
     bool pass_graph_per_chunk = false;  //!< pipeline_pass_graphs keys a pass by chunk and direction only (one slot's graph for every microbatch)
     bool keep_user_objects = false;     //!< runners instantiate their graphs as captured, user objects and all (launches wait past 28)

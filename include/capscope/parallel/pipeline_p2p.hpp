@@ -1,19 +1,30 @@
 #pragma once
 //! @file
-//! A pipeline rank's step on the GPU: its passes, and before each pass its group of sends and
-//! receives as one NCCL group (`ncclGroupStart` ... `ncclGroupEnd`), in the order
-//! `pipeline::program_of` gives and `pipeline::check_replay` simulated. Everything goes on the
-//! one stream it is given, so a stream capture of `run` holds the sends and receives inside the
-//! graph, and a replay issues them in that order.
+//! A pipeline rank's step on the GPU: its passes, and before each pass its groups of sends and
+//! receives, in the order `pipeline::program_of` gives and `pipeline::check_replay` simulated, on
+//! the communicators `pipeline::choose_communicators` picks for the shape and count. A stream
+//! capture of `run` holds the sends and receives inside the graph, and a replay issues them in
+//! that order. The constructor refuses a shape whose replay would not complete on its
+//! communicators, naming the two operations, before anything is sent.
 //!
-//! One stream per rank is the shared layout's order (replay_check.hpp): one communicator, each
-//! pass after the group before it, each group after the pass before it. The constructor refuses
-//! a shape whose replay would not complete on it, naming the two operations, before anything
-//! is sent. Grouped as Megatron groups them (the shape's default), every shape the rules accept
-//! completes on one communicator, interleaved included. (Per-edge communicators, which other
-//! groupings may need, take a stream per communicator: not issued here.)
+//! Shared (one communicator; every shape the rules accept, grouped as Megatron groups them):
+//! everything on the one stream `run` is given, each pass after the group before it, each group
+//! after the pass before it.
+//!
+//! Per edge (a communicator per directed rank-to-rank edge and kind of traffic, split from the
+//! world's: what other groupings need, such as sends and receives one by one): each edge has its
+//! own stream, and `run` keeps the contract the replay check simulated (replay_check.hpp):
+//! - a group's operations on one edge are one NCCL group on that edge's stream, issued after the
+//!   pass the group follows (the edge's stream waits for the step's);
+//! - a pass waits for the edges of its receives only, for the group that holds them;
+//! - a pass that writes a buffer an earlier send of the step reads waits for that send (derived
+//!   from the buffers' addresses and the schedule: the pass that computes what a send carries
+//!   writes its buffer), never for the end of the step and never by polling;
+//! - the step's stream waits for every edge it used before `run` returns.
 
 #include <capscope/cuda/error.hpp>
+#include <capscope/cuda/event.hpp>
+#include <capscope/cuda/stream.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/pipeline/p2p_program.hpp>
@@ -22,9 +33,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace capscope {
 
@@ -37,30 +53,51 @@ struct p2p_buffer {
 class pipeline_p2p {
 public:
     //! `world`: the pipeline's ranks (pipeline rank r is rank r of `world`). Refuses, on every
-    //! rank alike, a shape whose sends and receives would deadlock or cross when issued this way
-    //! with `microbatches` microbatches.
+    //! rank alike, a shape whose sends and receives would deadlock or cross when issued on the
+    //! communicators chosen for `microbatches` microbatches. Per edge, it splits the edges'
+    //! communicators from `world` (a collective call per edge, the same on every rank).
     pipeline_p2p(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape, int microbatches)
         : world_(world), shape_(shape), rank_(world.rank()) {
         if (world.size() != shape.ranks)
             throw std::invalid_argument("capscope pipeline: the schedule has " + std::to_string(shape.ranks) + " ranks, the communicator " +
                                         std::to_string(world.size()) + " -- fix: one pipeline rank per rank of the communicator");
         pipeline::require_rules(shape, microbatches);
-        if (shape.communicators == pipeline::communicator_choice::per_edge)
-            throw std::invalid_argument("capscope pipeline: per-edge communicators need a stream per communicator, which pipeline_p2p does "
-                                        "not issue yet -- fix: communicator_choice::shared or automatic, on a schedule that completes on one");
-        const pipeline::replay_verdict v = pipeline::check_replay(shape, microbatches, pipeline::communicator_layout::shared);
-        if (!v.completes() && !detail::installed_breakage().skip_replay_check) // (a test, broken on purpose: does the predicted hang happen?)
-            throw std::invalid_argument("capscope pipeline rule PP6: issued on one communicator and one stream per rank, " + pipeline::describe(v) +
+        // (A test, broken on purpose, issues on one communicator what its check refused: does the predicted hang happen?)
+        const bool skip = detail::installed_breakage().skip_replay_check;
+        const pipeline::communicator_plan plan = skip ? pipeline::communicator_plan{pipeline::communicator_layout::shared, {}}
+                                                      : pipeline::choose_communicators(shape, microbatches);
+        layout_ = plan.layout;
+        if (!plan.verdict.completes())
+            throw std::invalid_argument("capscope pipeline rule PP6: issued on " +
+                                        std::string(layout_ == pipeline::communicator_layout::shared ? "one communicator and one stream per rank"
+                                                                                                     : "a communicator and a stream per edge") +
+                                        ", " + pipeline::describe(plan.verdict) +
                                         " -- fix: group the sends and receives as Megatron does (p2p_grouping::megatron, the default), "
-                                        "which completes on one communicator for every shape the rules accept");
+                                        "which completes on one communicator for every shape the rules accept" +
+                                        (shape.communicators == pipeline::communicator_choice::shared ? ", or communicator_choice::automatic" : ""));
         program_ = pipeline::program_of(shape, rank_, microbatches);
+        if (layout_ == pipeline::communicator_layout::per_edge) make_edges(pipeline::programs_of(shape, microbatches));
     }
+    pipeline_p2p(pipeline_p2p&&) = default; // the edges' communicators are its own: moved, never copied
+    pipeline_p2p& operator=(pipeline_p2p&&) = delete;
 
     const pipeline::rank_program& program() const noexcept { return program_; }
+    pipeline::communicator_layout layout() const noexcept { return layout_; }
+    //! Per edge: the edges this rank sends or receives on.
+    int edges() const noexcept { return int(edges_.size()); }
+    //! Aborts the edges' communicators (per edge; from any thread): a step watchdog that aborts
+    //! the world's communicator calls this too, so that no send or receive waits on an edge.
+    void abort_edges() const noexcept {
+        for (const edge& e : edges_) e.comm.abort();
+    }
 
-    //! Issues one group on `stream`: `buffer_of(op)` says where each operation reads or writes.
+    //! Issues one group on `stream`, the shared layout's way: `buffer_of(op)` says where each
+    //! operation reads or writes. Per edge, a group alone cannot keep the contract: use `run`.
     template <class Buffers>
     void issue(const pipeline::p2p_group& g, Buffers&& buffer_of, cudaStream_t stream) const {
+        if (layout_ != pipeline::communicator_layout::shared)
+            throw std::logic_error("capscope pipeline: this schedule's sends and receives go on a communicator per edge, whose order "
+                                   "`run` keeps across groups and passes; issue() puts a group on one stream -- fix: run(), or Megatron's grouping");
         const bool together = shape_.grouping != pipeline::p2p_grouping::one_by_one;
         if (together) CAPSCOPE_CHECK(ncclGroupStart());
         for (const pipeline::p2p_op& op : g.ops) {
@@ -71,22 +108,159 @@ public:
         if (together) CAPSCOPE_CHECK(ncclGroupEnd());
     }
 
-    //! The rank's whole step on `stream`: before each pass its group, then the pass
-    //! (`pass(action, stream)`), then the last group.
+    //! The rank's whole step on `stream`: before each pass its groups, then the pass
+    //! (`pass(action, stream)`), then the last groups.
     template <class Buffers, class Pass>
     void run(Buffers&& buffer_of, Pass&& pass, cudaStream_t stream) const {
-        std::size_t next = 0;
-        for (int k = 0; k <= int(program_.compute.size()); ++k) {
-            while (next < program_.groups.size() && program_.groups[next].after == k - 1) issue(program_.groups[next++], buffer_of, stream);
-            if (k < int(program_.compute.size())) pass(program_.compute[std::size_t(k)], stream);
+        if (layout_ == pipeline::communicator_layout::shared) {
+            std::size_t next = 0;
+            for (int k = 0; k <= int(program_.compute.size()); ++k) {
+                while (next < program_.groups.size() && program_.groups[next].after == k - 1) issue(program_.groups[next++], buffer_of, stream);
+                if (k < int(program_.compute.size())) pass(program_.compute[std::size_t(k)], stream);
+            }
+            return;
         }
+        last_send_.clear();
+        for (edge& e : edges_) e.used = false;
+        std::size_t next = 0;
+        const int n = int(program_.compute.size());
+        for (int k = 0; k <= n; ++k) {
+            if (next < parts_.size() && parts_[next].after == k - 1) {
+                fork_->record(stream); // the edges' groups come after the pass before them
+                for (; next < parts_.size() && parts_[next].after == k - 1; ++next) issue_part(next, buffer_of);
+            }
+            if (k == n) break;
+            if (!detail::installed_breakage().drop_edge_waits) // (a test, broken on purpose)
+                for (int p : receives_for_[std::size_t(k)]) part_done_[std::size_t(p)].wait_on(stream);
+            for (const send_of_pass& w : sends_of_[std::size_t(k)]) { // this pass writes what an earlier send reads
+                const void* at = buffer_of(parts_[std::size_t(w.part)].ops[w.op]).data;
+                for (const auto& [buffer, part] : last_send_)
+                    if (buffer == at) part_done_[std::size_t(part)].wait_on(stream);
+            }
+            pass(program_.compute[std::size_t(k)], stream);
+        }
+        for (edge& e : edges_)
+            if (e.used) { // the step's stream waits for every edge it forked
+                e.joined.record(e.stream);
+                e.joined.wait_on(stream);
+            }
     }
 
 private:
+    struct edge {
+        int lane = 0, peer = 0; //!< the peer's rank in the edge's communicator
+        cuda::nccl_communicator comm;
+        cuda::stream stream;
+        cuda::event joined;
+        bool used = false;
+    };
+    //! A group's operations on one edge.
+    struct part {
+        int after = -1, edge = 0;
+        pipeline::group_ops ops;
+    };
+    struct send_of_pass {
+        int part = 0;
+        std::size_t op = 0;
+    };
+
+    void make_edges(const std::vector<pipeline::rank_program>& programs) {
+        using pipeline::communicator_layout;
+        const int lanes = pipeline::detail::lane_count(shape_, communicator_layout::per_edge);
+        std::vector<bool> used(std::size_t(lanes), false);
+        for (const pipeline::rank_program& p : programs)
+            for (const pipeline::p2p_group& g : p.groups)
+                for (const pipeline::p2p_op& op : g.ops) used[std::size_t(pipeline::detail::lane_of(shape_, communicator_layout::per_edge, op))] = true;
+        // Every rank splits every used lane, in the same order; the lane's two ranks keep it.
+        std::vector<int> edge_of(std::size_t(lanes), -1);
+        for (int lane = 0; lane < lanes; ++lane) {
+            if (!used[std::size_t(lane)]) continue;
+            const int from = lane / 2 / shape_.ranks, to = lane / 2 % shape_.ranks;
+            const bool member = rank_ == from || rank_ == to;
+            std::optional<cuda::nccl_communicator> c = cuda::nccl_communicator::split(world_, member ? lane : cuda::nccl_communicator::no_color, rank_);
+            if (!member) continue;
+            if (!c) throw std::logic_error("capscope pipeline: ncclCommSplit gave no communicator to a rank of its edge");
+            const int peer = rank_ == from ? to : from;
+            edge_of[std::size_t(lane)] = int(edges_.size());
+            edges_.push_back({lane, peer < rank_ ? 0 : 1, std::move(*c), cuda::stream{}, cuda::event{}, false});
+        }
+        // The parts, in issue order, and which pass waits for which.
+        const int n = int(program_.compute.size()), chunks = shape_.virtual_stages;
+        int microbatches = 0;
+        for (const pipeline::compute_action& a : program_.compute) microbatches = std::max(microbatches, a.microbatch + 1);
+        std::vector<int> pass_at(std::size_t(2 * chunks * microbatches), -1);
+        auto key = [&](pipeline::pass d, int chunk, int mb) { return std::size_t(((d == pipeline::pass::forward ? 0 : 1) * chunks + chunk) * microbatches + mb); };
+        for (int k = 0; k < n; ++k) pass_at[key(program_.compute[std::size_t(k)].direction, program_.compute[std::size_t(k)].chunk, program_.compute[std::size_t(k)].microbatch)] = k;
+        auto pass_of = [&](bool activation, int stage, int mb) {
+            const int at = pass_at[key(activation ? pipeline::pass::forward : pipeline::pass::backward, shape_.chunk_of(stage), mb)];
+            if (at < 0) throw std::logic_error("capscope pipeline: a send or receive names a pass this rank does not run");
+            return at;
+        };
+        receives_for_.assign(std::size_t(n), {});
+        sends_of_.assign(std::size_t(n), {});
+        for (const pipeline::p2p_group& g : program_.groups)
+            for (std::size_t first = 0; first < g.ops.size(); ++first) {
+                const int lane = pipeline::detail::lane_of(shape_, communicator_layout::per_edge, g.ops[first]);
+                bool placed = false;
+                for (std::size_t i = 0; i < first; ++i) placed = placed || pipeline::detail::lane_of(shape_, communicator_layout::per_edge, g.ops[i]) == lane;
+                if (placed) continue;
+                part pt{g.after, edge_of[std::size_t(lane)], {}};
+                const int index = int(parts_.size());
+                for (std::size_t i = first; i < g.ops.size(); ++i) {
+                    const pipeline::p2p_op& op = g.ops[i];
+                    if (pipeline::detail::lane_of(shape_, communicator_layout::per_edge, op) != lane) continue;
+                    const bool activation = op.m.what == pipeline::carries::activation;
+                    if (op.send) // computed by the forward of the stage before it, or the backward of the one after
+                        sends_of_[std::size_t(pass_of(activation, activation ? op.m.stage - 1 : op.m.stage + 1, op.m.microbatch))].push_back(
+                            {index, pt.ops.size()});
+                    else receives_for_[std::size_t(pass_of(activation, op.m.stage, op.m.microbatch))].push_back(index);
+                    pt.ops.push_back(op);
+                }
+                parts_.push_back(pt);
+            }
+        part_done_.resize(parts_.size());
+        fork_ = std::make_unique<cuda::event>();
+        last_send_.reserve(parts_.size() * 4);
+    }
+
+    template <class Buffers>
+    void issue_part(std::size_t p, Buffers& buffer_of) const {
+        const part& pt = parts_[p];
+        edge& e = edges_[std::size_t(pt.edge)];
+        fork_->wait_on(e.stream);
+        e.used = true;
+        CAPSCOPE_CHECK(ncclGroupStart());
+        struct group_end { // ends the group even when a call in it throws
+            bool armed = true;
+            ~group_end() {
+                if (armed) ncclGroupEnd();
+            }
+        } end;
+        for (const pipeline::p2p_op& op : pt.ops) {
+            const p2p_buffer b = buffer_of(op);
+            if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
+            else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
+        }
+        end.armed = false;
+        CAPSCOPE_CHECK(ncclGroupEnd());
+        part_done_[p].record(e.stream);
+        for (const pipeline::p2p_op& op : pt.ops)
+            if (op.send) last_send_.push_back({buffer_of(op).data, int(p)});
+    }
+
     const cuda::nccl_communicator& world_;
     pipeline::schedule_shape shape_;
     int rank_ = 0;
+    pipeline::communicator_layout layout_ = pipeline::communicator_layout::shared;
     pipeline::rank_program program_;
+    // Per edge only.
+    mutable std::vector<edge> edges_;
+    std::vector<part> parts_;
+    std::vector<std::vector<int>> receives_for_;        //!< per pass: the parts holding its receives
+    std::vector<std::vector<send_of_pass>> sends_of_;   //!< per pass: the sends of what it computes
+    std::vector<cuda::event> part_done_;                //!< per part: recorded on its edge's stream after it
+    std::unique_ptr<cuda::event> fork_;                 //!< recorded on the step's stream before a pass's parts
+    mutable std::vector<std::pair<const void*, int>> last_send_; //!< this step's sends so far: buffer, part
 };
 
 } // namespace capscope

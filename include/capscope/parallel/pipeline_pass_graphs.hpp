@@ -79,22 +79,21 @@ public:
     int activation_slot(int chunk, int microbatch) const { return activation_[index_of(chunk, microbatch, "activation_slot")]; }
     int gradient_slot(int chunk, int microbatch) const { return gradient_[index_of(chunk, microbatch, "gradient_slot")]; }
 
-    //! One step on `stream`: before each pass its group of sends and receives, issued eagerly,
-    //! then the pass's graph (captured here first, lazily or all ahead of time).
+    //! One step on `stream`: before each pass its groups of sends and receives, issued eagerly
+    //! (`pipeline_p2p::run`, on the communicators it chose), then the pass's graph (captured here
+    //! first, lazily or all ahead of time).
     template <class Buffers, class Pass>
     void step(Buffers&& buffer_of, Pass&& pass, cudaStream_t stream) {
         if (when_ == pass_capture::ahead_of_time && captures_ == 0)
             for (std::size_t g = 0; g < keys_.size(); ++g) capture(g, pass, stream);
-        const pipeline::rank_program& program = p2p_.program();
-        std::size_t next = 0;
-        for (int k = 0; k <= int(program.compute.size()); ++k) {
-            while (next < program.groups.size() && program.groups[next].after == k - 1) p2p_.issue(program.groups[next++], buffer_of, stream);
-            if (k == int(program.compute.size())) break;
-            const std::size_t g = graph_of_[std::size_t(k)];
-            if (!execs_[g]) capture(g, pass, stream);
-            execs_[g].launch(stream);
-        }
+        std::size_t k = 0;
+        p2p_.run(buffer_of, [&](const pipeline::compute_action&, cudaStream_t on) {
+            const std::size_t g = graph_of_[k++];
+            if (!execs_[g]) capture(g, pass, on);
+            execs_[g].launch(on);
+        }, stream);
     }
+    const pipeline_p2p& p2p() const noexcept { return p2p_; }
 
 private:
     std::size_t index_of(int chunk, int microbatch, const char* what) const {
