@@ -27,6 +27,7 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/cuda/nccl.hpp>
+#include <capscope/pipeline/edge_plan.hpp>
 #include <capscope/pipeline/p2p_program.hpp>
 #include <capscope/pipeline/replay_check.hpp>
 
@@ -125,15 +126,15 @@ public:
         std::size_t next = 0;
         const int n = int(program_.compute.size());
         for (int k = 0; k <= n; ++k) {
-            if (next < parts_.size() && parts_[next].after == k - 1) {
+            if (next < plan_.parts.size() && plan_.parts[next].after == k - 1) {
                 fork_->record(stream); // the edges' groups come after the pass before them
-                for (; next < parts_.size() && parts_[next].after == k - 1; ++next) issue_part(next, buffer_of);
+                for (; next < plan_.parts.size() && plan_.parts[next].after == k - 1; ++next) issue_part(next, buffer_of);
             }
             if (k == n) break;
             if (!detail::installed_breakage().drop_edge_waits) // (a test, broken on purpose)
-                for (int p : receives_for_[std::size_t(k)]) part_done_[std::size_t(p)].wait_on(stream);
-            for (const send_of_pass& w : sends_of_[std::size_t(k)]) { // this pass writes what an earlier send reads
-                const void* at = buffer_of(parts_[std::size_t(w.part)].ops[w.op]).data;
+                for (int p : plan_.receives_for[std::size_t(k)]) part_done_[std::size_t(p)].wait_on(stream);
+            for (const pipeline::part_send& w : plan_.sends_of[std::size_t(k)]) { // this pass writes what an earlier send reads
+                const void* at = buffer_of(plan_.parts[std::size_t(w.part)].ops[w.op]).data;
                 for (const auto& [buffer, part] : last_send_)
                     if (buffer == at) part_done_[std::size_t(part)].wait_on(stream);
             }
@@ -154,79 +155,30 @@ private:
         cuda::event joined;
         bool used = false;
     };
-    //! A group's operations on one edge.
-    struct part {
-        int after = -1, edge = 0;
-        pipeline::group_ops ops;
-    };
-    struct send_of_pass {
-        int part = 0;
-        std::size_t op = 0;
-    };
 
     void make_edges(const std::vector<pipeline::rank_program>& programs) {
-        using pipeline::communicator_layout;
-        const int lanes = pipeline::detail::lane_count(shape_, communicator_layout::per_edge);
-        std::vector<bool> used(std::size_t(lanes), false);
-        for (const pipeline::rank_program& p : programs)
-            for (const pipeline::p2p_group& g : p.groups)
-                for (const pipeline::p2p_op& op : g.ops) used[std::size_t(pipeline::detail::lane_of(shape_, communicator_layout::per_edge, op))] = true;
-        // Every rank splits every used lane, in the same order; the lane's two ranks keep it.
-        std::vector<int> edge_of(std::size_t(lanes), -1);
-        for (int lane = 0; lane < lanes; ++lane) {
-            if (!used[std::size_t(lane)]) continue;
-            const int from = lane / 2 / shape_.ranks, to = lane / 2 % shape_.ranks;
-            const bool member = rank_ == from || rank_ == to;
-            std::optional<cuda::nccl_communicator> c = cuda::nccl_communicator::split(world_, member ? lane : cuda::nccl_communicator::no_color, rank_);
+        plan_ = pipeline::plan_edges(shape_, programs, rank_);
+        // Every rank splits every used edge, in the same order; the edge's two ranks keep it.
+        std::vector<int> edge_of(std::size_t(pipeline::detail::lane_count(shape_, pipeline::communicator_layout::per_edge)), -1);
+        for (const pipeline::p2p_edge& e : plan_.edges) {
+            const bool member = rank_ == e.from || rank_ == e.to;
+            std::optional<cuda::nccl_communicator> c = cuda::nccl_communicator::split(world_, member ? e.lane : cuda::nccl_communicator::no_color, rank_);
             if (!member) continue;
             if (!c) throw std::logic_error("capscope pipeline: ncclCommSplit gave no communicator to a rank of its edge");
-            const int peer = rank_ == from ? to : from;
-            edge_of[std::size_t(lane)] = int(edges_.size());
-            edges_.push_back({lane, peer < rank_ ? 0 : 1, std::move(*c), cuda::stream{}, cuda::event{}, false});
+            const int peer = rank_ == e.from ? e.to : e.from;
+            edge_of[std::size_t(e.lane)] = int(edges_.size());
+            edges_.push_back({e.lane, peer < rank_ ? 0 : 1, std::move(*c), cuda::stream{}, cuda::event{}, false});
         }
-        // The parts, in issue order, and which pass waits for which.
-        const int n = int(program_.compute.size()), chunks = shape_.virtual_stages;
-        int microbatches = 0;
-        for (const pipeline::compute_action& a : program_.compute) microbatches = std::max(microbatches, a.microbatch + 1);
-        std::vector<int> pass_at(std::size_t(2 * chunks * microbatches), -1);
-        auto key = [&](pipeline::pass d, int chunk, int mb) { return std::size_t(((d == pipeline::pass::forward ? 0 : 1) * chunks + chunk) * microbatches + mb); };
-        for (int k = 0; k < n; ++k) pass_at[key(program_.compute[std::size_t(k)].direction, program_.compute[std::size_t(k)].chunk, program_.compute[std::size_t(k)].microbatch)] = k;
-        auto pass_of = [&](bool activation, int stage, int mb) {
-            const int at = pass_at[key(activation ? pipeline::pass::forward : pipeline::pass::backward, shape_.chunk_of(stage), mb)];
-            if (at < 0) throw std::logic_error("capscope pipeline: a send or receive names a pass this rank does not run");
-            return at;
-        };
-        receives_for_.assign(std::size_t(n), {});
-        sends_of_.assign(std::size_t(n), {});
-        for (const pipeline::p2p_group& g : program_.groups)
-            for (std::size_t first = 0; first < g.ops.size(); ++first) {
-                const int lane = pipeline::detail::lane_of(shape_, communicator_layout::per_edge, g.ops[first]);
-                bool placed = false;
-                for (std::size_t i = 0; i < first; ++i) placed = placed || pipeline::detail::lane_of(shape_, communicator_layout::per_edge, g.ops[i]) == lane;
-                if (placed) continue;
-                part pt{g.after, edge_of[std::size_t(lane)], {}};
-                const int index = int(parts_.size());
-                for (std::size_t i = first; i < g.ops.size(); ++i) {
-                    const pipeline::p2p_op& op = g.ops[i];
-                    if (pipeline::detail::lane_of(shape_, communicator_layout::per_edge, op) != lane) continue;
-                    const bool activation = op.m.what == pipeline::carries::activation;
-                    if (op.send) // computed by the forward of the stage before it, or the backward of the one after
-                        sends_of_[std::size_t(pass_of(activation, activation ? op.m.stage - 1 : op.m.stage + 1, op.m.microbatch))].push_back(
-                            {index, pt.ops.size()});
-                    else receives_for_[std::size_t(pass_of(activation, op.m.stage, op.m.microbatch))].push_back(index);
-                    pt.ops.push_back(op);
-                }
-                parts_.push_back(pt);
-            }
-        part_done_.resize(parts_.size());
+        for (const pipeline::edge_part& p : plan_.parts) edge_index_.push_back(edge_of[std::size_t(p.lane)]);
+        part_done_.resize(plan_.parts.size());
         fork_ = std::make_unique<cuda::event>();
-        last_send_.reserve(parts_.size() * 4);
+        last_send_.reserve(plan_.parts.size() * 4);
     }
 
     template <class Buffers>
     void issue_part(std::size_t p, Buffers& buffer_of) const {
-        const part& pt = parts_[p];
-        edge& e = edges_[std::size_t(pt.edge)];
+        const pipeline::edge_part& pt = plan_.parts[p];
+        edge& e = edges_[std::size_t(edge_index_[p])];
         fork_->wait_on(e.stream);
         e.used = true;
         CAPSCOPE_CHECK(ncclGroupStart());
@@ -255,9 +207,8 @@ private:
     pipeline::rank_program program_;
     // Per edge only.
     mutable std::vector<edge> edges_;
-    std::vector<part> parts_;
-    std::vector<std::vector<int>> receives_for_;        //!< per pass: the parts holding its receives
-    std::vector<std::vector<send_of_pass>> sends_of_;   //!< per pass: the sends of what it computes
+    pipeline::edge_plan plan_;                          //!< parts, and what each pass waits for (pipeline/edge_plan.hpp)
+    std::vector<int> edge_index_;                       //!< per part: its edge in edges_
     std::vector<cuda::event> part_done_;                //!< per part: recorded on its edge's stream after it
     std::unique_ptr<cuda::event> fork_;                 //!< recorded on the step's stream before a pass's parts
     mutable std::vector<std::pair<const void*, int>> last_send_; //!< this step's sends so far: buffer, part
