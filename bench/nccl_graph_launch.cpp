@@ -95,8 +95,7 @@ int strip_event_nodes(const cuda::graph& g) {
     CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
     int removed = 0;
     for (cudaGraphNode_t n : nodes) {
-        cudaGraphNodeType t{};
-        CAPSCOPE_CHECK(cudaGraphNodeGetType(n, &t));
+        const cudaGraphNodeType t = cuda::node_type(n);
         if (t != cudaGraphNodeTypeEventRecord && t != cudaGraphNodeTypeWaitEvent) continue;
         std::size_t before = 0, after = 0;
         CAPSCOPE_CHECK(cudaGraphNodeGetDependencies(n, nullptr, nullptr, &before));

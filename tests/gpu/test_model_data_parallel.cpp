@@ -150,7 +150,7 @@ TEST_CASE("the example model with its all-gathers on copy engines (sharded gathe
     if (mpi().size() > 1) { // (one rank's collectives are local copies anyway)
         const std::size_t n = 1 << 16;
         cuda::nccl_symmetric_buffer<float> part(copy_engines, n), whole(copy_engines, n * std::size_t(mpi().size()));
-        // NCCL sets up a window's device state at its first collective, which a capture forbids:
+        // NCCL sets up its copy-engine state at a communicator's first such collective, which a capture forbids:
         // one eager all-gather first (the trainers' warmup steps do the same), checked.
         std::vector<float> mine(n, float(mpi().rank() + 1)), back(n * std::size_t(mpi().size()));
         CAPSCOPE_CHECK(cudaMemcpyAsync(part.data(), mine.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
@@ -191,6 +191,25 @@ TEST_CASE("the example model with its all-gathers on copy engines (sharded gathe
         }
     }
     const gpt::model_config c = model_for_data_parallel("DEMD");
+    // Refused before any window: a communicator without the zero-CTA policy, and ranks that chose
+    // differently (which would otherwise wait for each other in the first registration).
+    auto refusal = [&](auto make) {
+        try {
+            make();
+        } catch (const std::invalid_argument& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    const std::string no_policy = refusal([&] {
+        gpt::data_parallel_trainer<float, te_config, regather> t(c, comm(), s, {}, {}, gpt::collective_buffers::nccl_symmetric);
+    });
+    CHECK_MESSAGE(no_policy.find("only on a communicator with NCCL's zero-CTA policy") != std::string::npos, no_policy);
+    const std::string differ = refusal([&] {
+        gpt::data_parallel_trainer<float, te_config, regather> t(
+            c, copy_engines, s, {}, {}, mpi().rank() == 0 ? gpt::collective_buffers::device : gpt::collective_buffers::nccl_symmetric);
+    });
+    if (mpi().size() > 1) CHECK_MESSAGE(differ.find("the ranks chose different collective_buffers") != std::string::npos, differ);
     const trained<float> by_kernels = train<float, te_config, regather>(c);
     check_identical(train<float, te_config, regather>(c, &copy_engines, gpt::collective_buffers::nccl_symmetric), by_kernels,
                     "copy-engine gathers, transformer_engine");

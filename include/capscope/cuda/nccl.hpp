@@ -55,7 +55,7 @@ class nccl_communicator {
 public:
     //! Rank `rank` of `ranks`, joined through `id` (from rank 0's `ncclGetUniqueId`). The current
     //! device is the rank's GPU.
-    nccl_communicator(int ranks, const ncclUniqueId& id, int rank, nccl_options options = {}) {
+    nccl_communicator(int ranks, const ncclUniqueId& id, int rank, nccl_options options = {}) : options_(options) {
         if (options.cta_policy == nccl_cta_policy::nccl_default) {
             CAPSCOPE_CHECK(ncclCommInitRank(comm_.out(), ranks, id, rank));
             return;
@@ -63,8 +63,13 @@ public:
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
         config.CTAPolicy = options.cta_policy == nccl_cta_policy::zero ? NCCL_CTA_POLICY_ZERO : NCCL_CTA_POLICY_EFFICIENCY;
+#elif NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+        if (options.cta_policy == nccl_cta_policy::zero)
+            throw std::invalid_argument("nccl_communicator: the zero-CTA policy needs NCCL 2.28 or later (this is " + std::to_string(NCCL_MAJOR) + "." +
+                                        std::to_string(NCCL_MINOR) + ") -- fix: nccl_cta_policy::efficiency or nccl_default, or a newer NCCL");
+        config.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
 #else
-        throw std::invalid_argument("nccl_communicator: a CTA policy needs NCCL 2.28 or later (this is " + std::to_string(NCCL_MAJOR) + "." +
+        throw std::invalid_argument("nccl_communicator: a CTA policy needs NCCL 2.27 or later (this is " + std::to_string(NCCL_MAJOR) + "." +
                                     std::to_string(NCCL_MINOR) + ") -- fix: nccl_cta_policy::nccl_default, or a newer NCCL");
 #endif
         CAPSCOPE_CHECK(ncclCommInitRankConfig(comm_.out(), ranks, id, rank, &config));
@@ -97,6 +102,7 @@ public:
             forget_if_aborted();
             comm_ = std::move(o.comm_);
             aborted_ = std::move(o.aborted_);
+            options_ = o.options_;
         }
         return *this;
     }
@@ -109,6 +115,10 @@ public:
         if (comm_ && aborted_ && !aborted_->exchange(true)) ncclCommAbort(comm_.get());
     }
     bool aborted() const noexcept { return aborted_ && aborted_->load(); }
+    //! Whether it was aborted, readable after the communicator itself moved.
+    std::shared_ptr<const std::atomic<bool>> aborted_flag() const noexcept { return aborted_; }
+    //! The options it was made with (NCCL_CTA_POLICY in the environment overrides the CTA policy).
+    const nccl_options& options() const noexcept { return options_; }
     int rank() const {
         int r = 0;
         CAPSCOPE_CHECK(ncclCommUserRank(comm_.get(), &r));
@@ -128,7 +138,9 @@ private:
     }
     capscope::detail::unique_handle<ncclComm_t, &detail::destroy_or_abort> comm_;
     //! Atomic, as abort() may run on a watchdog's thread; on the heap, as an atomic does not move.
-    std::unique_ptr<std::atomic<bool>> aborted_ = std::make_unique<std::atomic<bool>>(false);
+    //! Shared with what must know after the communicator moved (a symmetric buffer's release).
+    std::shared_ptr<std::atomic<bool>> aborted_ = std::make_shared<std::atomic<bool>>(false);
+    nccl_options options_{};
 };
 
 //! Ranks that would capture different collectives (their plans differ).

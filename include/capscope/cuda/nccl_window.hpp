@@ -7,11 +7,16 @@
 //! within one node becomes copy-engine copies, which take no SM from the compute beside it.
 //!
 //! Registration is collective: every rank of the communicator makes the same buffers, of the same
-//! sizes, in the same order, and so does their destruction. The communicator must outlive them.
+//! sizes, in the same order (a rank that does not waits for the others). The NCCL communicator
+//! must outlive them; the object holding it may move. Where NCCL gives no window (no symmetric
+//! memory on this machine), the constructor throws rather than let the collectives fall back to
+//! kernels unseen. NCCL_CTA_POLICY in the environment overrides a communicator's CTA policy.
 
 #include <capscope/cuda/nccl.hpp>
 
+#include <atomic>
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -26,14 +31,33 @@ class nccl_symmetric_buffer {
 public:
     nccl_symmetric_buffer() = default;
     //! `count` elements on this rank, registered on `comm` (every rank calls it with the same count).
-    nccl_symmetric_buffer(const nccl_communicator& comm, std::size_t count) : comm_(&comm), size_(count) {
+    nccl_symmetric_buffer(const nccl_communicator& comm, std::size_t count)
+        : comm_(comm.get()), aborted_(comm.aborted_flag()), size_(count) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
         if (count == 0) return;
+        // On the communicator's GPU, whichever is current (several GPUs in one process).
+        int device = 0, current = 0;
+        CAPSCOPE_CHECK(ncclCommCuDevice(comm_, &device));
+        CAPSCOPE_CHECK(cudaGetDevice(&current));
+        if (device != current) CAPSCOPE_CHECK(cudaSetDevice(device));
+        struct restore {
+            int device, current;
+            ~restore() {
+                if (device != current) (void)cudaSetDevice(current);
+            }
+        } back{device, current};
         CAPSCOPE_CHECK(ncclMemAlloc(&memory_, count * sizeof(T)));
-        if (const ncclResult_t r = ncclCommWindowRegister(comm.get(), memory_, count * sizeof(T), &window_, NCCL_WIN_COLL_SYMMETRIC);
-            r != ncclSuccess) {
+        const ncclResult_t r = ncclCommWindowRegister(comm_, memory_, count * sizeof(T), &window_, NCCL_WIN_COLL_SYMMETRIC);
+        if (r != ncclSuccess || window_ == nullptr) {
             (void)ncclMemFree(memory_);
+            memory_ = nullptr;
+            size_ = 0;
             CAPSCOPE_CHECK(r);
+            // NCCL registers no window where it has no symmetric memory, and says nothing: the
+            // collectives would silently run NCCL's kernels instead.
+            throw std::runtime_error("nccl_symmetric_buffer: NCCL registered no symmetric window (it needs every GPU of the communicator "
+                                     "on one node and peer to peer, NCCL_WIN_ENABLE=1 and NCCL_CUMEM_ENABLE=1) -- fix: "
+                                     "cuda::device_buffer (gpt::collective_buffers::device), or a setting that allows windows");
         }
 #else
         throw std::invalid_argument("nccl_symmetric_buffer: symmetric windows need NCCL 2.27 or later (this is " + std::to_string(NCCL_MAJOR) +
@@ -41,12 +65,13 @@ public:
 #endif
     }
     nccl_symmetric_buffer(nccl_symmetric_buffer&& o) noexcept
-        : comm_(std::exchange(o.comm_, nullptr)), memory_(std::exchange(o.memory_, nullptr)), size_(std::exchange(o.size_, 0)),
-          window_(std::exchange(o.window_, nullptr)) {}
+        : comm_(std::exchange(o.comm_, nullptr)), aborted_(std::move(o.aborted_)), memory_(std::exchange(o.memory_, nullptr)),
+          size_(std::exchange(o.size_, 0)), window_(std::exchange(o.window_, nullptr)) {}
     nccl_symmetric_buffer& operator=(nccl_symmetric_buffer&& o) noexcept {
         if (this != &o) {
             release();
             comm_ = std::exchange(o.comm_, nullptr);
+            aborted_ = std::move(o.aborted_);
             memory_ = std::exchange(o.memory_, nullptr);
             size_ = std::exchange(o.size_, 0);
             window_ = std::exchange(o.window_, nullptr);
@@ -65,14 +90,15 @@ private:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
         if (!memory_) return;
         // An aborted communicator takes no more calls; the memory is freed either way.
-        if (window_ && !comm_->aborted()) (void)ncclCommWindowDeregister(comm_->get(), window_);
+        if (window_ && !(aborted_ && aborted_->load())) (void)ncclCommWindowDeregister(comm_, window_);
         (void)ncclMemFree(memory_);
         memory_ = nullptr;
         window_ = nullptr;
 #endif
     }
 
-    const nccl_communicator* comm_ = nullptr;
+    ncclComm_t comm_ = nullptr; //!< not the communicator object, which may move
+    std::shared_ptr<const std::atomic<bool>> aborted_;
     void* memory_ = nullptr;
     std::size_t size_ = 0;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)

@@ -88,7 +88,9 @@ inline void all_reduce_buckets(ncclComm_t comm, std::span<const tensor_ref> grad
             });
             return;
         }
-        // Split: each rank's part is `part` elements; a tail past ranks * part is all-reduced.
+        // Split: each rank's part is `part` elements; a tail past ranks * part is all-reduced. Two
+        // groups, not one: within a group NCCL runs copy-engine tasks before kernels, so the
+        // all-gathers would copy the parts before the reduce-scatters had reduced them.
         in_one_group(first, last, [&](std::size_t i) {
             const std::size_t count = gradients[i].bytes / element, part = count / std::size_t(ranks), split = part * std::size_t(ranks);
             if (part) CAPSCOPE_CHECK(ncclReduceScatter(gradients[i].data, at(i, std::size_t(rank) * part), part, type, op, comm, s));

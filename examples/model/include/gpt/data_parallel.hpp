@@ -33,6 +33,7 @@
 #include <optional>
 #include <stdexcept>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -102,6 +103,32 @@ std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicat
     }
 }
 
+//! Every rank chose the same buffers (registering a window is collective: ranks that differ would
+//! wait for each other at the first one, before the plan's check), on a communicator whose policy
+//! makes them pay; and, with windows, NCCL's copy-engine state set up now by one small eager
+//! all-gather (it is set up at a communicator's first such collective, which a capture forbids).
+inline collective_buffers checked_buffers(const capscope::cuda::nccl_communicator& comm, collective_buffers buffers, cudaStream_t s) {
+    try {
+        capscope::cuda::require_same_plan(comm, capscope::cuda::fingerprint(buffers == collective_buffers::device ? "device" : "nccl_symmetric"), s);
+    } catch (const capscope::cuda::plan_mismatch&) {
+        throw std::invalid_argument("gpt::data_parallel_trainer: the ranks chose different collective_buffers (rank " + std::to_string(comm.rank()) +
+                                    ": " + (buffers == collective_buffers::device ? "device" : "nccl_symmetric") +
+                                    ") -- fix: the same on every rank");
+    }
+    if (buffers == collective_buffers::device) return buffers;
+    if (comm.options().cta_policy != capscope::cuda::nccl_cta_policy::zero)
+        throw std::invalid_argument("gpt::data_parallel_trainer: collective_buffers::nccl_symmetric moves all-gathers to copy engines only on "
+                                    "a communicator with NCCL's zero-CTA policy; on this one they would run NCCL's kernels, and a data-parallel "
+                                    "all-reduce would be split for nothing -- fix: make the communicator with "
+                                    "cuda::nccl_options{cuda::nccl_cta_policy::zero}, or collective_buffers::device");
+    if (comm.size() > 1) {
+        capscope::cuda::nccl_symmetric_buffer<float> part(comm, 64), whole(comm, 64 * std::size_t(comm.size()));
+        CAPSCOPE_CHECK(ncclAllGather(part.data(), whole.data(), 64, ncclFloat32, comm.get(), s));
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    }
+    return buffers;
+}
+
 //! NCCL's symmetric windows on `comm`, or cudaMalloc (an empty source).
 inline collective_memory_source collective_memory_of(const capscope::cuda::nccl_communicator& comm, collective_buffers buffers) {
     if (buffers == collective_buffers::device) return nullptr;
@@ -133,9 +160,10 @@ public:
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
                           capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {},
                           collective_buffers buffers = collective_buffers::device)
-        : model_(cfg, s, detail::store_layout<Mode>(comm), {}, detail::collective_memory_of(comm, buffers)),
+        : collective_(detail::checked_buffers(comm, buffers, s)),
+          model_(cfg, s, detail::store_layout<Mode>(comm), {}, detail::collective_memory_of(comm, collective_)),
           tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
-          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_, buffers)),
+          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_, collective_)),
           outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)),
           watchdog_(comm, watchdog, std::move(on_fault)) {
         capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);
@@ -184,6 +212,7 @@ private:
         return p;
     }
 
+    collective_buffers collective_; //!< checked first: before any window is registered
     gpt_model<T> model_;
     std::vector<capscope::tensor_ref> param_refs_, grad_refs_;
     std::vector<capscope::sharded_layer_buffers> buffers_;

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,7 +65,8 @@ public:
     collective_buffer() = default;
     collective_buffer(std::size_t count, const collective_memory_source& from) : count_(count) {
         if (!from) own_ = capscope::cuda::device_buffer<T>(count);
-        else if (count) given_ = from(count * sizeof(T));
+        else if (count && !(given_ = from(count * sizeof(T))))
+            throw std::runtime_error("parameter_store: the collective memory source gave no memory for " + std::to_string(count * sizeof(T)) + " bytes");
     }
     T* data() const { return given_ ? static_cast<T*>(given_.get()) : own_.data(); }
     std::size_t size() const { return count_; }
