@@ -143,6 +143,23 @@ private:
     nccl_options options_{};
 };
 
+//! Runs `calls()` as one NCCL group (`ncclGroupStart` ... `ncclGroupEnd`), which NCCL launches as
+//! one operation. The group is ended even when a call in it throws, so that NCCL is not left
+//! inside a group.
+template <class Calls>
+void in_nccl_group(Calls&& calls) {
+    CAPSCOPE_CHECK(ncclGroupStart());
+    struct group_end {
+        bool armed = true;
+        ~group_end() {
+            if (armed) (void)ncclGroupEnd();
+        }
+    } end;
+    calls();
+    end.armed = false;
+    CAPSCOPE_CHECK(ncclGroupEnd());
+}
+
 //! Ranks that would capture different collectives (their plans differ).
 class plan_mismatch : public std::runtime_error {
     using std::runtime_error::runtime_error;

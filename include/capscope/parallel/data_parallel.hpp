@@ -56,16 +56,9 @@ constexpr std::size_t nccl_type_bytes(ncclDataType_t t) {
 template <class Issue>
 void in_one_group(std::size_t first, std::size_t last, Issue&& issue) {
     if (last - first == 1) return issue(first);
-    CAPSCOPE_CHECK(ncclGroupStart());
-    struct group_end { // ends the group even when a call in it throws
-        bool armed = true;
-        ~group_end() {
-            if (armed) ncclGroupEnd();
-        }
-    } end;
-    for (std::size_t i = first; i < last; ++i) issue(i);
-    end.armed = false;
-    CAPSCOPE_CHECK(ncclGroupEnd());
+    cuda::in_nccl_group([&] {
+        for (std::size_t i = first; i < last; ++i) issue(i);
+    });
 }
 
 //! All-reduces `gradients` in place: one call per tensor (two, split), a bucket of several

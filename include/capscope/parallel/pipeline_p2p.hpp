@@ -99,14 +99,15 @@ public:
         if (layout_ != pipeline::communicator_layout::shared)
             throw std::logic_error("capscope pipeline: this schedule's sends and receives go on a communicator per edge, whose order "
                                    "`run` keeps across groups and passes; issue() puts a group on one stream -- fix: run(), or Megatron's grouping");
-        const bool together = shape_.grouping != pipeline::p2p_grouping::one_by_one;
-        if (together) CAPSCOPE_CHECK(ncclGroupStart());
-        for (const pipeline::p2p_op& op : g.ops) {
-            const p2p_buffer b = buffer_of(op);
-            if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, op.m.to, world_.get(), stream));
-            else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, op.m.from, world_.get(), stream));
-        }
-        if (together) CAPSCOPE_CHECK(ncclGroupEnd());
+        auto calls = [&] {
+            for (const pipeline::p2p_op& op : g.ops) {
+                const p2p_buffer b = buffer_of(op);
+                if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, op.m.to, world_.get(), stream));
+                else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, op.m.from, world_.get(), stream));
+            }
+        };
+        if (shape_.grouping == pipeline::p2p_grouping::one_by_one) calls(); // each group holds one operation
+        else cuda::in_nccl_group(calls);
     }
 
     //! The rank's whole step on `stream`: before each pass its groups, then the pass
@@ -181,20 +182,13 @@ private:
         edge& e = edges_[std::size_t(edge_index_[p])];
         fork_->wait_on(e.stream);
         e.used = true;
-        CAPSCOPE_CHECK(ncclGroupStart());
-        struct group_end { // ends the group even when a call in it throws
-            bool armed = true;
-            ~group_end() {
-                if (armed) ncclGroupEnd();
+        cuda::in_nccl_group([&] {
+            for (const pipeline::p2p_op& op : pt.ops) {
+                const p2p_buffer b = buffer_of(op);
+                if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
+                else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
             }
-        } end;
-        for (const pipeline::p2p_op& op : pt.ops) {
-            const p2p_buffer b = buffer_of(op);
-            if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
-            else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
-        }
-        end.armed = false;
-        CAPSCOPE_CHECK(ncclGroupEnd());
+        });
         part_done_[p].record(e.stream);
         for (const pipeline::p2p_op& op : pt.ops)
             if (op.send) last_send_.push_back({buffer_of(op).data, int(p)});
