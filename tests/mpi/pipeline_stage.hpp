@@ -69,6 +69,9 @@ struct stage_state {
     std::vector<std::vector<cuda::device_buffer<float>>> slots;   //!< per chunk, per slot
     std::vector<cuda::device_buffer<float>> gradients, data;      //!< received gradients' slots; the first stage's inputs
     cuda::device_buffer<float> out, grad_out;                     //!< what the next send reads
+    //! The last stage's forward output, which it sends nowhere: kept out of `out`, whose send (of
+    //! another chunk, on a communicator per edge) may still be reading it.
+    cuda::device_buffer<float> last_out;
     std::vector<int> slot_of, gradient_slot_of;                   //!< per (chunk, microbatch)
     //! Phased (pipeline_phases.hpp): microbatch k's slots in chunk c are the layout's k mod S_c and
     //! its gradient's offset_c + k mod G_c for every count, and the first stage loads its data into
@@ -81,7 +84,7 @@ struct stage_state {
     cuda::device_buffer<int> counter; //!< pooled: the next microbatch the first stage loads
     stage_state(int n_, int rank_, int ranks_, int chunks_, const pipeline::slot_plan& plan, int microbatches_, cudaStream_t s,
                 std::optional<pipeline::phase_layout> phased_ = std::nullopt, bool pooled_ = false)
-        : n(n_), rank(rank_), ranks(ranks_), chunks(chunks_), microbatches(microbatches_), out(std::size_t(n_)), grad_out(std::size_t(n_)),
+        : n(n_), rank(rank_), ranks(ranks_), chunks(chunks_), microbatches(microbatches_), out(std::size_t(n_)), grad_out(std::size_t(n_)), last_out(std::size_t(n_)),
           slot_of(std::size_t(chunks_ * microbatches_), -1), gradient_slot_of(std::size_t(chunks_ * microbatches_), -1), phased(phased_),
           pooled(phased_.has_value() || pooled_), pool(pooled && rank_ == 0 ? std::size_t(n_) * std::size_t(microbatches_) : 1), counter(1) {
         std::vector<float> host(static_cast<std::size_t>(n));
@@ -153,7 +156,8 @@ struct stage_state {
         float* x = input(a.chunk, a.microbatch);
         float* dx = stage_of(a.chunk) > 0 ? grad_out.data() : nullptr;
         if (pooled && a.direction == pass::forward && stage_of(a.chunk) == 0) pipeline_kernels::load_next(pool.data(), counter.data(), x, n, s);
-        if (a.direction == pass::forward) pipeline_kernels::forward(x, w[c].data(), out.data(), n, s);
+        if (a.direction == pass::forward)
+            pipeline_kernels::forward(x, w[c].data(), stage_of(a.chunk) == ranks * chunks - 1 ? last_out.data() : out.data(), n, s);
         else if (stage_of(a.chunk) == ranks * chunks - 1) pipeline_kernels::last_backward(x, w[c].data(), dw[c].data(), dx, n, s);
         else pipeline_kernels::backward(gradient(a.chunk, a.microbatch), x, w[c].data(), dw[c].data(), dx, n, s);
     }

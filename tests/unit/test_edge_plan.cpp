@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 using namespace capscope;
@@ -85,6 +86,29 @@ TEST_CASE("the per-edge plan: every send and receive in one part on its edge, ea
     CHECK(cases > 40);
     // 1F1B one by one on 2 ranks: activations 0 -> 1 and gradients 1 -> 0, an edge each; paired
     // interleaved also sends activations back to rank 0 (its second chunk) and gradients to rank 1.
-    CHECK(plan_edges(grouped(one_f_one_b(2), one_by_one), programs_of(grouped(one_f_one_b(2), one_by_one), 4), 0).edges.size() == 2);
+    const edge_plan two = plan_edges(grouped(one_f_one_b(2), one_by_one), programs_of(grouped(one_f_one_b(2), one_by_one), 4), 0);
+    REQUIRE(two.edges.size() == 2);
+    CHECK((two.edges[0].from == 0 && two.edges[0].to == 1 && two.edges[0].what == carries::activation));
+    CHECK((two.edges[1].from == 1 && two.edges[1].to == 0 && two.edges[1].what == carries::gradient));
     CHECK(plan_edges(grouped(interleaved(2, 2), paired), programs_of(grouped(interleaved(2, 2), paired), 4), 0).edges.size() == 4);
+}
+
+TEST_CASE("per edge, a send's buffer reused: the pass that computes a send waits for the edge's previous send, and the check holds that wait") {
+    // pipeline_p2p's issuer makes a pass that overwrites a buffer wait for the send reading it.
+    // With an edge's sends from one buffer (its worst case), interleaved paired in groups of 3 on
+    // 2 ranks would hang at 6 microbatches: a cycle through a gradient send waiting for its
+    // buffer's previous send, whose receive rank 1 posts only after a forward that waits in turn.
+    const schedule_shape looped = grouped({schedule_kind::interleaved_1f1b, 2, 2, 4, 3}, paired);
+    CHECK(check_replay(looped, 6, communicator_layout::per_edge, send_buffers::own).completes());
+    const replay_verdict reused = check_replay(looped, 6, communicator_layout::per_edge, send_buffers::one_per_edge);
+    CHECK(reused.result == replay_verdict::outcome::deadlocks);
+    CHECK(describe(reused).find("sends the gradient of microbatch 1 for stage 1") != std::string::npos);
+    // 1F1B one by one, and interleaved paired in groups of the ranks, complete either way.
+    for (int m : {2, 4, 8}) {
+        CHECK(check_replay(grouped(one_f_one_b(2), one_by_one), m, communicator_layout::per_edge, send_buffers::one_per_edge).completes());
+        CHECK(check_replay(grouped(one_f_one_b(4), one_by_one), 2 * m, communicator_layout::per_edge, send_buffers::one_per_edge).completes());
+    }
+    CHECK(check_replay(grouped(interleaved(2, 2), paired), 4, communicator_layout::per_edge, send_buffers::one_per_edge).completes());
+    // On one shared stream every send completes before the next pass: the buffers change nothing.
+    CHECK(check_replay(interleaved(2, 2), 4, communicator_layout::shared, send_buffers::one_per_edge).completes());
 }

@@ -17,10 +17,13 @@
 //! - a group's operations on one edge are one NCCL group on that edge's stream, issued after the
 //!   pass the group follows (the edge's stream waits for the step's);
 //! - a pass waits for the edges of its receives only, for the group that holds them;
-//! - a pass that writes a buffer an earlier send of the step reads waits for that send (derived
-//!   from the buffers' addresses and the schedule: the pass that computes what a send carries
-//!   writes its buffer), never for the end of the step and never by polling;
+//! - a pass that computes a send into a buffer an earlier send of the step reads waits for that
+//!   send (found by the buffers' addresses), never for the end of the step and never by polling;
 //! - the step's stream waits for every edge it used before `run` returns.
+//! That wait can close a cycle the plain check does not see, so the constructor also checks with
+//! it at its worst (`send_buffers::one_per_edge`) and refuses what would hang. The caller keeps
+//! the rest: a pass writes a send's buffer only when it computes that send, and a buffer serves
+//! one edge and kind of traffic (one sent on two edges in a step is refused).
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
@@ -76,6 +79,18 @@ public:
                                         " -- fix: group the sends and receives as Megatron does (p2p_grouping::megatron, the default), "
                                         "which completes on one communicator for every shape the rules accept" +
                                         (shape.communicators == pipeline::communicator_choice::shared ? ", or communicator_choice::automatic" : ""));
+        if (layout_ == pipeline::communicator_layout::per_edge && !skip) {
+            // The issuer makes a pass that overwrites a send's buffer wait for that send; with an
+            // edge's sends from one buffer, that is a wait the plain verdict does not hold.
+            const pipeline::replay_verdict with_reuse =
+                pipeline::check_replay(shape, microbatches, pipeline::communicator_layout::per_edge, pipeline::send_buffers::one_per_edge);
+            if (!with_reuse.completes())
+                throw std::invalid_argument("capscope pipeline rule PP6: issued on a communicator and a stream per edge, where the pass that "
+                                            "computes a send waits until the edge's previous send from that buffer has completed, " +
+                                            pipeline::describe(with_reuse) +
+                                            " -- fix: group the sends and receives as Megatron does (p2p_grouping::megatron, the default), "
+                                            "or fewer microbatches in flight (a smaller group)");
+        }
         program_ = pipeline::program_of(shape, rank_, microbatches);
         if (layout_ == pipeline::communicator_layout::per_edge) make_edges(pipeline::programs_of(shape, microbatches));
     }
@@ -137,8 +152,8 @@ public:
                 for (int p : plan_.receives_for[std::size_t(k)]) part_done_[std::size_t(p)].wait_on(stream);
             for (const pipeline::part_send& w : plan_.sends_of[std::size_t(k)]) { // this pass writes what an earlier send reads
                 const void* at = buffer_of(plan_.parts[std::size_t(w.part)].ops[w.op]).data;
-                for (const auto& [buffer, part] : last_send_)
-                    if (buffer == at) part_done_[std::size_t(part)].wait_on(stream);
+                for (const sent& earlier : last_send_)
+                    if (earlier.buffer == at) part_done_[std::size_t(earlier.part)].wait_on(stream);
             }
             pass(program_.compute[std::size_t(k)], stream);
         }
@@ -191,8 +206,15 @@ private:
             }
         });
         part_done_[p].record(e.stream);
-        for (const pipeline::p2p_op& op : pt.ops)
-            if (op.send) last_send_.push_back({buffer_of(op).data, int(p)});
+        for (const pipeline::p2p_op& op : pt.ops) {
+            if (!op.send) continue;
+            const void* at = buffer_of(op).data;
+            for (const sent& earlier : last_send_)
+                if (earlier.buffer == at && earlier.lane != pt.lane) // a wait the replay check does not hold
+                    throw std::logic_error("capscope pipeline: one buffer is sent on two edges in a step; per edge, a send's buffer serves "
+                                           "one edge and kind of traffic -- fix: a buffer per edge (or per slot) for what each pass sends");
+            last_send_.push_back({at, int(p), pt.lane});
+        }
     }
 
     const cuda::nccl_communicator& world_;
@@ -206,7 +228,11 @@ private:
     std::vector<int> edge_index_;                       //!< per part: its edge in edges_
     std::vector<cuda::event> part_done_;                //!< per part: recorded on its edge's stream after it
     std::unique_ptr<cuda::event> fork_;                 //!< recorded on the step's stream before a pass's parts
-    mutable std::vector<std::pair<const void*, int>> last_send_; //!< this step's sends so far: buffer, part
+    struct sent {
+        const void* buffer;
+        int part, lane;
+    };
+    mutable std::vector<sent> last_send_; //!< this step's sends so far
 };
 
 } // namespace capscope

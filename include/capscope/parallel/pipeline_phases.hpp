@@ -35,6 +35,12 @@ public:
     //! (1F1B and interleaved 1F1B grouped as Megatron does are cut into phases).
     pipeline_phase_graphs(const cuda::nccl_communicator& world, const pipeline::schedule_shape& shape)
         : world_(world), shape_(shape), rank_(world.rank()), layout_(pipeline::phase_layout_of(shape, world.rank())) {
+        // A phase issues its groups on one stream: one communicator (Megatron's grouping completes on
+        // one; a shape that names per-edge communicators would be split for nothing, then refused
+        // inside a capture).
+        if (shape.communicators == pipeline::communicator_choice::per_edge)
+            throw std::invalid_argument("capscope pipeline_phase_graphs: the phases issue their sends and receives on one communicator, and "
+                                        "this shape names one per edge -- fix: communicator_choice::automatic or shared");
         // The rules and the replay check of the least count (each count a phase is captured from is checked too).
         (void)pipeline_p2p(world, shape, layout_.least_microbatches);
     }

@@ -39,6 +39,14 @@ enum class communicator_layout {
                    //!< on two ranks one edge carries activations and gradients, in orders that differ
 };
 
+//! Where a rank's sends read from, for the per-stream layouts (on one shared stream every send
+//! completes before the next pass anyway):
+//! - `own`: each send reads a buffer that nothing writes until it has completed;
+//! - `one_per_edge`: an edge's sends of one kind of traffic reuse one buffer, so the pass that
+//!   computes a send waits for the edge's previous send to complete (pipeline_p2p's issuer waits
+//!   where a buffer is reused; this is its worst case).
+enum class send_buffers { own, one_per_edge };
+
 constexpr std::string_view name_of(communicator_layout l) {
     return l == communicator_layout::shared ? "shared" : l == communicator_layout::per_direction ? "per-direction" : "per-edge";
 }
@@ -69,7 +77,7 @@ struct replay_part {
     int rank = 0, lane = 0, after = -1;
     int first_op = 0, op_count = 0, ops_done = 0;
     int previous_on_lane = -1, next_on_lane = -1; //!< the parts issued before and after it on its stream
-    int feeds[4] = {-1, -1, -1, -1};              //!< the passes (numbered over every rank) that wait for it
+    int feeds[8] = {-1, -1, -1, -1, -1, -1, -1, -1}; //!< the passes (numbered over every rank) that wait for it
     bool issued = false, complete = false;
 };
 struct replay_op {
@@ -77,6 +85,16 @@ struct replay_op {
     int part = 0, partner = -1;
     bool done = false;
 };
+
+//! Makes pass `pass_index` wait for `p` (once).
+constexpr void add_feed(replay_part& p, int pass_index) {
+    if (pass_index < 0) return;
+    int used = 0;
+    for (; used < 8 && p.feeds[used] >= 0; ++used)
+        if (p.feeds[used] == pass_index) return;
+    if (used == 8) throw std::logic_error("capscope pipeline: check_replay: more than eight passes wait for one group");
+    p.feeds[used] = pass_index;
+}
 
 constexpr int lane_count(const schedule_shape& s, communicator_layout layout) {
     return layout == communicator_layout::shared ? 1 : layout == communicator_layout::per_direction ? 2 : s.ranks * s.ranks * 2;
@@ -94,7 +112,8 @@ constexpr int lane_of(const schedule_shape& s, communicator_layout layout, const
 //! stops at a million steps by default: see docs/pipeline.md). Shared: one stream per rank for
 //! its passes and groups, so each pass waits for the group before it. The other layouts: a
 //! stream per communicator, and a pass waits for the groups that hold its receives.
-constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<rank_program>& programs, communicator_layout layout) {
+constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector<rank_program>& programs, communicator_layout layout,
+                                      send_buffers buffers = send_buffers::own) {
     using namespace detail;
     if (int(programs.size()) != s.ranks)
         throw std::invalid_argument("capscope pipeline: check_replay was given " + std::to_string(programs.size()) + " ranks' orders for a schedule of " +
@@ -140,6 +159,7 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
             return k < 0 ? n : k;
         };
         std::vector<int> received(std::size_t(n), 0); // per pass: receives that bring its input
+        std::vector<int> last_send_part(std::size_t(lanes), -1); // per stream: the part of its latest send
         std::size_t g = 0;
         for (int after = -1; after < n; ++after) {
             const std::size_t slot = std::size_t(first_pass[std::size_t(r)] + r + after + 1);
@@ -153,12 +173,8 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
                     for (std::size_t i = 0; i < first; ++i) placed = placed || lane_of(s, layout, group.ops[i]) == lane;
                     if (placed) continue;
                     replay_part part{r, lane, after, int(ops.size())};
-                    int feeds = 0;
-                    auto feed = [&](int pass_index) {
-                        for (int f = 0; f < feeds; ++f)
-                            if (part.feeds[f] == pass_index) return;
-                        if (pass_index >= 0 && feeds < 4) part.feeds[feeds++] = pass_index;
-                    };
+                    auto feed = [&](int pass_index) { add_feed(part, pass_index); };
+                    bool sends_here = false;
                     if (layout == communicator_layout::shared && after + 1 < n) feed(first_pass[std::size_t(r)] + after + 1);
                     for (std::size_t i = first; i < group.ops.size(); ++i) {
                         const p2p_op& o = group.ops[i];
@@ -177,11 +193,18 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
                             if (after >= 0) early.waiting_after = program.compute[std::size_t(after)];
                             return early;
                         }
+                        if (o.send && buffers == send_buffers::one_per_edge && layout != communicator_layout::shared) {
+                            // The pass computing it overwrites the buffer the edge's previous send reads.
+                            if (const int previous = last_send_part[std::size_t(lane)]; previous >= 0)
+                                add_feed(parts[std::size_t(previous)], first_pass[std::size_t(r)] + producer(o));
+                            sends_here = true;
+                        }
                         if (!o.send) ++received[std::size_t(consumer(o) - first_pass[std::size_t(r)])];
                         if (!o.send && layout != communicator_layout::shared) feed(consumer(o));
                         ops.push_back({o, int(parts.size()), -1, false});
                         ++part.op_count;
                     }
+                    if (sends_here) last_send_part[std::size_t(lane)] = int(parts.size());
                     int& last = lane_last[std::size_t(r * lanes + lane)];
                     if (last >= 0) parts[std::size_t(last)].next_on_lane = int(parts.size());
                     part.previous_on_lane = last;
@@ -328,8 +351,9 @@ constexpr replay_verdict check_replay(const schedule_shape& s, const std::vector
 }
 
 //! The shape's own programs (its grouping) with `microbatches` microbatches.
-constexpr replay_verdict check_replay(const schedule_shape& s, int microbatches, communicator_layout layout) {
-    return check_replay(s, programs_of(s, microbatches), layout);
+constexpr replay_verdict check_replay(const schedule_shape& s, int microbatches, communicator_layout layout,
+                                      send_buffers buffers = send_buffers::own) {
+    return check_replay(s, programs_of(s, microbatches), layout, buffers);
 }
 
 //! The communicators a shape's sends and receives use with `microbatches` microbatches: the
