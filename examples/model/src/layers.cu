@@ -33,10 +33,16 @@ block_shape shape_of(const model_config& c, bool training) {
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
                               capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng,
-                              int* expert_overflow) {
+                              int* expert_overflow, const model_part& part) {
     model_layout<T> m;
-    m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
-    m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
+    const int layers = int(c.layer_pattern.size()), end = part.end_layer < 0 ? layers : part.end_layer;
+    if (part.first_layer < 0 || part.first_layer > end || end > layers)
+        throw std::invalid_argument("declare_model: layers [" + std::to_string(part.first_layer) + ", " + std::to_string(end) +
+                                    ") are not within the pattern's " + std::to_string(layers));
+    if (part.embedding) {
+        m.tok_emb = params.declare("embedding.tokens", std::size_t(c.vocab) * c.hidden, init_kind::normal, c.init_stddev);
+        m.pos_emb = params.declare("embedding.positions", std::size_t(c.seq_len) * c.hidden, init_kind::normal, c.init_stddev);
+    }
     block_shape sh = shape_of(c, training);
     sh.rng = rng;
     sh.expert_overflow = expert_overflow;
@@ -44,7 +50,7 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
         throw std::invalid_argument("declare_model: a static dropless capacity needs the model's overflow flag"); // the training model passes it
     sh.activations = &activations;
     sh.scratch = scratch;
-    for (std::size_t i = 0; i < c.layer_pattern.size(); ++i) {
+    for (std::size_t i = std::size_t(part.first_layer); i < std::size_t(end); ++i) {
         const std::string name = "layer" + std::to_string(i);
         const int layer = static_cast<int>(i);
         params.begin_layer(layer); // the layer's parameters form one group (sharded data parallelism shards it)
@@ -61,16 +67,18 @@ model_layout<T> declare_model(const model_config& c, bool training, parameter_st
         }
     }
     params.begin_layer(-1);
-    m.final_norm = params.declare("final_norm", c.hidden, init_kind::ones);
-    m.head_w = params.declare("lm_head", std::size_t(c.hidden) * c.vocab, init_kind::normal, c.init_stddev);
+    if (part.head) {
+        m.final_norm = params.declare("final_norm", c.hidden, init_kind::ones);
+        m.head_w = params.declare("lm_head", std::size_t(c.hidden) * c.vocab, init_kind::normal, c.init_stddev);
+    }
     return m;
 }
 template model_layout<float> declare_model(const model_config&, bool, parameter_store<float>&, const capscope::cuda::blas_handle&,
-                                           capscope::activation_store&, backward_scratch*, rng_state*, int*);
+                                           capscope::activation_store&, backward_scratch*, rng_state*, int*, const model_part&);
 template model_layout<__nv_bfloat16> declare_model(const model_config&, bool, parameter_store<__nv_bfloat16>&, const capscope::cuda::blas_handle&,
-                                                    capscope::activation_store&, backward_scratch*, rng_state*, int*);
+                                                    capscope::activation_store&, backward_scratch*, rng_state*, int*, const model_part&);
 template model_layout<__half> declare_model(const model_config&, bool, parameter_store<__half>&, const capscope::cuda::blas_handle&,
-                                                    capscope::activation_store&, backward_scratch*, rng_state*, int*);
+                                                    capscope::activation_store&, backward_scratch*, rng_state*, int*, const model_part&);
 
 } // namespace detail
 

@@ -19,6 +19,16 @@ inline const model_config& validated(const model_config& c) {
 
 block_shape shape_of(const model_config& c, bool training);
 
+//! The layers [first_layer, end_layer) of a model, with its embedding and its final norm and
+//! LM head or without: what one pipeline chunk declares (gpt/pipeline.hpp). Layers keep their
+//! index and name in the whole model. The default is the whole model.
+struct model_part {
+    int first_layer = 0;
+    int end_layer = -1; //!< -1: the pattern's end
+    bool embedding = true, head = true;
+};
+
+//! Ids of the parameters outside the layers; a part without its embedding (or head) has none.
 template <class T>
 struct model_layout {
     typename parameter_store<T>::id tok_emb, pos_emb, final_norm, head_w;
@@ -27,13 +37,13 @@ struct model_layout {
 
 //! Declares the model's parameters in `params` (embeddings, then each layer of `c.layer_pattern`:
 //! 'D' attention + mlp, 'E' attention + moe, 'M' mamba; then the final norm and the LM head) and
-//! builds its blocks, with gradient buffers when `training` (and dropout from `rng`, a training
+//! builds its blocks (of `part` only), with gradient buffers when `training` (and dropout from `rng`, a training
 //! model's generator state in device memory). The blocks declare what they keep for their
 //! backward in `activations` and take their backward's working memory from `scratch` (training
 //! only), both of which the model allocates before it binds them.
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
                               capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng = nullptr,
-                              int* expert_overflow = nullptr);
+                              int* expert_overflow = nullptr, const model_part& part = {});
 
 } // namespace gpt::detail

@@ -31,6 +31,7 @@
 #include <capscope/detail/breakage.hpp>
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/pipeline/edge_plan.hpp>
+#include <capscope/pipeline/p2p_buffer.hpp>
 #include <capscope/pipeline/p2p_program.hpp>
 #include <capscope/pipeline/replay_check.hpp>
 
@@ -47,12 +48,6 @@
 #include <vector>
 
 namespace capscope {
-
-//! Where a send reads, or a receive writes, and how many bytes.
-struct p2p_buffer {
-    void* data = nullptr;
-    std::size_t bytes = 0;
-};
 
 class pipeline_p2p {
 public:

@@ -148,6 +148,25 @@ void set_int(int* x, int value, cudaStream_t s) {
     set_int_k<<<1, 1, 0, s>>>(x, value);
     CHECKED("set_int");
 }
+// ---- a pipeline chunk's microbatch, by a device counter --------------------------------------
+__global__ void copy_row_at_k(const int* rows, const int* index, int* dst, int n) {
+    const long row = long(*index) * n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = rows[row + i];
+}
+__global__ void store_at_k(const float* value, const int* index, float* dst) { dst[*index] = *value; }
+__global__ void increment_k(int* x) { *x += 1; }
+void copy_row_at(const int* rows, const int* index, int* dst, int n, cudaStream_t s) {
+    copy_row_at_k<<<int(std::min<long>(blocks_for(n, elt_threads), 1024)), elt_threads, 0, s>>>(rows, index, dst, n);
+    CHECKED("copy_row_at");
+}
+void store_at(const float* value, const int* index, float* dst, cudaStream_t s) {
+    store_at_k<<<1, 1, 0, s>>>(value, index, dst);
+    CHECKED("store_at");
+}
+void increment(int* x, cudaStream_t s) {
+    increment_k<<<1, 1, 0, s>>>(x);
+    CHECKED("increment");
+}
 void clear_unless_finite(const float* x, long n, int* flag, cudaStream_t s) {
     const int grid = int(std::min<long>(blocks_for((n + 3) / 4, elt_threads), 2048)); // grid-stride: a few waves at most
     clear_unless_finite_k<<<grid, elt_threads, 0, s>>>(x, n, flag);
