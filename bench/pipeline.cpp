@@ -22,6 +22,7 @@
 //   mpirun -np 2 pipeline [--floats N] [--work K] [--rounds R] [--trace]     exit 77 without 2 GPUs
 
 #include "arguments.hpp"
+#include "mpi_timing.hpp"
 #include "round_robin.hpp"
 
 #include "../tests/gpu/mpi_support.hpp"
@@ -74,34 +75,9 @@ struct rank_model {
     }
 };
 
-double max_over_ranks(double mine) {
-    double all = 0;
-    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    return all;
-}
-std::vector<double> gather(double mine, int ranks) {
-    std::vector<double> all(static_cast<std::size_t>(ranks), 0.0);
-    CAPSCOPE_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD));
-    return all;
-}
-
-//! Device ms per step of `launch_step` (median over rounds of `steps` steps), every rank in step.
-double time_steps(const std::function<void(cudaStream_t)>& launch_step, int rounds, int steps, cudaStream_t s) {
-    std::vector<double> ms;
-    const cuda::event start = cuda::event::timing(), stop = cuda::event::timing();
-    for (int r = 0; r < rounds; ++r) {
-        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-        CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-        start.record(s);
-        for (int t = 0; t < steps; ++t) launch_step(s);
-        stop.record(s);
-        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-        float elapsed = 0;
-        CAPSCOPE_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
-        ms.push_back(double(elapsed) / steps);
-    }
-    return bench::median(ms);
-}
+using bench::gather;
+using bench::max_over_ranks;
+using bench::time_steps;
 
 constexpr double mib = 1024.0 * 1024.0;
 

@@ -8,7 +8,8 @@
 # docs/multi_gpu.md with NCCL_DEBUG=INFO; `profile` traces three variants on 1 and 2 GPUs with
 # CUPTI (bench/data_parallel --trace); `launch` times the host's enqueue of one variant on 1 and 2
 # GPUs under settings that might make cudaGraphLaunch block (issue 50). The bench part also runs
-# bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once). Logs go to $OUT.
+# bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once) and
+# bench/pipeline_model (the example model pipelined, 1F1B). Logs go to $OUT.
 #   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [fork]     (default: all but launch)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel examples/15_pipeline_trainer bench/data_parallel bench/pipeline >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel examples/15_pipeline_trainer bench/data_parallel bench/pipeline bench/pipeline_model >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -87,6 +88,9 @@ if is_part bench; then
   run bench-2gpu "${mpi2[@]}" ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && run bench-4gpu mpirun --allow-run-as-root -np 4 -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --csv "$OUT/bench-data-parallel.csv"
   python3 bench/data_parallel_table.py "$OUT/bench-data-parallel.csv" >"$OUT/bench-data-parallel.md" && cat "$OUT/bench-data-parallel.md"
+  timeout 240 "${mpi2[@]}" ./build-mpi/bench/pipeline_model >"$OUT/bench-pipeline-model.log" 2>&1
+  r=$?; echo "== bench-pipeline-model: exit $r"; grep -E "^\|" "$OUT/bench-pipeline-model.log"
+  [ $r -eq 0 ] || rc=1
   for work in ${PIPELINE_WORK:-2000 100}; do
     timeout 240 "${mpi2[@]}" ./build-mpi/bench/pipeline --work "$work" >"$OUT/bench-pipeline-work$work.log" 2>&1
     r=$?; echo "== bench-pipeline --work $work: exit $r"; grep -E "^\||1f1b" "$OUT/bench-pipeline-work$work.log"
