@@ -9,8 +9,8 @@
 // 1 - busy / whole, where busy is the rank's passes alone (its compute order captured without
 // sends and receives). Memory per M (8, 16, 32, 64): the rank's model (parameters, optimizer
 // state, one activation set per chunk, the slots), the slots alone, and the whole-step graph.
-// Every backward recomputes its forward (gpt/pipeline.hpp), so a step computes 3 forwards' worth
-// per microbatch and layer.
+// Every backward recomputes its forward (gpt/pipeline.hpp), so a step computes a forward, a
+// recomputed forward and a backward per microbatch and layer: about 4 forwards' worth.
 //
 //   mpirun -np 2 pipeline_model [--hidden H] [--seq S] [--batch B] [--layers-per-rank L] [--rounds R]
 //   exit 77 without 2 GPUs

@@ -44,9 +44,10 @@ gpt::model_config pipelined_model(const std::string& pattern, int microbatches) 
     return c;
 }
 
-//! Microbatch `mb`'s batch, the same every step (so that the loss falls within a few steps).
-support::batch batch_of(const gpt::model_config& c, int /*step*/, int mb) {
-    return support::random_batch(c.batch, c.seq_len, c.vocab, 7000u + std::uint64_t(mb));
+//! Microbatch `mb`'s batch of step `step`: two sets in turn, so that a graph that kept a step's
+//! tokens or labels would differ, and the loss falls from step 0 to step 2 (the same batches).
+support::batch batch_of(const gpt::model_config& c, int step, int mb) {
+    return support::random_batch(c.batch, c.seq_len, c.vocab, 7000u + std::uint64_t(step % 2) * 131u + std::uint64_t(mb));
 }
 
 //! What a run leaves: the loss of each step (on the last stage's rank; empty elsewhere) and every
@@ -148,14 +149,16 @@ std::vector<std::pair<std::string, std::vector<float>>> gather_named(const std::
 //! One GPU (rank 0): the whole model from the pipeline's initial weights, trained on the same
 //! microbatches; its losses and masters, by name.
 trained one_gpu(const gpt::model_config& cfg, const std::vector<std::pair<std::string, std::vector<float>>>& initial, cudaStream_t s) {
+    // Rank 0 alone: a failure is a CHECK and an empty result, never a REQUIRE, which would leave
+    // the other ranks waiting in the next collective.
     gpt::gpt_model<float> model(cfg, s);
     gpt::parameter_store<float>& p = model.parameters();
-    REQUIRE(initial.size() == p.list().size());
+    CHECK(initial.size() == p.list().size());
     for (std::size_t i = 0; i < p.list().size(); ++i) {
         const gpt::parameter_info& info = p.list()[i];
         const auto it = std::find_if(initial.begin(), initial.end(), [&](const auto& n) { return n.first == info.name; });
-        REQUIRE_MESSAGE(it != initial.end(), info.name);
-        REQUIRE(it->second.size() == info.count);
+        CHECK_MESSAGE(it != initial.end(), info.name);
+        if (it == initial.end() || it->second.size() != info.count) return {};
         CAPSCOPE_CHECK(cudaMemcpyAsync(p.master(i), it->second.data(), info.count * sizeof(float), cudaMemcpyHostToDevice, s));
         CAPSCOPE_CHECK(cudaMemcpyAsync(p.value(i), it->second.data(), info.count * sizeof(float), cudaMemcpyHostToDevice, s));
         CAPSCOPE_CHECK(cudaStreamSynchronize(s));
@@ -211,13 +214,18 @@ void check_schedule(const pl::schedule_shape& shape, const std::string& pattern,
     bool bitwise = true;
     if (rank == 0) {
         const trained single = one_gpu(cfg, initial_all, s);
-        for (int t = 0; t < steps; ++t) {
+        bitwise = single.losses.size() == std::size_t(steps);
+        loss_diff = weight_diff = bitwise ? 0.0 : 1.0; // no one-GPU run: fails below
+        for (int t = 0; bitwise && t < steps; ++t) {
             loss_diff = std::max(loss_diff, double(std::fabs(single.losses[std::size_t(t)] - pipelined_losses[std::size_t(t)])));
             bitwise = bitwise && single.losses[std::size_t(t)] == pipelined_losses[std::size_t(t)];
         }
         for (const auto& [name, v] : single.masters) {
             const auto it = std::find_if(final_all.begin(), final_all.end(), [&](const auto& n) { return n.first == name; });
-            REQUIRE_MESSAGE(it != final_all.end(), name);
+            if (it == final_all.end() || it->second.size() != v.size()) {
+                weight_diff = 1.0, bitwise = false;
+                continue;
+            }
             for (std::size_t i = 0; i < v.size(); ++i) weight_diff = std::max(weight_diff, double(std::fabs(v[i] - it->second[i])));
             bitwise = bitwise && v == it->second;
         }
@@ -265,9 +273,28 @@ TEST_CASE("the example model pipelined: every impl bitwise equal to its eager pi
     check_schedule({.kind = pl::schedule_kind::one_f_one_b, .ranks = ranks, .layers = 2 * ranks}, pattern_for(2 * ranks), microbatches);
     check_schedule({.kind = pl::schedule_kind::interleaved_1f1b, .ranks = ranks, .virtual_stages = 2, .layers = 2 * ranks},
                    pattern_for(2 * ranks), microbatches);
-    // Sends and receives one by one: a communicator and a stream per edge.
+    // Sends and receives one by one, or interleaved and paired: a communicator and a stream per edge.
     check_schedule({.kind = pl::schedule_kind::one_f_one_b, .ranks = ranks, .layers = 2 * ranks, .grouping = pl::p2p_grouping::one_by_one},
                    pattern_for(2 * ranks), microbatches);
+    check_schedule({.kind = pl::schedule_kind::interleaved_1f1b, .ranks = ranks, .virtual_stages = 2, .layers = 2 * ranks,
+                    .grouping = pl::p2p_grouping::paired},
+                   pattern_for(2 * ranks), microbatches);
+
+    // An issuer of another grouping runs the same passes, but its receives land in other slots:
+    // refused on every rank before anything is sent.
+    cuda::stream s;
+    const pl::schedule_shape megatron{.kind = pl::schedule_kind::interleaved_1f1b, .ranks = ranks, .virtual_stages = 2, .layers = 2 * ranks};
+    pl::schedule_shape paired = megatron;
+    paired.grouping = pl::p2p_grouping::paired;
+    gpt::pipeline_model<float> model(pipelined_model(pattern_for(2 * ranks), microbatches), megatron, comm().rank(), s);
+    const pipeline_p2p other(comm(), paired, microbatches);
+    std::string refusal;
+    try {
+        model.step(other, s);
+    } catch (const std::invalid_argument& e) {
+        refusal = e.what();
+    }
+    CHECK(refusal.find("another program") != std::string::npos);
 }
 
 TEST_CASE("the example model pipelined refuses what it cannot run") {
@@ -291,4 +318,31 @@ TEST_CASE("the example model pipelined refuses what it cannot run") {
     gpt::model_config dropless = c;
     dropless.moe_mode = gpt::moe_mode::dropless;
     CHECK(refusal(dropless, shape).find("drop_and_pad") != std::string::npos);
+    std::string fp16;
+    try {
+        gpt::pipeline_model<__half> m(c, shape, 0, s);
+    } catch (const std::invalid_argument& e) {
+        fp16 = e.what();
+    }
+    CHECK(fp16.find("loss scaling") != std::string::npos);
+
+    // More forwards than microbatches since begin_step: nothing read or written past the
+    // microbatches, and the loss refuses to answer.
+    const pl::schedule_shape alone{.kind = pl::schedule_kind::one_f_one_b, .ranks = 2, .layers = 4};
+    gpt::pipeline_model<float> first(c, alone, 0, s);
+    for (int twice = 0; twice < 2; ++twice)
+        for (int mb = 0; mb < c.microbatches; ++mb) first.pass({pl::pass::forward, 0, mb}, s);
+    gpt::pipeline_model<float> last(c, alone, 1, s);
+    for (int twice = 0; twice < 2; ++twice)
+        for (int mb = 0; mb < c.microbatches; ++mb) last.pass({pl::pass::forward, 0, mb}, s);
+    std::string overrun;
+    try {
+        (void)last.loss(s);
+    } catch (const std::logic_error& e) {
+        overrun = e.what();
+    }
+    CHECK(overrun.find("begin_step") != std::string::npos);
+    last.begin_step(s);
+    for (int mb = 0; mb < c.microbatches; ++mb) last.pass({pl::pass::forward, 0, mb}, s);
+    CHECK_NOTHROW((void)last.loss(s)); // the flag is cleared by begin_step
 }

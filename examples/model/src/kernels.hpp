@@ -159,9 +159,10 @@ void clear_unless_finite(const float* x, long n, int* flag, cudaStream_t s);
 void count_if_cleared(const int* flag, int* count, cudaStream_t s);
 // A pipeline chunk's microbatch, read on the device (a pass replayed from a graph serves every
 // microbatch of its slot): `dst` = row `*index` of `rows` (n ints each); `dst[*index]` = `*value`;
-// `*index` += 1 (after the pass's last read of it).
-void copy_row_at(const int* rows, const int* index, int* dst, int n, cudaStream_t s);
-void store_at(const float* value, const int* index, float* dst, cudaStream_t s);
+// `*index` += 1 (after the pass's last read of it). An index at or past `count` (more forwards than
+// microbatches since the counter was reset) reads and writes nothing and sets `*overrun` to 1.
+void copy_row_at(const int* rows, const int* index, int count, int* dst, int n, int* overrun, cudaStream_t s);
+void store_at(const float* value, const int* index, int count, float* dst, int* overrun, cudaStream_t s);
 void increment(int* x, cudaStream_t s);
 // A step's update under a static dropless expert capacity: may_update = no expert overflowed and
 // (without a finite check: all_finite null) loss and gradients finite.

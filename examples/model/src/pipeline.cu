@@ -11,6 +11,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace gpt {
 
@@ -67,7 +68,7 @@ const model_config& checked_for_pipeline(const model_config& c, const pl::schedu
 template <class T>
 pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_shape& shape, int rank, cudaStream_t s)
     : cfg_(checked_for_pipeline(cfg, shape, rank)), shape_(shape), rank_(rank), program_(pl::program_of(shape, rank, cfg.microbatches)),
-      slots_(pl::plan_slots(shape, rank, cfg.microbatches)), device_step_(1),
+      slots_(pl::plan_slots(shape, rank, cfg.microbatches)), device_step_(1), overrun_(1),
       hyperparameters_(sizeof(kernels::adamw_hyperparameters) / sizeof(float)), host_loss_(std::size_t(cfg.microbatches)) {
     const std::size_t t = std::size_t(cfg.tokens()), h = std::size_t(cfg.hidden), v = std::size_t(cfg.vocab);
     const std::size_t mbs = std::size_t(cfg.microbatches), chunk_count = std::size_t(shape.virtual_stages);
@@ -75,6 +76,16 @@ pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_sh
     gradient_slot_of_.assign(chunk_count * mbs, -1);
     for (const pl::slot_use& u : slots_.uses) slot_of_[std::size_t(u.chunk) * mbs + std::size_t(u.microbatch)] = u.slot;
     for (const pl::gradient_use& u : slots_.gradients) gradient_slot_of_[std::size_t(u.chunk) * mbs + std::size_t(u.microbatch)] = u.slot;
+    if (std::is_same_v<T, __half>)
+        throw std::invalid_argument("gpt::pipeline_model<__half>: fp16 needs dynamic loss scaling, which the pipelined model does not have "
+                                    "(its ranks would decide apart) -- fix: bf16 or fp32");
+    // A pass finds its microbatch by counting its chunk's forwards, so they must come in microbatch order.
+    std::vector<int> next_forward(chunk_count, 0);
+    for (const pl::compute_action& a : program_.compute)
+        if (a.direction == pl::pass::forward && a.microbatch != next_forward[std::size_t(a.chunk)]++)
+            throw std::logic_error("gpt::pipeline_model: rank " + std::to_string(rank) + "'s program runs " + pl::describe(a) +
+                                   " out of microbatch order, which the device counter cannot follow");
+    overrun_.fill_bytes(0, s);
     const int per_chunk = shape.layers_per_chunk();
     for (int chunk = 0; chunk < shape.virtual_stages; ++chunk) {
         auto c = std::make_unique<chunk_state>();
@@ -137,15 +148,18 @@ template <class T> void pipeline_model<T>::load_kernels(cudaStream_t s) {
     // wait for the kernels running on the GPU. If one of them is an NCCL receive whose sender waits
     // for this rank's later work, the two ranks deadlock on the first step (seen on 2 H200s). So
     // every kernel of the passes runs once here, before any send or receive: a forward and a
-    // backward of each chunk on zeros from its first slot, whose gradients are then cleared.
+    // backward of each chunk on zeros from its first slot, whose gradients, counter and loss are
+    // then cleared.
     for (const auto& c : chunks_) {
         if (c->embedding) c->token_slots.front().fill_bytes(0, s);
         else c->activation_slots.front().fill_bytes(0, s);
         if (c->head) c->label_slots.front().fill_bytes(0, s);
         c->d_output.fill_bytes(0, s);
-        forward_of(*c, 0, s, /*recompute=*/true); // no counter, loss or send touched
+        forward_of(*c, 0, s, /*recompute=*/false); // the counter's kernels too: undone below
         backward_of(*c, 0, c->d_output.data(), s);
         c->params.zero_grads(s);
+        if (c->embedding || c->head) c->counter.fill_bytes(0, s);
+        if (c->head) c->loss.fill_bytes(0, s);
     }
 }
 
@@ -206,7 +220,7 @@ template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cud
     const int t = cfg_.tokens(), h = cfg_.hidden, v = cfg_.vocab;
     const std::size_t slot = std::size_t(k);
     if (c.embedding) {
-        if (!recompute) kernels::copy_row_at(c.tokens.data(), c.counter.data(), c.token_slots[slot].data(), t, s);
+        if (!recompute) kernels::copy_row_at(c.tokens.data(), c.counter.data(), cfg_.microbatches, c.token_slots[slot].data(), t, overrun_.data(), s);
         kernels::embedding_forward(c.token_slots[slot].data(), c.params.value(c.layout.tok_emb), c.params.value(c.layout.pos_emb),
                                    c.input.data(), cfg_.batch, cfg_.seq_len, h, s);
     } else {
@@ -214,13 +228,13 @@ template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cud
     }
     capscope::run_forward(c.layer_stages, s);
     if (c.head) {
-        if (!recompute) kernels::copy_row_at(c.labels.data(), c.counter.data(), c.label_slots[slot].data(), t, s);
+        if (!recompute) kernels::copy_row_at(c.labels.data(), c.counter.data(), cfg_.microbatches, c.label_slots[slot].data(), t, overrun_.data(), s);
         kernels::rms_norm_forward(c.output(), c.params.value(c.layout.final_norm), c.final_normed.data(), c.final_rstd.data(), t, h, s);
         gemm(blas_, s, {false, false, t, v, h}, c.final_normed.data(), c.params.value(c.layout.head_w), c.logits.data());
         // The step's loss is the microbatches' mean: each microbatch's gradient is scaled by 1/microbatches.
         kernels::cross_entropy(c.logits.data(), c.label_slots[slot].data(), c.row_loss.data(), c.pass_loss.data(), c.valid_count.data(),
                                c.d_logits.data(), t, v, 1.f / float(cfg_.microbatches), s);
-        if (!recompute) kernels::store_at(c.pass_loss.data(), c.counter.data(), c.loss.data(), s);
+        if (!recompute) kernels::store_at(c.pass_loss.data(), c.counter.data(), cfg_.microbatches, c.loss.data(), overrun_.data(), s);
     }
     if (recompute) return;
     if (!c.head)
@@ -265,6 +279,7 @@ template <class T> void pipeline_model<T>::backward_of(chunk_state& c, int k, co
 }
 
 template <class T> void pipeline_model<T>::begin_step(cudaStream_t s) {
+    overrun_.fill_bytes(0, s);
     for (const auto& c : chunks_) {
         c->params.zero_grads(s);
         if (c->embedding || c->head) c->counter.fill_bytes(0, s);
@@ -292,10 +307,20 @@ template <class T> float pipeline_model<T>::loss(cudaStream_t s) const {
                                "computed -- fix: ask rank " + std::to_string(shape_.rank_of(shape_.stages() - 1)));
     const chunk_state& c = *chunks_.back();
     CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), c.loss.data(), c.loss.bytes(), cudaMemcpyDeviceToHost, s));
-    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    check_counters(s);
     float sum = 0.f;
     for (int mb = 0; mb < cfg_.microbatches; ++mb) sum += host_loss_[std::size_t(mb)];
     return sum / float(cfg_.microbatches);
+}
+
+template <class T> void pipeline_model<T>::check_counters(cudaStream_t s) const {
+    int overrun = 0;
+    CAPSCOPE_CHECK(cudaMemcpyAsync(&overrun, overrun_.data(), sizeof overrun, cudaMemcpyDeviceToHost, s));
+    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    if (overrun)
+        throw std::logic_error("gpt::pipeline_model: a chunk ran more forwards than model_config::microbatches (" +
+                               std::to_string(cfg_.microbatches) + ") since its counter was reset, and they read no microbatch -- fix: "
+                               "begin each step with begin_step (step() does), and give the issuer the model's microbatch count");
 }
 
 template <class T> std::size_t pipeline_model<T>::slot_bytes() const {

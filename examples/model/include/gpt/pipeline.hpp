@@ -23,8 +23,8 @@
 //! `capscope::pipeline_pass_graphs`), then AdamW on every chunk.
 //!
 //! Not supported, refused at construction: dropout (a recomputed forward would draw other masks),
-//! dropless MoE (its counts are read on the host), activation offloading, and the finite check and
-//! loss scaling (the ranks would decide apart).
+//! dropless MoE (its counts are read on the host), the finite check and loss scaling (the ranks
+//! would decide apart), and so fp16, which needs loss scaling. Activation offloading is not offered.
 
 #include <gpt/backward_scratch.hpp>
 #include <gpt/blocks.hpp>
@@ -67,7 +67,7 @@ public:
     capscope::p2p_buffer buffer_of(const capscope::pipeline::p2p_op& op) const;
     //! One pass: a forward, or a backward (its forward recomputed first) of a chunk's microbatch.
     void pass(const capscope::pipeline::compute_action& a, cudaStream_t s);
-    //! Gradients cleared and the microbatch counters reset (a step's start).
+    //! Gradients cleared and the microbatch counters (and their overrun flag) reset: a step's start.
     void begin_step(cudaStream_t s);
     void set_optimizer(const adamw_config& opt, cudaStream_t s);
     //! AdamW over every chunk's parameters (one step count for the rank).
@@ -78,9 +78,10 @@ public:
     //! rank and microbatch count, then optimizer_step.
     template <class Issuer>
     void step(Issuer& issuer, cudaStream_t stream) {
-        if (issuer.program().compute != program_.compute)
-            throw std::invalid_argument("gpt::pipeline_model::step: the issuer runs another program than this rank's -- fix: make it "
-                                        "for the same schedule_shape, rank and microbatch count (model_config::microbatches)");
+        if (!same_program(issuer.program()))
+            throw std::invalid_argument("gpt::pipeline_model::step: the issuer runs another program than this rank's (its passes, or "
+                                        "its sends and receives, which place the slots) -- fix: make it for the same schedule_shape "
+                                        "(grouping included), rank and microbatch count (model_config::microbatches)");
         begin_step(stream);
         auto buffers = [this](const capscope::pipeline::p2p_op& op) { return buffer_of(op); };
         auto passes = [this](const capscope::pipeline::compute_action& a, cudaStream_t on) { pass(a, on); };
@@ -89,7 +90,21 @@ public:
         optimizer_step(stream);
     }
 
+    //! Whether `p` is this rank's program: the same rank, passes and groups of sends and receives
+    //! (the slots follow from where the receives are issued).
+    bool same_program(const capscope::pipeline::rank_program& p) const {
+        if (p.rank != program_.rank || p.compute != program_.compute || p.groups.size() != program_.groups.size()) return false;
+        for (std::size_t g = 0; g < p.groups.size(); ++g) {
+            const capscope::pipeline::p2p_group &a = p.groups[g], &b = program_.groups[g];
+            if (a.after != b.after || a.ops.size() != b.ops.size()) return false;
+            for (std::size_t k = 0; k < a.ops.size(); ++k)
+                if (!(a.ops[k] == b.ops[k])) return false;
+        }
+        return true;
+    }
+
     //! The mean of the last step's microbatch losses (the last stage's rank only; synchronizes `s`).
+    //! Throws std::logic_error when a chunk ran more forwards than microbatches since begin_step.
     float loss(cudaStream_t s) const;
     bool has_first_stage() const { return first_stage_ == 0; }
     bool has_last_stage() const { return last_stage_ == shape_.stages() - 1; }
@@ -114,6 +129,7 @@ private:
     //! head computes its own), into its gradients and its send (or the embedding's gradients).
     void backward_of(chunk_state& c, int slot, const T* received, cudaStream_t s);
     void load_kernels(cudaStream_t s); //!< every pass's kernel launched once, before any send or receive
+    void check_counters(cudaStream_t s) const; //!< throws when a chunk ran past its microbatches (synchronizes `s`)
 
     model_config cfg_;
     capscope::pipeline::schedule_shape shape_;
@@ -126,6 +142,7 @@ private:
     std::vector<std::unique_ptr<chunk_state>> chunks_;
     std::vector<capscope::cuda::device_buffer<T>> gradient_slots_;
     capscope::cuda::device_buffer<int> device_step_;
+    capscope::cuda::device_buffer<int> overrun_; //!< 1 once a chunk ran more forwards than microbatches since begin_step
     capscope::cuda::device_buffer<float> hyperparameters_;
     capscope::cuda::pinned_buffer<float> host_loss_;
 };

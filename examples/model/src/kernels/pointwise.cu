@@ -149,18 +149,27 @@ void set_int(int* x, int value, cudaStream_t s) {
     CHECKED("set_int");
 }
 // ---- a pipeline chunk's microbatch, by a device counter --------------------------------------
-__global__ void copy_row_at_k(const int* rows, const int* index, int* dst, int n) {
-    const long row = long(*index) * n;
+__global__ void copy_row_at_k(const int* rows, const int* index, int count, int* dst, int n, int* overrun) {
+    const int at = *index;
+    if (at < 0 || at >= count) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) *overrun = 1;
+        return;
+    }
+    const long row = long(at) * n;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = rows[row + i];
 }
-__global__ void store_at_k(const float* value, const int* index, float* dst) { dst[*index] = *value; }
+__global__ void store_at_k(const float* value, const int* index, int count, float* dst, int* overrun) {
+    const int at = *index;
+    if (at < 0 || at >= count) *overrun = 1;
+    else dst[at] = *value;
+}
 __global__ void increment_k(int* x) { *x += 1; }
-void copy_row_at(const int* rows, const int* index, int* dst, int n, cudaStream_t s) {
-    copy_row_at_k<<<int(std::min<long>(blocks_for(n, elt_threads), 1024)), elt_threads, 0, s>>>(rows, index, dst, n);
+void copy_row_at(const int* rows, const int* index, int count, int* dst, int n, int* overrun, cudaStream_t s) {
+    copy_row_at_k<<<int(std::min<long>(blocks_for(n, elt_threads), 1024)), elt_threads, 0, s>>>(rows, index, count, dst, n, overrun);
     CHECKED("copy_row_at");
 }
-void store_at(const float* value, const int* index, float* dst, cudaStream_t s) {
-    store_at_k<<<1, 1, 0, s>>>(value, index, dst);
+void store_at(const float* value, const int* index, int count, float* dst, int* overrun, cudaStream_t s) {
+    store_at_k<<<1, 1, 0, s>>>(value, index, count, dst, overrun);
     CHECKED("store_at");
 }
 void increment(int* x, cudaStream_t s) {
