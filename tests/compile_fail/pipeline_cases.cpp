@@ -52,3 +52,9 @@ int pp5 = use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleave
 int pp6 = use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 4, .virtual_stages = 2, .layers = 16,
                                                .communicators = pipeline::communicator_choice::shared, .grouping = pipeline::p2p_grouping::paired}, 8>>();
 #endif
+#ifdef CASE_PP6__send_buffer_wait
+// Per edge the plain check completes, but a pass that computes a send waits for the edge's
+// previous send (its buffer may be the same), and that closes a cycle: refused as issued.
+int pp6 = use<pipeline_schedule<schedule_shape{.kind = schedule_kind::interleaved_1f1b, .ranks = 2, .virtual_stages = 2, .layers = 4, .group = 3,
+                                               .grouping = pipeline::p2p_grouping::paired}, 6>>();
+#endif

@@ -20,8 +20,8 @@
 //! - a pass that computes a send into a buffer an earlier send of the step reads waits for that
 //!   send (found by the buffers' addresses), never for the end of the step and never by polling;
 //! - the step's stream waits for every edge it used before `run` returns.
-//! That wait can close a cycle the plain check does not see, so the constructor also checks with
-//! it at its worst (`send_buffers::one_per_edge`) and refuses what would hang. The caller keeps
+//! That wait can close a cycle the plain check does not see, so every check of a schedule holds it
+//! at its worst (`pipeline::check_as_issued`), and the constructor refuses what would hang. The caller keeps
 //! the rest: a pass writes a send's buffer only when it computes that send, and a buffer serves
 //! one edge and kind of traffic (one sent on two edges in a step is refused).
 
@@ -66,26 +66,18 @@ public:
         const pipeline::communicator_plan plan = skip ? pipeline::communicator_plan{pipeline::communicator_layout::shared, {}}
                                                       : pipeline::choose_communicators(shape, microbatches);
         layout_ = plan.layout;
+        // (The verdict is as this issuer issues: per edge, with the send-buffer waits of run.)
         if (!plan.verdict.completes())
             throw std::invalid_argument("capscope pipeline rule PP6: issued on " +
-                                        std::string(layout_ == pipeline::communicator_layout::shared ? "one communicator and one stream per rank"
-                                                                                                     : "a communicator and a stream per edge") +
+                                        std::string(layout_ == pipeline::communicator_layout::shared
+                                                        ? "one communicator and one stream per rank"
+                                                        : "a communicator and a stream per edge, where the pass that computes a send waits "
+                                                          "until the edge's previous send from that buffer has completed") +
                                         ", " + pipeline::describe(plan.verdict) +
                                         " -- fix: group the sends and receives as Megatron does (p2p_grouping::megatron, the default), "
                                         "which completes on one communicator for every shape the rules accept" +
-                                        (shape.communicators == pipeline::communicator_choice::shared ? ", or communicator_choice::automatic" : ""));
-        if (layout_ == pipeline::communicator_layout::per_edge && !skip) {
-            // The issuer makes a pass that overwrites a send's buffer wait for that send; with an
-            // edge's sends from one buffer, that is a wait the plain verdict does not hold.
-            const pipeline::replay_verdict with_reuse =
-                pipeline::check_replay(shape, microbatches, pipeline::communicator_layout::per_edge, pipeline::send_buffers::one_per_edge);
-            if (!with_reuse.completes())
-                throw std::invalid_argument("capscope pipeline rule PP6: issued on a communicator and a stream per edge, where the pass that "
-                                            "computes a send waits until the edge's previous send from that buffer has completed, " +
-                                            pipeline::describe(with_reuse) +
-                                            " -- fix: group the sends and receives as Megatron does (p2p_grouping::megatron, the default), "
-                                            "or fewer microbatches in flight (a smaller group)");
-        }
+                                        (shape.communicators == pipeline::communicator_choice::shared ? ", or communicator_choice::automatic" : "") +
+                                        (layout_ == pipeline::communicator_layout::per_edge ? ", or fewer microbatches in flight (a smaller group)" : ""));
         program_ = pipeline::program_of(shape, rank_, microbatches);
         if (layout_ == pipeline::communicator_layout::per_edge) make_edges(pipeline::programs_of(shape, microbatches));
     }

@@ -48,7 +48,7 @@ constexpr replay_outcome replay_for_all() {
         replay_failure f{};
         auto one = [&](int m) {
             if (f.microbatches == 0)
-                if (const replay_verdict v = check_replay(S, m, l); !v.completes()) f = {m, l, v};
+                if (const replay_verdict v = check_as_issued(S, m, l); !v.completes()) f = {m, l, v};
         };
         (one(M), ...);
         return f;
@@ -103,8 +103,10 @@ template <replay_failure F>
 struct replay_completes<F> {
     static_assert(never<F>, "capscope pipeline rule PP6: replayed on its communicators, this schedule's sends and receives would "
                             "deadlock, take each other's data or go unmatched (the note names the microbatch count, the layout and the two "
-                            "operations) -- fix: communicator_choice::automatic or per_edge (one communicator per directed rank edge and kind of traffic); "
-                            "schedule::replay_report(microbatches) says it in words");
+                            "operations; per edge, a pass that computes a send waits for the edge's previous send) -- fix: "
+                            "communicator_choice::automatic or per_edge (one communicator per directed rank edge and kind of traffic), "
+                            "or grouped as Megatron groups them (p2p_grouping::megatron), or fewer microbatches in flight (a smaller "
+                            "group); schedule::replay_report(microbatches) says it in words");
 };
 
 } // namespace pipeline::detail
@@ -136,14 +138,14 @@ public:
         require(microbatches);
         return pipeline::plan_slots(Shape, rank, microbatches);
     }
-    static std::string replay_report(int microbatches) { return describe(pipeline::check_replay(Shape, microbatches, communicators)); }
+    static std::string replay_report(int microbatches) { return describe(pipeline::check_as_issued(Shape, microbatches, communicators)); }
 
     static void require(int microbatches) {
         for (int declared : declared_microbatches)
             if (declared == microbatches) return;
         const std::string with = " with " + std::to_string(microbatches) + " microbatches";
         pipeline::require_rules(Shape, microbatches);
-        if (const pipeline::replay_verdict v = pipeline::check_replay(Shape, microbatches, communicators); !v.completes())
+        if (const pipeline::replay_verdict v = pipeline::check_as_issued(Shape, microbatches, communicators); !v.completes())
             throw std::invalid_argument("capscope pipeline rule PP6" + with + ", on the " + std::string(pipeline::name_of(communicators)) +
                                         " communicators the type chose for its declared counts: " + describe(v) +
                                         " -- fix: declare the count in the type (pipeline_schedule<shape, ..., " + std::to_string(microbatches) +

@@ -356,9 +356,17 @@ constexpr replay_verdict check_replay(const schedule_shape& s, int microbatches,
     return check_replay(s, programs_of(s, microbatches), layout, buffers);
 }
 
+//! The shape's programs on `layout` as pipeline_p2p issues them: per edge, a pass that computes
+//! a send waits for the edge's previous send (its buffer may be the same), which can close a
+//! cycle the plain check does not see. The verdict every check of a schedule gives.
+constexpr replay_verdict check_as_issued(const schedule_shape& s, int microbatches, communicator_layout layout) {
+    return check_replay(s, microbatches, layout, send_buffers::one_per_edge);
+}
+
 //! The communicators a shape's sends and receives use with `microbatches` microbatches: the
 //! shape's choice, or under `automatic` one shared communicator where replay completes on it
-//! and one per directed edge otherwise. The verdict is the chosen layout's.
+//! and one per directed edge otherwise. The verdict is the chosen layout's, as issued
+//! (check_as_issued): per edge, a shape that would hang on the send-buffer waits is refused.
 struct communicator_plan {
     communicator_layout layout = communicator_layout::shared;
     replay_verdict verdict{};
@@ -366,10 +374,10 @@ struct communicator_plan {
 constexpr communicator_plan choose_communicators(const schedule_shape& s, int microbatches) {
     if (s.communicators != communicator_choice::automatic) {
         const communicator_layout l = s.communicators == communicator_choice::shared ? communicator_layout::shared : communicator_layout::per_edge;
-        return {l, check_replay(s, microbatches, l)};
+        return {l, check_as_issued(s, microbatches, l)};
     }
-    if (replay_verdict v = check_replay(s, microbatches, communicator_layout::shared); v.completes()) return {communicator_layout::shared, v};
-    return {communicator_layout::per_edge, check_replay(s, microbatches, communicator_layout::per_edge)};
+    if (replay_verdict v = check_as_issued(s, microbatches, communicator_layout::shared); v.completes()) return {communicator_layout::shared, v};
+    return {communicator_layout::per_edge, check_as_issued(s, microbatches, communicator_layout::per_edge)};
 }
 
 //! The verdict in words, for plan errors and reports.
