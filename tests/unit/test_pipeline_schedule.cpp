@@ -161,7 +161,10 @@ TEST_CASE("replay, paired pass by pass: 1f1b and gpipe complete on one shared co
     // A last, partial group (Megatron allows one of at least the ranks). On two ranks one edge
     // carries activations and gradients in orders the two ranks do not share: one communicator
     // for both would cross them, so per_edge keys its communicators by the kind of traffic too.
+    // (Plainly, that is: issued, a pass that computes a send waits for the edge's previous send,
+    // which closes a cycle here, so the issuer refuses this shape, PP6.)
     CHECK(check_replay(grouped(interleaved(2, 2, 3), paired), 8, communicator_layout::per_edge).completes());
+    CHECK(!check_as_issued(grouped(interleaved(2, 2, 3), paired), 8, communicator_layout::per_edge).completes());
     const replay_verdict crossed = check_replay(grouped(interleaved(2, 2, 3), paired), 8, communicator_layout::shared);
     REQUIRE(crossed.result == replay_verdict::outcome::crosses);
     CHECK(describe(crossed) == "rank 1's communicator with rank 0 matches the send of the gradient of microbatch 0 for stage 1 (rank 0 to rank 1) "
