@@ -1,6 +1,8 @@
 // The per-edge plan (capscope/pipeline/edge_plan.hpp): how a rank issues its program on a
 // communicator per edge, pass by pass, as the replay check simulated it.
 
+#include "pipeline_shapes.hpp"
+
 #include <capscope/pipeline.hpp>
 
 #include <doctest/doctest.h>
@@ -12,17 +14,7 @@
 using namespace capscope;
 using namespace capscope::pipeline;
 
-namespace {
-
-schedule_shape one_f_one_b(int ranks) { return {schedule_kind::one_f_one_b, ranks, 1, ranks}; }
-schedule_shape interleaved(int ranks, int chunks) { return {schedule_kind::interleaved_1f1b, ranks, chunks, ranks * chunks}; }
-schedule_shape grouped(schedule_shape s, p2p_grouping g) {
-    s.grouping = g;
-    return s;
-}
-constexpr p2p_grouping paired = p2p_grouping::paired, one_by_one = p2p_grouping::one_by_one;
-
-} // namespace
+using namespace pipeline_shapes;
 
 TEST_CASE("the per-edge plan: every send and receive in one part on its edge, each pass waiting for the parts of its receives") {
     // For each rank of each shape: the parts cover the groups' operations once, in program order

@@ -1,0 +1,23 @@
+#pragma once
+// The pipeline unit tests' shorthand for schedule shapes: 1F1B and interleaved over `ranks`, one
+// layer a chunk, and a shape with its sends and receives grouped another way.
+
+#include <capscope/pipeline/schedule_shape.hpp>
+
+namespace pipeline_shapes {
+
+using capscope::pipeline::p2p_grouping;
+using capscope::pipeline::schedule_kind;
+using capscope::pipeline::schedule_shape;
+
+inline schedule_shape one_f_one_b(int ranks) { return {schedule_kind::one_f_one_b, ranks, 1, ranks}; }
+inline schedule_shape interleaved(int ranks, int chunks, int group = 0) {
+    return {schedule_kind::interleaved_1f1b, ranks, chunks, ranks * chunks, group};
+}
+inline schedule_shape grouped(schedule_shape s, p2p_grouping g) {
+    s.grouping = g;
+    return s;
+}
+inline constexpr p2p_grouping paired = p2p_grouping::paired, one_by_one = p2p_grouping::one_by_one;
+
+} // namespace pipeline_shapes
