@@ -30,6 +30,22 @@ block_shape shape_of(const model_config& c, bool training) {
     return s;
 }
 
+void check_batch(const model_config& c, std::span<const int> tokens, std::span<const int> labels, const char* who) {
+    const std::size_t t = std::size_t(c.tokens());
+    if (tokens.size() != t || labels.size() != t)
+        throw std::invalid_argument(std::string(who) + ": expected " + std::to_string(t) + " tokens and labels (batch " + std::to_string(c.batch) +
+                                    " x seq_len " + std::to_string(c.seq_len) + "), got " + std::to_string(tokens.size()) + " and " +
+                                    std::to_string(labels.size()));
+    for (std::size_t i = 0; i < t; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= c.vocab)
+            throw std::out_of_range(std::string(who) + ": token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+                                    " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
+        if (labels[i] < -1 || labels[i] >= c.vocab)
+            throw std::out_of_range(std::string(who) + ": label " + std::to_string(labels[i]) + " at " + std::to_string(i) +
+                                    " is neither -1 (no loss) nor in [0, " + std::to_string(c.vocab) + ")");
+    }
+}
+
 template <class T>
 model_layout<T> declare_model(const model_config& c, bool training, parameter_store<T>& params, const capscope::cuda::blas_handle& blas,
                               capscope::activation_store& activations, backward_scratch* scratch, rng_state* rng,

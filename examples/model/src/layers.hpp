@@ -7,6 +7,7 @@
 #include <gpt/config.hpp>
 
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace gpt::detail {
@@ -18,6 +19,10 @@ inline const model_config& validated(const model_config& c) {
 }
 
 block_shape shape_of(const model_config& c, bool training);
+
+//! Throws unless `tokens` and `labels` are one microbatch of `c` (batch * seq_len each), every
+//! token in the vocabulary and every label -1 (no loss) or in it; `who` starts the message.
+void check_batch(const model_config& c, std::span<const int> tokens, std::span<const int> labels, const char* who);
 
 //! The layers [first_layer, end_layer) of a model, with its embedding and its final norm and
 //! LM head or without: what one pipeline chunk declares (gpt/pipeline.hpp). Layers keep their

@@ -110,18 +110,7 @@ template <class T>
 void gpt_model<T>::set_batch(int mb, std::span<const int> tokens_in, std::span<const int> labels_in, cudaStream_t s) {
     const std::size_t t = cfg_.tokens();
     checked(mb);
-    if (tokens_in.size() != t || labels_in.size() != t)
-        throw std::invalid_argument("set_batch: expected " + std::to_string(t) + " tokens and labels (batch " +
-                                    std::to_string(cfg_.batch) + " x seq_len " + std::to_string(cfg_.seq_len) + "), got " +
-                                    std::to_string(tokens_in.size()) + " and " + std::to_string(labels_in.size()));
-    for (std::size_t i = 0; i < t; ++i) {
-        if (tokens_in[i] < 0 || tokens_in[i] >= cfg_.vocab)
-            throw std::out_of_range("set_batch: token " + std::to_string(tokens_in[i]) + " at " + std::to_string(i) +
-                                    " is outside the vocabulary [0, " + std::to_string(cfg_.vocab) + ")");
-        if (labels_in[i] < -1 || labels_in[i] >= cfg_.vocab)
-            throw std::out_of_range("set_batch: label " + std::to_string(labels_in[i]) + " at " + std::to_string(i) +
-                                    " is neither -1 (no loss) nor in [0, " + std::to_string(cfg_.vocab) + ")");
-    }
+    detail::check_batch(cfg_, tokens_in, labels_in, "set_batch");
     CAPSCOPE_CHECK(cudaMemcpyAsync(tokens(mb), tokens_in.data(), t * sizeof(int), cudaMemcpyHostToDevice, s));
     CAPSCOPE_CHECK(cudaMemcpyAsync(labels(mb), labels_in.data(), t * sizeof(int), cudaMemcpyHostToDevice, s));
 }

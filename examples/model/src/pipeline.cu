@@ -182,17 +182,7 @@ void pipeline_model<T>::set_batch(int mb, std::span<const int> tokens_in, std::s
     if (mb < 0 || mb >= cfg_.microbatches)
         throw std::out_of_range("gpt::pipeline_model::set_batch: microbatch " + std::to_string(mb) + " is outside [0, " +
                                 std::to_string(cfg_.microbatches) + ") (model_config::microbatches)");
-    if (tokens_in.size() != t || labels_in.size() != t)
-        throw std::invalid_argument("gpt::pipeline_model::set_batch: expected " + std::to_string(t) + " tokens and labels, got " +
-                                    std::to_string(tokens_in.size()) + " and " + std::to_string(labels_in.size()));
-    for (std::size_t i = 0; i < t; ++i) {
-        if (tokens_in[i] < 0 || tokens_in[i] >= cfg_.vocab)
-            throw std::out_of_range("gpt::pipeline_model::set_batch: token " + std::to_string(tokens_in[i]) + " at " + std::to_string(i) +
-                                    " is outside the vocabulary [0, " + std::to_string(cfg_.vocab) + ")");
-        if (labels_in[i] < -1 || labels_in[i] >= cfg_.vocab)
-            throw std::out_of_range("gpt::pipeline_model::set_batch: label " + std::to_string(labels_in[i]) + " at " + std::to_string(i) +
-                                    " is neither -1 (no loss) nor in [0, " + std::to_string(cfg_.vocab) + ")");
-    }
+    detail::check_batch(cfg_, tokens_in, labels_in, "gpt::pipeline_model::set_batch");
     for (const auto& c : chunks_) {
         if (c->embedding)
             CAPSCOPE_CHECK(cudaMemcpyAsync(c->tokens.data() + std::size_t(mb) * t, tokens_in.data(), t * sizeof(int), cudaMemcpyHostToDevice, s));
