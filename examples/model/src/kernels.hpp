@@ -164,6 +164,7 @@ void count_if_cleared(const int* flag, int* count, cudaStream_t s);
 void copy_row_at(const int* rows, const int* index, int count, int* dst, int n, int* overrun, cudaStream_t s);
 void store_at(const float* value, const int* index, int count, float* dst, int* overrun, cudaStream_t s);
 void increment(int* x, cudaStream_t s);
+void set_float(float* x, float value, cudaStream_t s);
 // A step's update under a static dropless expert capacity: may_update = no expert overflowed and
 // (without a finite check: all_finite null) loss and gradients finite.
 void update_gate(const int* overflow, const int* all_finite, int* may_update, cudaStream_t s);

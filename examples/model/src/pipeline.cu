@@ -66,9 +66,9 @@ const model_config& checked_for_pipeline(const model_config& c, const pl::schedu
 } // namespace
 
 template <class T>
-pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_shape& shape, int rank, cudaStream_t s)
+pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_shape& shape, int rank, cudaStream_t s, pipeline_slots addressing)
     : cfg_(checked_for_pipeline(cfg, shape, rank)), shape_(shape), rank_(rank), program_(pl::program_of(shape, rank, cfg.microbatches)),
-      slots_(pl::plan_slots(shape, rank, cfg.microbatches)), device_step_(1), overrun_(1),
+      slots_(pl::plan_slots(shape, rank, cfg.microbatches)), step_microbatches_(cfg.microbatches), device_step_(1), overrun_(1), gradient_scale_(1),
       hyperparameters_(sizeof(kernels::adamw_hyperparameters) / sizeof(float)), host_loss_(std::size_t(cfg.microbatches)) {
     const std::size_t t = std::size_t(cfg.tokens()), h = std::size_t(cfg.hidden), v = std::size_t(cfg.vocab);
     const std::size_t mbs = std::size_t(cfg.microbatches), chunk_count = std::size_t(shape.virtual_stages);
@@ -86,6 +86,15 @@ pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_sh
             throw std::logic_error("gpt::pipeline_model: rank " + std::to_string(rank) + "'s program runs " + pl::describe(a) +
                                    " out of microbatch order, which the device counter cannot follow");
     overrun_.fill_bytes(0, s);
+    if (addressing == pipeline_slots::phased) {
+        layout_ = pl::phase_layout_of(shape, rank); // refuses gpipe and other groupings, naming the fix
+        if (!layout_->serves(cfg.microbatches))
+            throw std::invalid_argument("gpt::pipeline_model: with pipeline_slots::phased, model_config::microbatches (" +
+                                        std::to_string(cfg.microbatches) + ") is the most a step may have, and the phases serve from " +
+                                        std::to_string(layout_->least_microbatches) +
+                                        (layout_->group > 1 ? " in whole groups of " + std::to_string(layout_->group) : std::string()) +
+                                        " -- fix: a count the phases serve");
+    }
     const int per_chunk = shape.layers_per_chunk();
     for (int chunk = 0; chunk < shape.virtual_stages; ++chunk) {
         auto c = std::make_unique<chunk_state>();
@@ -105,7 +114,7 @@ pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_sh
         bind_chain(c->layout.blocks, c->input.data(), c->d_output.data());
         for (const auto& b : c->layout.blocks)
             for (const auto& st : b->stages()) c->layer_stages.push_back(st);
-        const int slot_count = slots_.slots[std::size_t(chunk)];
+        const int slot_count = layout_ ? layout_->chunk_slots[std::size_t(chunk)] : slots_.slots[std::size_t(chunk)];
         if (c->embedding) {
             c->tokens = device_buffer<int>(mbs * t);
             c->tokens.fill_bytes(0, s); // a valid token id until set_batch
@@ -136,8 +145,9 @@ pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_sh
     }
     first_stage_ = chunks_.front()->virtual_stage;
     last_stage_ = chunks_.back()->virtual_stage;
-    for (int k = 0; k < slots_.gradient_slots; ++k) gradient_slots_.emplace_back(t * h);
+    for (int k = 0; k < (layout_ ? layout_->gradient_slots : slots_.gradient_slots); ++k) gradient_slots_.emplace_back(t * h);
     device_step_.fill_bytes(0, s);
+    kernels::set_float(gradient_scale_.data(), 1.f / float(cfg.microbatches), s);
     set_optimizer(adamw_config{}, s);
     load_kernels(s);
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
@@ -171,6 +181,15 @@ template <class T> typename pipeline_model<T>::chunk_state& pipeline_model<T>::a
     return *chunks_[std::size_t(chunk)];
 }
 
+template <class T> int pipeline_model<T>::activation_slot(int chunk, int mb) const {
+    if (layout_) return layout_->activation_slot(chunk, mb);
+    return slot_of_[std::size_t(chunk) * std::size_t(cfg_.microbatches) + std::size_t(mb)];
+}
+template <class T> int pipeline_model<T>::gradient_slot(int chunk, int mb) const {
+    if (layout_) return layout_->gradient_slot(chunk, mb);
+    return gradient_slot_of_[std::size_t(chunk) * std::size_t(cfg_.microbatches) + std::size_t(mb)];
+}
+
 template <class T> int pipeline_model<T>::first_layer(int chunk) const { return at(chunk).first_layer; }
 template <class T> int pipeline_model<T>::end_layer(int chunk) const { return at(chunk).end_layer; }
 template <class T> parameter_store<T>& pipeline_model<T>::parameters(int chunk) { return at(chunk).params; }
@@ -201,9 +220,11 @@ template <class T> capscope::p2p_buffer pipeline_model<T>::buffer_of(const pl::p
     const int chunk = shape_.chunk_of(own_stage);
     chunk_state& c = at(chunk);
     if (op.send) return {activation ? c.send_activation.data() : c.send_gradient.data(), bytes};
-    const std::size_t at_mb = std::size_t(chunk) * mbs + std::size_t(op.m.microbatch);
-    if (activation) return {c.activation_slots.at(std::size_t(slot_of_[at_mb])).data(), bytes};
-    return {gradient_slots_.at(std::size_t(gradient_slot_of_[at_mb])).data(), bytes};
+    if (op.m.microbatch < 0 || (!layout_ && std::size_t(op.m.microbatch) >= mbs))
+        throw std::out_of_range("gpt::pipeline_model::buffer_of: microbatch " + std::to_string(op.m.microbatch) + " is outside the model's " +
+                                std::to_string(mbs));
+    if (activation) return {c.activation_slots.at(std::size_t(activation_slot(chunk, op.m.microbatch))).data(), bytes};
+    return {gradient_slots_.at(std::size_t(gradient_slot(chunk, op.m.microbatch))).data(), bytes};
 }
 
 template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cudaStream_t s, bool recompute) {
@@ -222,8 +243,10 @@ template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cud
         kernels::rms_norm_forward(c.output(), c.params.value(c.layout.final_norm), c.final_normed.data(), c.final_rstd.data(), t, h, s);
         gemm(blas_, s, {false, false, t, v, h}, c.final_normed.data(), c.params.value(c.layout.head_w), c.logits.data());
         // The step's loss is the microbatches' mean: each microbatch's gradient is scaled by 1/microbatches.
+        // 1 / the step's microbatches from device memory (begin_step), so a graph serves any count:
+        // times 1 and then the factor, the same bits as the factor alone.
         kernels::cross_entropy(c.logits.data(), c.label_slots[slot].data(), c.row_loss.data(), c.pass_loss.data(), c.valid_count.data(),
-                               c.d_logits.data(), t, v, 1.f / float(cfg_.microbatches), s);
+                               c.d_logits.data(), t, v, 1.f, s, gradient_scale_.data());
         if (!recompute) kernels::store_at(c.pass_loss.data(), c.counter.data(), cfg_.microbatches, c.loss.data(), overrun_.data(), s);
     }
     if (recompute) return;
@@ -234,16 +257,17 @@ template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cud
 
 template <class T> void pipeline_model<T>::pass(const pl::compute_action& a, cudaStream_t s) {
     chunk_state& c = at(a.chunk);
-    const std::size_t at_mb = std::size_t(a.chunk) * std::size_t(cfg_.microbatches) + std::size_t(a.microbatch);
-    if (a.microbatch < 0 || a.microbatch >= cfg_.microbatches || slot_of_[at_mb] < 0)
+    // (Phased, a phase is captured from the program of a count it serves, which may exceed the
+    // model's: its slots repeat, and the counter bounds what it reads.)
+    if (a.microbatch < 0 || (!layout_ && (a.microbatch >= cfg_.microbatches || activation_slot(a.chunk, a.microbatch) < 0)))
         throw std::out_of_range("gpt::pipeline_model::pass: " + pl::describe(a) + " is not in this rank's program");
-    const int k = slot_of_[at_mb];
+    const int k = activation_slot(a.chunk, a.microbatch);
     if (a.direction == pl::pass::forward) {
         forward_of(c, k, s, false);
         return;
     }
     forward_of(c, k, s, true); // full recomputation: the chunk's activations are this microbatch's again
-    const T* received = c.head ? nullptr : gradient_slots_.at(std::size_t(gradient_slot_of_[at_mb])).data();
+    const T* received = c.head ? nullptr : gradient_slots_.at(std::size_t(gradient_slot(a.chunk, a.microbatch))).data();
     backward_of(c, k, received, s);
 }
 
@@ -268,7 +292,16 @@ template <class T> void pipeline_model<T>::backward_of(chunk_state& c, int k, co
         CAPSCOPE_CHECK(cudaMemcpyAsync(c.send_gradient.data(), dx, c.send_gradient.bytes(), cudaMemcpyDeviceToDevice, s));
 }
 
-template <class T> void pipeline_model<T>::begin_step(cudaStream_t s) {
+template <class T> void pipeline_model<T>::begin_step(cudaStream_t s, int microbatches) {
+    const int m = microbatches == 0 ? cfg_.microbatches : microbatches;
+    if (m != cfg_.microbatches && !(layout_ && m <= cfg_.microbatches && layout_->serves(m)))
+        throw std::invalid_argument("gpt::pipeline_model::begin_step: " + std::to_string(m) + " microbatches, and this model runs " +
+                                    (layout_ ? "the counts its phases serve from " + std::to_string(layout_->least_microbatches) + " up to " +
+                                                   std::to_string(cfg_.microbatches)
+                                             : std::to_string(cfg_.microbatches) + " only") +
+                                    " -- fix: " + (layout_ ? "a count in that range" : "pipeline_slots::phased, for counts that change"));
+    kernels::set_float(gradient_scale_.data(), 1.f / float(m), s); // every step: a captured step holds its own count
+    step_microbatches_ = m;
     overrun_.fill_bytes(0, s);
     for (const auto& c : chunks_) {
         c->params.zero_grads(s);
@@ -299,8 +332,8 @@ template <class T> float pipeline_model<T>::loss(cudaStream_t s) const {
     CAPSCOPE_CHECK(cudaMemcpyAsync(host_loss_.data(), c.loss.data(), c.loss.bytes(), cudaMemcpyDeviceToHost, s));
     check_counters(s);
     float sum = 0.f;
-    for (int mb = 0; mb < cfg_.microbatches; ++mb) sum += host_loss_[std::size_t(mb)];
-    return sum / float(cfg_.microbatches);
+    for (int mb = 0; mb < step_microbatches_; ++mb) sum += host_loss_[std::size_t(mb)];
+    return sum / float(step_microbatches_);
 }
 
 template <class T> void pipeline_model<T>::check_counters(cudaStream_t s) const {

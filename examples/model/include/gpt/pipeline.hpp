@@ -38,14 +38,28 @@
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/p2p_buffer.hpp>
 #include <capscope/pipeline/p2p_program.hpp>
+#include <capscope/pipeline/phases.hpp>
 #include <capscope/pipeline/schedule_shape.hpp>
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
 namespace gpt {
+
+//! How a pipelined model addresses its microbatches' slots.
+enum class pipeline_slots {
+    //! `pipeline::plan_slots` for model_config::microbatches, the one count it runs (any schedule).
+    planned,
+    //! The phase layout's (`pipeline::phase_layout`: microbatch k in slot k mod S), which serves
+    //! every count from the layout's least up to model_config::microbatches, so that the
+    //! microbatch count may change between steps, eagerly or from phase graphs captured once
+    //! (capscope::pipeline_phase_graphs). 1F1B and interleaved 1F1B grouped as Megatron does.
+    phased,
+};
 
 template <class T>
 class pipeline_model {
@@ -54,7 +68,9 @@ public:
     //! `shape` (shape.layers must be the pattern's length). Each chunk's parameters are drawn from
     //! cfg.seed in the chunk's own order (tests that compare with one GPU copy them across).
     //! Throws std::invalid_argument on a shape the rules refuse or a config it cannot run.
-    pipeline_model(const model_config& cfg, const capscope::pipeline::schedule_shape& shape, int rank, cudaStream_t setup_stream);
+    //! With `pipeline_slots::phased`, cfg.microbatches is the most a step may have.
+    pipeline_model(const model_config& cfg, const capscope::pipeline::schedule_shape& shape, int rank, cudaStream_t setup_stream,
+                   pipeline_slots slots = pipeline_slots::planned);
     pipeline_model(const pipeline_model&) = delete;
     pipeline_model& operator=(const pipeline_model&) = delete;
     ~pipeline_model();
@@ -67,8 +83,10 @@ public:
     capscope::p2p_buffer buffer_of(const capscope::pipeline::p2p_op& op) const;
     //! One pass: a forward, or a backward (its forward recomputed first) of a chunk's microbatch.
     void pass(const capscope::pipeline::compute_action& a, cudaStream_t s);
-    //! Gradients cleared and the microbatch counters (and their overrun flag) reset: a step's start.
-    void begin_step(cudaStream_t s);
+    //! A step of `microbatches` microbatches begins (0: model_config::microbatches; another count
+    //! only with pipeline_slots::phased): gradients cleared, the microbatch counters (and their
+    //! overrun flag) reset, and the loss gradient's 1/microbatches set in device memory.
+    void begin_step(cudaStream_t s, int microbatches = 0);
     void set_optimizer(const adamw_config& opt, cudaStream_t s);
     //! AdamW over every chunk's parameters (one step count for the rank).
     void optimizer_step(cudaStream_t s);
@@ -76,13 +94,15 @@ public:
     //! A whole step on `stream`: begin_step, the passes with their sends and receives through
     //! `issuer` (a pipeline_p2p: `run`; a pipeline_pass_graphs: `step`), made for this shape,
     //! rank and microbatch count, then optimizer_step.
+    //! With pipeline_slots::phased, the issuer's microbatch count is the step's.
     template <class Issuer>
     void step(Issuer& issuer, cudaStream_t stream) {
-        if (!same_program(issuer.program()))
+        const int microbatches = int(issuer.program().compute.size()) / (2 * chunks());
+        if (!same_program(issuer.program(), microbatches))
             throw std::invalid_argument("gpt::pipeline_model::step: the issuer runs another program than this rank's (its passes, or "
                                         "its sends and receives, which place the slots) -- fix: make it for the same schedule_shape "
                                         "(grouping included), rank and microbatch count (model_config::microbatches)");
-        begin_step(stream);
+        begin_step(stream, microbatches);
         auto buffers = [this](const capscope::pipeline::p2p_op& op) { return buffer_of(op); };
         auto passes = [this](const capscope::pipeline::compute_action& a, cudaStream_t on) { pass(a, on); };
         if constexpr (requires { issuer.step(buffers, passes, stream); }) issuer.step(buffers, passes, stream);
@@ -90,12 +110,34 @@ public:
         optimizer_step(stream);
     }
 
-    //! Whether `p` is this rank's program: the same rank, passes and groups of sends and receives
-    //! (the slots follow from where the receives are issued).
-    bool same_program(const capscope::pipeline::rank_program& p) const {
-        if (p.rank != program_.rank || p.compute != program_.compute || p.groups.size() != program_.groups.size()) return false;
+    //! A step of `microbatches` microbatches replayed from phase graphs captured once
+    //! (capscope::pipeline_phase_graphs, made for this shape and rank), with pipeline_slots::phased.
+    //! The phases are captured at the first call, which must follow one eager step (NCCL opens
+    //! its connections on the first send).
+    template <class Phases>
+    void step(Phases& phases, int microbatches, cudaStream_t stream) {
+        if (!layout_ || phases.layout().chunk_slots != layout_->chunk_slots || phases.layout().gradient_offset != layout_->gradient_offset ||
+            phases.layout().chunk_gradients != layout_->chunk_gradients)
+            throw std::invalid_argument("gpt::pipeline_model::step: phase graphs address the phase layout's slots, and this model " +
+                                        std::string(layout_ ? "was made for another shape or rank" : "addresses planned slots") +
+                                        " -- fix: make the model with pipeline_slots::phased, for the phases' shape and rank");
+        auto buffers = [this](const capscope::pipeline::p2p_op& op) { return buffer_of(op); };
+        auto passes = [this](const capscope::pipeline::compute_action& a, cudaStream_t on) { pass(a, on); };
+        if (phases.graphs_captured() == 0) phases.capture(buffers, passes, stream);
+        begin_step(stream, microbatches);
+        phases.launch(microbatches, stream);
+        optimizer_step(stream);
+    }
+
+    //! Whether `p` is this rank's program of `microbatches` microbatches: the same rank, passes
+    //! and groups of sends and receives (the slots follow from where the receives are issued).
+    bool same_program(const capscope::pipeline::rank_program& p, int microbatches) const {
+        const capscope::pipeline::rank_program& own =
+            microbatches == cfg_.microbatches ? program_ : (other_program_ = capscope::pipeline::program_of(shape_, rank_, microbatches));
+        if (!layout_ && microbatches != cfg_.microbatches) return false;
+        if (p.rank != own.rank || p.compute != own.compute || p.groups.size() != own.groups.size()) return false;
         for (std::size_t g = 0; g < p.groups.size(); ++g) {
-            const capscope::pipeline::p2p_group &a = p.groups[g], &b = program_.groups[g];
+            const capscope::pipeline::p2p_group &a = p.groups[g], &b = own.groups[g];
             if (a.after != b.after || a.ops.size() != b.ops.size()) return false;
             for (std::size_t k = 0; k < a.ops.size(); ++k)
                 if (!(a.ops[k] == b.ops[k])) return false;
@@ -115,7 +157,10 @@ public:
     int end_layer(int chunk) const;
     parameter_store<T>& parameters(int chunk);
     const parameter_store<T>& parameters(int chunk) const;
+    //! pipeline_slots::planned: the slots of model_config::microbatches.
     const capscope::pipeline::slot_plan& slots() const { return slots_; }
+    //! pipeline_slots::phased: the phase layout; else null.
+    const capscope::pipeline::phase_layout* layout() const { return layout_ ? &*layout_ : nullptr; }
     //! Device bytes of the slots (inputs and received gradients kept between passes).
     std::size_t slot_bytes() const;
     const model_config& config() const { return cfg_; }
@@ -124,6 +169,9 @@ public:
 private:
     struct chunk_state;
     chunk_state& at(int chunk) const;
+    //! Where microbatch `mb` of chunk `chunk` waits: its input, and its received gradient.
+    int activation_slot(int chunk, int mb) const;
+    int gradient_slot(int chunk, int mb) const;
     void forward_of(chunk_state& c, int slot, cudaStream_t s, bool recompute);
     //! The chunk's backward after its forward: from `received` (the gradient of its output; the
     //! head computes its own), into its gradients and its send (or the embedding's gradients).
@@ -137,12 +185,16 @@ private:
     int first_stage_ = 0, last_stage_ = 0; //!< the virtual stages of the first and last chunk
     capscope::pipeline::rank_program program_;
     capscope::pipeline::slot_plan slots_;
+    std::optional<capscope::pipeline::phase_layout> layout_; //!< pipeline_slots::phased
+    mutable capscope::pipeline::rank_program other_program_; //!< phased: the program step() last compared with
+    int step_microbatches_ = 0;                              //!< the step's count (begin_step)
     std::vector<int> slot_of_, gradient_slot_of_; //!< per (chunk, microbatch)
     capscope::cuda::blas_handle blas_;
     std::vector<std::unique_ptr<chunk_state>> chunks_;
     std::vector<capscope::cuda::device_buffer<T>> gradient_slots_;
     capscope::cuda::device_buffer<int> device_step_;
     capscope::cuda::device_buffer<int> overrun_; //!< 1 once a chunk ran more forwards than microbatches since begin_step
+    capscope::cuda::device_buffer<float> gradient_scale_; //!< 1 / the step's microbatches: the loss gradient's factor
     capscope::cuda::device_buffer<float> hyperparameters_;
     capscope::cuda::pinned_buffer<float> host_loss_;
 };

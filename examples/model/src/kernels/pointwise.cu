@@ -172,6 +172,11 @@ void store_at(const float* value, const int* index, int count, float* dst, int* 
     store_at_k<<<1, 1, 0, s>>>(value, index, count, dst, overrun);
     CHECKED("store_at");
 }
+__global__ void set_float_k(float* x, float value) { *x = value; }
+void set_float(float* x, float value, cudaStream_t s) {
+    set_float_k<<<1, 1, 0, s>>>(x, value);
+    CHECKED("set_float");
+}
 void increment(int* x, cudaStream_t s) {
     increment_k<<<1, 1, 0, s>>>(x);
     CHECKED("increment");
