@@ -73,6 +73,15 @@ if is_part tests; then
   # A rank that stops taking part in the phased pipeline: the other's watchdog ends the job.
   run pipeline-phases-stop python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 60 --expect-watchdog \
     -- --kind "1f1b phases" --stop-rank 1
+  # The same on a communicator per edge, with a fault handler that keeps the process: the
+  # watchdog aborts the world's communicator, which must abort the edges split from it.
+  run pipeline-edges-stop python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 60 --expect-watchdog \
+    -- --grouping one_by_one --stop-rank 1
+  # Broken on purpose: the edges left running when the world's is aborted must hang (killed at 40 s).
+  CAPSCOPE_BREAK=abort_parent_only timeout 120 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 40 --expect-watchdog \
+    -- --grouping one_by_one --stop-rank 1 >"$OUT/pipeline-edges-stop-parent-only.log" 2>&1
+  r=$?; echo "== pipeline-edges-stop-parent-only (must hang): exit $r"; grep -E "hang|watchdog|FAIL|leaving" "$OUT/pipeline-edges-stop-parent-only.log" | head -6
+  [ $r -eq 1 ] && grep -q "a hang" "$OUT/pipeline-edges-stop-parent-only.log" || rc=1
   # Broken on purpose: the phases replayed as variant 0 whatever the iteration must differ.
   CAPSCOPE_BREAK=one_phase_variant timeout 150 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe \
     -- --kind "1f1b phases" >"$OUT/pipeline-phases-one-variant.log" 2>&1

@@ -18,7 +18,9 @@
 //   pipeline_p2p_probe [--floats N] [--steps T] [--microbatches M] [--kind 1f1b|gpipe|interleaved 1f1b|1f1b phases|interleaved phases] [--grouping megatron|paired|one_by_one]
 //                      [--phase-steps T] [--delay-us D] [--stop-rank R]
 //       --stop-rank R: rank R stops taking part before the phased case's step 5; the other
-//       ranks' watchdog (cuda::nccl_watchdog) must end the job
+//       ranks' watchdog (cuda::nccl_watchdog) must end the job. With --grouping one_by_one (1F1B)
+//       or paired (interleaved): a communicator per edge, whole-step graphs, and a watchdog with a fault
+//       handler that keeps the process: aborting the world's communicator must free the edges'
 //       exit 0 when every case agrees, 1 when one differs, 77 with one rank; under
 //       CAPSCOPE_BREAK=skip_replay_check with --grouping one_by_one, sends and receives the replay
 //       check refuses are issued anyway, on one communicator (does the hang it predicts happen?)
@@ -41,6 +43,7 @@
 #include <capscope/pipeline/activation_slots.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <chrono>
 #include <cstdio>
@@ -204,6 +207,63 @@ bool run_phased_case(const pipeline::schedule_shape& shape, const std::vector<in
     return everywhere;
 }
 
+//! A rank stops taking part while the others wait on a pipeline edge's communicator (one per
+//! edge, split from the world's) inside a replayed whole-step graph. The watchdog watches the
+//! world's communicator only, and its fault handler keeps the process alive, as a trainer that
+//! saves its state would: aborting the world's communicator must abort the edges split from it,
+//! so that the waiting rank's step ends and it leaves, failed, within the bound.
+int run_stop_on_edges(const pipeline::schedule_shape& shape, int microbatches, int n, int stop_rank) {
+    const int ranks = support::comm().size(), rank = support::comm().rank();
+    cuda::stream s;
+    const pipeline_p2p p2p(support::comm(), shape, microbatches);
+    if (p2p.layout() != pipeline::communicator_layout::per_edge)
+        throw std::logic_error("pipeline_p2p_probe: the stop case on edges needs a shape that runs per edge");
+    const pipeline::slot_plan plan = pipeline::plan_slots(shape, rank, microbatches);
+    stage_state graphed(n, rank, ranks, shape.virtual_stages, plan, microbatches, s);
+    graphed.step(p2p, s); // NCCL opens its connections on the first send: eagerly, before the capture
+    const cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { graphed.step(p2p, on); });
+    const cuda::graph_exec exec(g);
+    std::atomic<bool> handled{false};
+    watchdog_settings settings; // short, so that a rank that stops is found well within the test's bound
+    settings.step_timeout = std::chrono::milliseconds(2000);
+    settings.warmup_timeout = std::chrono::milliseconds(5000);
+    settings.poll = std::chrono::milliseconds(10);
+    settings.abort_timeout = std::chrono::milliseconds(2000);
+    cuda::nccl_watchdog dog(support::comm(), settings, [&](const watchdog_fault&) { handled = true; });
+    for (int t = 1; t < 10; ++t) {
+        if (rank == stop_rank && t == 5) {
+            std::printf("rank %d stops taking part before step 5\n", rank);
+            std::fflush(stdout);
+            std::this_thread::sleep_for(std::chrono::minutes(10));
+        }
+        dog.begin_step(true);
+        exec.launch(s);
+        dog.end_step(s);
+        const cudaError_t e = cudaStreamSynchronize(s); // a rank waiting for one that stopped waits here, watched
+        // The step's kernels end once the communicators are aborted; the handler runs after the
+        // aborts have returned.
+        if (dog.fired() && !handled) {
+            for (int waited = 0; !handled && waited < 2000; ++waited) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            if (!handled) {
+                std::printf("rank %d: step %d ended after the watchdog fired, and its fault handler has not run 20 s later: the "
+                            "communicators' aborts have not returned\n", rank, t);
+                std::fflush(stdout);
+                MPI_Abort(MPI_COMM_WORLD, 4);
+            }
+        }
+        if (handled) {
+            std::printf("rank %d: step %d ended after its fault handler ran (the stream: %s), with %d per-edge communicators aborted "
+                        "by the world's: leaving, failed\n",
+                        rank, t, cudaGetErrorString(e), p2p.edges());
+            std::fflush(stdout);
+            MPI_Abort(MPI_COMM_WORLD, 3); // the stopped rank never finalizes
+        }
+        CAPSCOPE_CHECK(e);
+    }
+    std::printf("rank %d: 9 steps, none stopped\n", rank);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -229,6 +289,19 @@ int main(int argc, char** argv) {
     support::comm(); // takes this rank's GPU before any stream or buffer is made
     const int ranks = support::comm().size();
     if (ranks < 2) return std::puts("one rank: a pipeline needs two (mpirun -np 2): skipped"), 77;
+    if (stop_rank >= 0 && grouping != pipeline::p2p_grouping::megatron) { // on edges, with the trainer's fault handler
+        // The shapes that run per edge: 1F1B one by one; interleaved paired (two chunks a rank).
+        const bool looped = grouping == pipeline::p2p_grouping::paired;
+        pipeline::schedule_shape shape{looped ? pipeline::schedule_kind::interleaved_1f1b : pipeline::schedule_kind::one_f_one_b, ranks,
+                                       looped ? 2 : 1, ranks * (looped ? 2 : 1)};
+        shape.grouping = grouping;
+        try {
+            return run_stop_on_edges(shape, 2 * ranks, n, stop_rank);
+        } catch (const std::exception& e) {
+            std::printf("rank %d: %s\n", support::mpi().rank(), e.what());
+            return 1;
+        }
+    }
     bool ok = true;
     try {
     for (pipeline::schedule_kind kind : {pipeline::schedule_kind::one_f_one_b, pipeline::schedule_kind::gpipe, pipeline::schedule_kind::interleaved_1f1b}) {

@@ -147,6 +147,9 @@ TEST_CASE("step watchdog: bad settings are refused, and it stops at once when de
     zero.step_timeout = 0ms;
     CHECK_THROWS_WITH_AS(step_watchdog(w.probes(), w.handler(), zero), "step_watchdog: the timeouts and the poll interval must be positive",
                          std::invalid_argument);
+    watchdog_settings no_abort_time;
+    no_abort_time.abort_timeout = 0ms;
+    CHECK_THROWS_AS(step_watchdog(w.probes(), w.handler(), no_abort_time), std::invalid_argument);
     CHECK_THROWS_AS(step_watchdog(w.probes(), {}, {}), std::invalid_argument);
     watchdog_settings slow;
     slow.poll = 60'000ms; // a destructor must not wait for the next poll

@@ -7,21 +7,26 @@
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
+#include <capscope/detail/breakage.hpp>
 #include <capscope/detail/fnv1a.hpp>
 #include <capscope/detail/unique_handle.hpp>
 
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace capscope::cuda::detail {
@@ -33,6 +38,77 @@ inline void check_status(ncclResult_t status, const char* call, const char* file
 //! `ncclCommAbort` does not.
 inline ncclResult_t destroy_or_abort(ncclComm_t comm) {
     return std::uncaught_exceptions() > 0 || std::current_exception() ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+}
+
+//! The communicators split from one (`nccl_communicator::split`), so that aborting it aborts them
+//! too: a watchdog that knows only the world's communicator still frees a rank waiting on a
+//! pipeline edge's. Each child is listed while it lives, with its own list (grandchildren).
+//! Shared by the parent and its children, so that a child outliving its parent still finds it.
+//! One lock for every family: aborts and removals are rare, and one lock cannot be taken in two
+//! orders.
+class split_family {
+public:
+    struct member {
+        ncclComm_t comm;
+        std::shared_ptr<std::atomic<bool>> aborted;
+        std::shared_ptr<split_family> children;
+    };
+    static std::mutex& lock() {
+        static std::mutex m;
+        return m;
+    }
+    void add(member m) {
+        const std::lock_guard held(lock());
+        members_.push_back(std::move(m));
+    }
+    //! Before the child is destroyed or given up: an abort no longer reaches it.
+    void remove(ncclComm_t comm) noexcept {
+        const std::lock_guard held(lock());
+        std::erase_if(members_, [comm](const member& m) { return m.comm == comm; });
+    }
+    //! With lock() held: the descendants not yet aborted, marked aborted.
+    void claim_for_abort(std::vector<ncclComm_t>& out) const {
+        for (const member& m : members_) {
+            m.children->claim_for_abort(out);
+            if (!m.aborted->exchange(true)) out.push_back(m.comm);
+        }
+    }
+
+private:
+    std::vector<member> members_;
+};
+
+//! Aborts `comms` at once, each on a thread of its own, and waits at most `bound` for them
+//! (0: for as long as they take); true when every abort has returned. One after another would
+//! not do: an abort may wait for the device, where another communicator's kernels still wait for
+//! a rank that stopped, until that one is aborted too. The bound is there because NCCL's teardown
+//! of a communicator with a live connection to a rank that stopped can itself wait (measured
+//! with NCCL 2.28.3 on a pipeline edge): its kernels end, but the call does not return. Threads
+//! still waiting are left to the process's end.
+inline bool abort_together(std::span<const ncclComm_t> comms, std::chrono::milliseconds bound) noexcept {
+    if (comms.empty()) return true;
+    if (comms.size() == 1 && bound.count() == 0) return ncclCommAbort(comms[0]), true;
+    struct progress {
+        std::mutex mutex;
+        std::condition_variable done;
+        std::size_t left = 0;
+    };
+    try {
+        auto p = std::make_shared<progress>();
+        p->left = comms.size();
+        for (ncclComm_t c : comms)
+            std::thread([c, p] {
+                (void)ncclCommAbort(c);
+                const std::lock_guard held(p->mutex);
+                if (--p->left == 0) p->done.notify_all();
+            }).detach();
+        std::unique_lock held(p->mutex);
+        if (bound.count() == 0) return p->done.wait(held, [&] { return p->left == 0; }), true;
+        return p->done.wait_for(held, bound, [&] { return p->left == 0; });
+    } catch (...) { // no thread: one after another, here (may wait, as above)
+        for (ncclComm_t c : comms) (void)ncclCommAbort(c);
+        return true;
+    }
 }
 } // namespace capscope::cuda::detail
 
@@ -89,30 +165,50 @@ public:
     //! by `key` (`ncclCommSplit`); nothing for a rank that gives `no_color`. Every rank of
     //! `parent` calls it, in the same order as its other collectives.
     static constexpr int no_color = NCCL_SPLIT_NOCOLOR;
+    //! The child is the parent's: aborting the parent aborts it too (and what is split from it).
     static std::optional<nccl_communicator> split(const nccl_communicator& parent, int color, int key) {
         ncclComm_t child = nullptr;
         CAPSCOPE_CHECK(ncclCommSplit(parent.get(), color, key, &child, nullptr));
         if (!child) return std::nullopt;
-        return nccl_communicator(child);
+        nccl_communicator c(child);
+        c.options_ = parent.options_; // ncclCommSplit with no config: the parent's
+        c.parent_ = parent.children_;
+        c.parent_->add({child, c.aborted_, c.children_});
+        return c;
     }
 
     nccl_communicator(nccl_communicator&&) noexcept = default;
     nccl_communicator& operator=(nccl_communicator&& o) noexcept {
         if (this != &o) {
-            forget_if_aborted();
+            release();
             comm_ = std::move(o.comm_);
             aborted_ = std::move(o.aborted_);
+            children_ = std::move(o.children_);
+            parent_ = std::move(o.parent_);
             options_ = o.options_;
         }
         return *this;
     }
-    ~nccl_communicator() { forget_if_aborted(); }
+    ~nccl_communicator() { release(); }
 
     ncclComm_t get() const noexcept { return comm_.get(); }
     //! Aborts the communicator, from any thread (the step watchdog's): NCCL's kernels that wait
     //! for peers give up, and later calls on it fail. Once; the destructor then leaves it alone.
-    void abort() const noexcept {
-        if (comm_ && aborted_ && !aborted_->exchange(true)) ncclCommAbort(comm_.get());
+    //! The communicators split from it are aborted with it, so that no rank keeps waiting on one.
+    //! Waits at most `bound` for NCCL's aborts to return (0: as long as they take), and says
+    //! whether they did: past the bound, the kernels that waited have ended, and the process had
+    //! better end too (what NCCL still holds is left to its end).
+    bool abort(std::chrono::milliseconds bound = std::chrono::milliseconds(0)) const noexcept {
+        try {
+            const std::lock_guard held(detail::split_family::lock()); // no child is destroyed meanwhile
+            std::vector<ncclComm_t> comms;
+            if (children_ && !capscope::detail::installed_breakage().abort_parent_only) children_->claim_for_abort(comms);
+            if (comm_ && aborted_ && !aborted_->exchange(true)) comms.push_back(comm_.get());
+            return detail::abort_together(comms, bound);
+        } catch (...) { // no memory for the list: this one at least
+            if (comm_ && aborted_ && !aborted_->exchange(true)) (void)ncclCommAbort(comm_.get());
+            return true;
+        }
     }
     bool aborted() const noexcept { return aborted_ && aborted_->load(); }
     //! Whether it was aborted, readable after the communicator itself moved.
@@ -132,14 +228,20 @@ public:
 
 private:
     explicit nccl_communicator(ncclComm_t adopted) { *comm_.out() = adopted; }
-    //! An aborted communicator is NCCL's no more: given up, not destroyed a second time.
-    void forget_if_aborted() noexcept {
+    //! Out of its parent's family first (so that the parent's abort no longer reaches it); then
+    //! destroyed, or, aborted, NCCL's no more: given up, not destroyed a second time.
+    void release() noexcept {
+        if (parent_ && comm_) parent_->remove(comm_.get());
+        parent_.reset();
         if (aborted()) (void)comm_.release();
+        comm_ = {}; // destroys it, or aborts it while an exception is in flight
     }
     capscope::detail::unique_handle<ncclComm_t, &detail::destroy_or_abort> comm_;
     //! Atomic, as abort() may run on a watchdog's thread; on the heap, as an atomic does not move.
     //! Shared with what must know after the communicator moved (a symmetric buffer's release).
     std::shared_ptr<std::atomic<bool>> aborted_ = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<detail::split_family> children_ = std::make_shared<detail::split_family>(); //!< split from this one
+    std::shared_ptr<detail::split_family> parent_; //!< the family of the one this was split from
     nccl_options options_{};
 };
 

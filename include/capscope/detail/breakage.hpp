@@ -24,6 +24,7 @@ struct breakage {
     bool pass_graph_per_chunk = false;  //!< pipeline_pass_graphs keys a pass by chunk and direction only (one slot's graph for every microbatch)
     bool keep_user_objects = false;     //!< runners instantiate their graphs as captured, user objects and all (launches wait past 28)
     bool copy_kernels_as_empty = false; //!< without_user_objects copies each kernel node as an empty node (the copy computes nothing)
+    bool abort_parent_only = false;     //!< nccl_communicator::abort leaves the communicators split from it running
 };
 
 inline breakage installed_breakage_v{};

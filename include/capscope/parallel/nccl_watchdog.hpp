@@ -31,9 +31,11 @@ class nccl_watchdog {
 public:
     //! Watches `comm` (which outlives the watchdog and does not move). Without `on_fault`, a
     //! fault ends the process (std::abort), and under mpirun every rank; with it, the
-    //! communicator is aborted and `on_fault` runs, on the watchdog's thread.
+    //! communicator is aborted, with those split from it (a pipeline's edges), and `on_fault`
+    //! runs, on the watchdog's thread, once the aborts have returned or after
+    //! `settings.abort_timeout`.
     explicit nccl_watchdog(const nccl_communicator& comm, watchdog_settings settings = {}, step_watchdog::fault_handler on_fault = {})
-        : comm_(&comm), rank_(comm.rank()), size_(comm.size()), device_(device_of(comm)), on_fault_(std::move(on_fault)),
+        : comm_(&comm), rank_(comm.rank()), size_(comm.size()), device_(device_of(comm)), abort_timeout_(settings.abort_timeout), on_fault_(std::move(on_fault)),
           dog_(probes(), [this](const watchdog_fault& f) { fault(f); }, settings) {}
 
     //! Before a step's enqueue. `steady`: the graphs replay (the step timeout applies; the warmup
@@ -108,12 +110,21 @@ private:
                      on_fault_ ? "aborting its NCCL communicator, then the trainer's fault handler" : "ending the process");
         std::fflush(stderr);
         if (!on_fault_) std::abort(); // a hung step cannot be unwound; mpirun ends the other ranks
-        comm_->abort();
+        // Those split from it too (a pipeline's edges), at once; the handler runs even if NCCL's
+        // teardown waits.
+        if (!comm_->abort(abort_timeout_)) {
+            std::fprintf(stderr, "capscope watchdog: rank %d of %d: its NCCL communicators' aborts have not returned within %lld ms "
+                                 "(watchdog_settings::abort_timeout; the step's kernels have been told to end) -- the fault handler "
+                                 "runs now; end the process after it\n",
+                         rank_, size_, static_cast<long long>(abort_timeout_.count()));
+            std::fflush(stderr);
+        }
         on_fault_(f);
     }
 
     const nccl_communicator* comm_;
     int rank_, size_, device_;
+    std::chrono::milliseconds abort_timeout_;
     step_watchdog::fault_handler on_fault_;
     bool steady_ = false;      // step(): the last step replayed and captured nothing
     std::string device_error_; // from step_finished, reported by the next async_error (both on the watchdog's thread)

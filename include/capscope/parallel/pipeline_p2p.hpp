@@ -88,9 +88,8 @@ public:
     pipeline::communicator_layout layout() const noexcept { return layout_; }
     //! Per edge: the edges this rank sends or receives on.
     int edges() const noexcept { return int(edges_.size()); }
-    //! Aborts the edges' communicators (per edge; from any thread). The step watchdog aborts the
-    //! world's only: a fault handler that keeps the process alive calls this too, so that no send
-    //! or receive waits on an edge.
+    //! Aborts the edges' communicators (per edge; from any thread). Aborting the world's does
+    //! too, as they are split from it: the step watchdog frees a rank waiting on an edge.
     void abort_edges() const noexcept {
         for (const edge& e : edges_) e.comm.abort();
     }

@@ -32,6 +32,9 @@ struct watchdog_settings {
     std::chrono::milliseconds warmup_timeout{300'000};
     //! How often the probes are asked.
     std::chrono::milliseconds poll{20};
+    //! With a fault handler: how long the communicators' aborts may take before the handler runs
+    //! anyway (nccl_watchdog).
+    std::chrono::milliseconds abort_timeout{5'000};
 };
 
 //! What the watchdog found: the step (counted from 1, 0 between steps), and what went wrong.
@@ -55,7 +58,7 @@ public:
         if (!probes_.async_error || !probes_.step_finished || !on_fault_)
             throw std::invalid_argument("step_watchdog: both probes and the fault handler must be set");
         if (settings_.step_timeout <= std::chrono::milliseconds(0) || settings_.warmup_timeout <= std::chrono::milliseconds(0) ||
-            settings_.poll <= std::chrono::milliseconds(0))
+            settings_.poll <= std::chrono::milliseconds(0) || settings_.abort_timeout <= std::chrono::milliseconds(0))
             throw std::invalid_argument("step_watchdog: the timeouts and the poll interval must be positive");
         thread_ = std::thread([this] { watch(); });
     }
