@@ -8,6 +8,7 @@
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/compute_order.hpp>
 #include <capscope/pipeline/edge_plan.hpp>
+#include <capscope/pipeline/issued_order.hpp>
 #include <capscope/pipeline/p2p_buffer.hpp>
 #include <capscope/pipeline/p2p_program.hpp>
 #include <capscope/pipeline/phases.hpp>

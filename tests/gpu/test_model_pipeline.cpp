@@ -372,6 +372,20 @@ TEST_CASE("the example model pipelined: every impl bitwise equal to its eager pi
         refusal = e.what();
     }
     CHECK(refusal.find("another program") != std::string::npos);
+
+    // Buffers that let two operations of one NCCL group share bytes: the issuer's proof of its
+    // order (pipeline/issued_order.hpp) refuses them on every rank before anything is sent.
+    const pl::schedule_shape plain{.kind = pl::schedule_kind::one_f_one_b, .ranks = ranks, .layers = ranks};
+    const pipeline_p2p issuer(comm(), plain, 2 * ranks);
+    cuda::device_buffer<float> one(64);
+    std::string unordered;
+    try {
+        issuer.run([&](const pl::p2p_op&) { return p2p_buffer{one.data(), one.bytes()}; }, [](const pl::compute_action&, cudaStream_t) {}, s);
+    } catch (const std::logic_error& e) {
+        unordered = e.what();
+    }
+    CHECK(unordered.find("at once, in one NCCL group") != std::string::npos);
+    CHECK(all_ranks(!unordered.empty()));
 }
 
 TEST_CASE("the example model pipelined refuses what it cannot run") {

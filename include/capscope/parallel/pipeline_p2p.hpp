@@ -31,6 +31,7 @@
 #include <capscope/detail/breakage.hpp>
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/pipeline/edge_plan.hpp>
+#include <capscope/pipeline/issued_order.hpp>
 #include <capscope/pipeline/p2p_buffer.hpp>
 #include <capscope/pipeline/p2p_program.hpp>
 #include <capscope/pipeline/replay_check.hpp>
@@ -112,10 +113,30 @@ public:
         else cuda::in_nccl_group(calls);
     }
 
+    //! Proves on the host that the step as `run` issues it, with the buffers `buffer_of` gives,
+    //! orders every two touches of one buffer (pipeline/issued_order.hpp: a slot reused while its
+    //! reader may still run, a send buffer rewritten while it is sent, one buffer for two
+    //! operations of a group), and throws std::logic_error naming them if not. `run` calls it;
+    //! it proves again only when a buffer has moved since (no allocation then).
+    template <class Buffers>
+    void check_buffers(Buffers&& buffer_of) const {
+        seen_.clear();
+        for (const pipeline::p2p_group& g : program_.groups)
+            for (const pipeline::p2p_op& op : g.ops) seen_.push_back(buffer_of(op));
+        const auto same = [](const p2p_buffer& a, const p2p_buffer& b) { return a.data == b.data && a.bytes == b.bytes; };
+        if (proven_ && std::equal(seen_.begin(), seen_.end(), proven_->begin(), proven_->end(), same)) return;
+        if (const std::optional<std::string> unordered = pipeline::check_issued_order(
+                shape_, program_, layout_, layout_ == pipeline::communicator_layout::per_edge ? &plan_ : nullptr, buffer_of))
+            throw std::logic_error(*unordered);
+        proven_ = seen_;
+    }
+
     //! The rank's whole step on `stream`: before each pass its groups, then the pass
-    //! (`pass(action, stream)`), then the last groups.
+    //! (`pass(action, stream)`), then the last groups. The buffers are proven first
+    //! (check_buffers).
     template <class Buffers, class Pass>
     void run(Buffers&& buffer_of, Pass&& pass, cudaStream_t stream) const {
+        check_buffers(buffer_of);
         if (layout_ == pipeline::communicator_layout::shared) {
             std::size_t next = 0;
             for (int k = 0; k <= int(program_.compute.size()); ++k) {
@@ -219,6 +240,8 @@ private:
         int part, lane;
     };
     mutable std::vector<sent> last_send_; //!< this step's sends so far
+    mutable std::vector<p2p_buffer> seen_;                //!< check_buffers: every operation's buffer, in program order
+    mutable std::optional<std::vector<p2p_buffer>> proven_; //!< the buffers last proven ordered
 };
 
 } // namespace capscope

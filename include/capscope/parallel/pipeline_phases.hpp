@@ -97,6 +97,7 @@ private:
     cuda::graph_exec capture_phase(pipeline::phase_key key, Buffers& buffer_of, Pass& pass, cudaStream_t stream) {
         const int m = pipeline::count_holding(shape_, rank_, key);
         const pipeline_p2p p2p(world_, shape_, m); // this count's rules and replay, checked
+        p2p.check_buffers(buffer_of);              // and its buffers' order (the phase layout's slots)
         const pipeline::rank_program& program = p2p.program();
         for (const pipeline::phase_segment& seg : pipeline::phases_of(shape_, rank_, m)) {
             if (!(seg.key == key)) continue;
