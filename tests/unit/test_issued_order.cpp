@@ -174,3 +174,37 @@ TEST_CASE("issued order: per edge, a pass that rewrites a send buffer without wa
     CHECK(found->find("the send of the activation of microbatch ") != std::string::npos);
     CHECK(found->find("the forward of chunk 0, microbatch 1 (what it sends)") != std::string::npos);
 }
+
+TEST_CASE("issued order: a message twice, a pass's input never received, and buffers that overlap are found") {
+    const schedule_shape s = one_f_one_b(2);
+    const model_buffers buffers(s, 1, 4);
+    rank_program twice = program_of(s, 1, 4);
+    twice.groups.push_back(twice.groups.front());
+    twice.groups.back().after = int(twice.compute.size()) - 1;
+    std::optional<std::string> found = check_issued_order(s, twice, communicator_layout::shared, nullptr, buffers);
+    REQUIRE(found);
+    CHECK(found->find(" twice -- fix: each send and receive once in a step") != std::string::npos);
+
+    rank_program missing = program_of(s, 1, 4);
+    missing.groups.erase(missing.groups.begin()); // rank 1's first receive
+    found = check_issued_order(s, missing, communicator_layout::shared, nullptr, buffers);
+    REQUIRE(found);
+    CHECK(found->find("has nothing that writes what the forward of chunk 0, microbatch 0 (its input) reads") != std::string::npos);
+
+    // Rank 1 of 4 keeps 3 activation slots; slot 1 laid over the second half of slot 0: a receive
+    // into slot 1 overwrites part of an activation that slot 0's backward has yet to read.
+    const schedule_shape four = one_f_one_b(4);
+    struct overlapping {
+        model_buffers inner;
+        p2p_buffer operator()(const p2p_op& op) const {
+            p2p_buffer b = inner(op);
+            if (!op.send && op.m.what == carries::activation && inner.activation_slot.at({0, op.m.microbatch}) == 1)
+                b.data = static_cast<char*>(b.data) - 32; // 64 bytes apart: now half over slot 0
+            return b;
+        }
+    };
+    found = check_issued_order(four, program_of(four, 1, 8), communicator_layout::shared, nullptr, overlapping{model_buffers(four, 1, 8)});
+    REQUIRE(found);
+    INFO(*found);
+    CHECK(found->find("(two buffers that overlap)") != std::string::npos);
+}

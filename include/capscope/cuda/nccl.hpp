@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace capscope::cuda::detail {
@@ -44,17 +45,18 @@ inline ncclResult_t destroy_or_abort(ncclComm_t comm) {
 //! too: a watchdog that knows only the world's communicator still frees a rank waiting on a
 //! pipeline edge's. Each child is listed while it lives, with its own list (grandchildren).
 //! Shared by the parent and its children, so that a child outliving its parent still finds it.
-//! One lock for every family: aborts and removals are rare, and one lock cannot be taken in two
-//! orders.
+//! One lock for every family, held only to list and to claim, never during an abort: aborts and
+//! removals are rare, and one lock cannot be taken in two orders.
 class split_family {
 public:
     struct member {
         ncclComm_t comm;
-        std::shared_ptr<std::atomic<bool>> aborted;
+        std::shared_ptr<std::atomic<bool>> aborted; //!< also the member's identity (a freed comm's address may come back)
         std::shared_ptr<split_family> children;
     };
+    //! Never destroyed: a communicator released during the process's exit may still take it.
     static std::mutex& lock() {
-        static std::mutex m;
+        static std::mutex& m = *new std::mutex;
         return m;
     }
     void add(member m) {
@@ -62,15 +64,15 @@ public:
         members_.push_back(std::move(m));
     }
     //! Before the child is destroyed or given up: an abort no longer reaches it.
-    void remove(ncclComm_t comm) noexcept {
+    void remove(const std::atomic<bool>* identity) noexcept {
         const std::lock_guard held(lock());
-        std::erase_if(members_, [comm](const member& m) { return m.comm == comm; });
+        std::erase_if(members_, [identity](const member& m) { return m.aborted.get() == identity; });
     }
-    //! With lock() held: the descendants not yet aborted, marked aborted.
-    void claim_for_abort(std::vector<ncclComm_t>& out) const {
+    //! With lock() held: the descendants, each with its flag, for claim().
+    void list(std::vector<std::pair<ncclComm_t, std::atomic<bool>*>>& out) const {
         for (const member& m : members_) {
-            m.children->claim_for_abort(out);
-            if (!m.aborted->exchange(true)) out.push_back(m.comm);
+            m.children->list(out);
+            out.emplace_back(m.comm, m.aborted.get());
         }
     }
 
@@ -84,7 +86,8 @@ private:
 //! a rank that stopped, until that one is aborted too. The bound is there because NCCL's teardown
 //! of a communicator with a live connection to a rank that stopped can itself wait (measured
 //! with NCCL 2.28.3 on a pipeline edge): its kernels end, but the call does not return. Threads
-//! still waiting are left to the process's end.
+//! still waiting are left to the process's end, which had better come by `_exit`, `quick_exit` or
+//! `MPI_Abort`, not by a return from main while they are inside NCCL.
 inline bool abort_together(std::span<const ncclComm_t> comms, std::chrono::milliseconds bound) noexcept {
     if (comms.empty()) return true;
     if (comms.size() == 1 && bound.count() == 0) return ncclCommAbort(comms[0]), true;
@@ -93,22 +96,28 @@ inline bool abort_together(std::span<const ncclComm_t> comms, std::chrono::milli
         std::condition_variable done;
         std::size_t left = 0;
     };
+    std::shared_ptr<progress> p;
+    std::size_t started = 0;
     try {
-        auto p = std::make_shared<progress>();
+        p = std::make_shared<progress>();
         p->left = comms.size();
-        for (ncclComm_t c : comms)
+        for (; started < comms.size(); ++started) {
+            const ncclComm_t c = comms[started];
             std::thread([c, p] {
                 (void)ncclCommAbort(c);
                 const std::lock_guard held(p->mutex);
                 if (--p->left == 0) p->done.notify_all();
             }).detach();
-        std::unique_lock held(p->mutex);
-        if (bound.count() == 0) return p->done.wait(held, [&] { return p->left == 0; }), true;
-        return p->done.wait_for(held, bound, [&] { return p->left == 0; });
-    } catch (...) { // no thread: one after another, here (may wait, as above)
-        for (ncclComm_t c : comms) (void)ncclCommAbort(c);
-        return true;
+        }
+    } catch (...) { // no more threads: the rest here, one after another (may wait, as above)
+        for (std::size_t i = started; i < comms.size(); ++i) (void)ncclCommAbort(comms[i]);
+        if (!p) return true;
+        const std::lock_guard held(p->mutex);
+        p->left -= comms.size() - started;
     }
+    std::unique_lock held(p->mutex);
+    if (bound.count() == 0) return p->done.wait(held, [&] { return p->left == 0; }), true;
+    return p->done.wait_for(held, bound, [&] { return p->left == 0; });
 }
 } // namespace capscope::cuda::detail
 
@@ -199,16 +208,34 @@ public:
     //! whether they did: past the bound, the kernels that waited have ended, and the process had
     //! better end too (what NCCL still holds is left to its end).
     bool abort(std::chrono::milliseconds bound = std::chrono::milliseconds(0)) const noexcept {
+        const nccl_communicator* self = this;
+        return abort_all(std::span<const nccl_communicator* const>(&self, 1), bound);
+    }
+    //! Aborts `comms` and those split from them, all at once (detail::abort_together): for a
+    //! caller with several communicators, such as a pipeline's edges.
+    static bool abort_all(std::span<const nccl_communicator* const> comms, std::chrono::milliseconds bound) noexcept {
+        std::vector<ncclComm_t> claimed;
         try {
-            const std::lock_guard held(detail::split_family::lock()); // no child is destroyed meanwhile
-            std::vector<ncclComm_t> comms;
-            if (children_ && !capscope::detail::installed_breakage().abort_parent_only) children_->claim_for_abort(comms);
-            if (comm_ && aborted_ && !aborted_->exchange(true)) comms.push_back(comm_.get());
-            return detail::abort_together(comms, bound);
-        } catch (...) { // no memory for the list: this one at least
-            if (comm_ && aborted_ && !aborted_->exchange(true)) (void)ncclCommAbort(comm_.get());
+            std::vector<std::pair<ncclComm_t, std::atomic<bool>*>> candidates;
+            {
+                // Listed and claimed under the lock, aborted after it: a claimed child's release()
+                // sees the flag and gives its handle up, so nothing needs the lock meanwhile.
+                const std::lock_guard held(detail::split_family::lock());
+                for (const nccl_communicator* c : comms) {
+                    if (!c || !c->comm_ || !c->aborted_) continue;
+                    if (c->children_ && !capscope::detail::installed_breakage().abort_parent_only) c->children_->list(candidates);
+                    candidates.emplace_back(c->comm_.get(), c->aborted_.get());
+                }
+                claimed.reserve(candidates.size()); // the last allocation: nothing is claimed until it has succeeded
+                for (const auto& [comm, flag] : candidates)
+                    if (!flag->exchange(true)) claimed.push_back(comm);
+            }
+        } catch (...) { // no memory for the lists (nothing claimed): these alone, here
+            for (const nccl_communicator* c : comms)
+                if (c && c->comm_ && c->aborted_ && !c->aborted_->exchange(true)) (void)ncclCommAbort(c->comm_.get());
             return true;
         }
+        return detail::abort_together(claimed, bound);
     }
     bool aborted() const noexcept { return aborted_ && aborted_->load(); }
     //! Whether it was aborted, readable after the communicator itself moved.
@@ -231,7 +258,7 @@ private:
     //! Out of its parent's family first (so that the parent's abort no longer reaches it); then
     //! destroyed, or, aborted, NCCL's no more: given up, not destroyed a second time.
     void release() noexcept {
-        if (parent_ && comm_) parent_->remove(comm_.get());
+        if (parent_ && aborted_) parent_->remove(aborted_.get());
         parent_.reset();
         if (aborted()) (void)comm_.release();
         comm_ = {}; // destroys it, or aborts it while an exception is in flight

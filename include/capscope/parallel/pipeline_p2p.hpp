@@ -40,6 +40,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -89,10 +90,20 @@ public:
     pipeline::communicator_layout layout() const noexcept { return layout_; }
     //! Per edge: the edges this rank sends or receives on.
     int edges() const noexcept { return int(edges_.size()); }
-    //! Aborts the edges' communicators (per edge; from any thread). Aborting the world's does
-    //! too, as they are split from it: the step watchdog frees a rank waiting on an edge.
-    void abort_edges() const noexcept {
-        for (const edge& e : edges_) e.comm.abort();
+    //! Aborts the edges' communicators (per edge; from any thread), all at once, waiting at
+    //! most `bound` for NCCL's aborts (cuda::nccl_communicator::abort_all); true when they all
+    //! returned. Aborting the world's does too, as they are split from it: the step watchdog
+    //! frees a rank waiting on an edge.
+    bool abort_edges(std::chrono::milliseconds bound = std::chrono::milliseconds(5'000)) const noexcept {
+        std::vector<const cuda::nccl_communicator*> comms;
+        try {
+            for (const edge& e : edges_) comms.push_back(&e.comm);
+        } catch (...) { // no memory: one after another
+            bool returned = true;
+            for (const edge& e : edges_) returned = e.comm.abort(bound) && returned;
+            return returned;
+        }
+        return cuda::nccl_communicator::abort_all(comms, bound);
     }
 
     //! Issues one group on `stream`, the shared layout's way: `buffer_of(op)` says where each

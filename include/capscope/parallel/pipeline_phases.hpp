@@ -22,6 +22,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -53,13 +54,14 @@ public:
     template <class Buffers, class Pass>
     void capture(Buffers&& buffer_of, Pass&& pass, cudaStream_t stream) {
         if (warmup_) throw std::logic_error("capscope pipeline: the phases are captured once; they serve every count");
-        warmup_.emplace(capture_phase({pipeline::phase_kind::warmup, 0}, buffer_of, pass, stream));
+        std::vector<int> proven; // the counts whose programs' buffers are proven ordered (phases share counts)
+        warmup_.emplace(capture_phase({pipeline::phase_kind::warmup, 0}, buffer_of, pass, stream, proven));
         steady_.reserve(std::size_t(layout_.period));
         tail_.resize(std::size_t(layout_.period));
-        for (int v = 0; v < layout_.period; ++v) steady_.push_back(capture_phase({pipeline::phase_kind::steady, v}, buffer_of, pass, stream));
+        for (int v = 0; v < layout_.period; ++v) steady_.push_back(capture_phase({pipeline::phase_kind::steady, v}, buffer_of, pass, stream, proven));
         for (int v = 0; v < layout_.period; ++v) // interleaved, whole groups reach only some tails
             if (pipeline::count_holding(shape_, rank_, {pipeline::phase_kind::tail, v}) > 0)
-                tail_[std::size_t(v)].emplace(capture_phase({pipeline::phase_kind::tail, v}, buffer_of, pass, stream));
+                tail_[std::size_t(v)].emplace(capture_phase({pipeline::phase_kind::tail, v}, buffer_of, pass, stream, proven));
     }
 
     //! One step of `microbatches` microbatches on `stream`: launches only.
@@ -94,10 +96,13 @@ public:
 
 private:
     template <class Buffers, class Pass>
-    cuda::graph_exec capture_phase(pipeline::phase_key key, Buffers& buffer_of, Pass& pass, cudaStream_t stream) {
+    cuda::graph_exec capture_phase(pipeline::phase_key key, Buffers& buffer_of, Pass& pass, cudaStream_t stream, std::vector<int>& proven) {
         const int m = pipeline::count_holding(shape_, rank_, key);
         const pipeline_p2p p2p(world_, shape_, m); // this count's rules and replay, checked
-        p2p.check_buffers(buffer_of);              // and its buffers' order (the phase layout's slots)
+        if (std::find(proven.begin(), proven.end(), m) == proven.end()) {
+            p2p.check_buffers(buffer_of); // and its buffers' order (the phase layout's slots)
+            proven.push_back(m);
+        }
         const pipeline::rank_program& program = p2p.program();
         for (const pipeline::phase_segment& seg : pipeline::phases_of(shape_, rank_, m)) {
             if (!(seg.key == key)) continue;

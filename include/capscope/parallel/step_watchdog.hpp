@@ -33,7 +33,7 @@ struct watchdog_settings {
     //! How often the probes are asked.
     std::chrono::milliseconds poll{20};
     //! With a fault handler: how long the communicators' aborts may take before the handler runs
-    //! anyway (nccl_watchdog).
+    //! anyway (nccl_watchdog). Positive: an unbounded wait could keep the handler from running.
     std::chrono::milliseconds abort_timeout{5'000};
 };
 

@@ -22,10 +22,14 @@
 #include <capscope/pipeline/p2p_program.hpp>
 #include <capscope/pipeline/replay_check.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace capscope::pipeline {
@@ -50,13 +54,6 @@ struct touch {
     p2p_op op;          //!< the send or receive whose bytes these are
     bool by_op = false; //!< the send or receive itself (else a pass: it writes a send's bytes, reads a receive's)
 };
-
-inline std::string node_words(const rank_program& program, const edge_plan* edges, const issued_node& n) {
-    if (n.pass >= 0) return "the " + describe(program.compute[std::size_t(n.pass)]);
-    if (n.group >= 0) return "the group of sends and receives after pass " + std::to_string(program.groups[std::size_t(n.group)].after);
-    return "the sends and receives on edge lane " + std::to_string(edges->parts[std::size_t(n.part)].lane) + " after pass " +
-           std::to_string(edges->parts[std::size_t(n.part)].after);
-}
 
 } // namespace detail
 
@@ -113,7 +110,14 @@ std::optional<std::string> check_issued_order(const schedule_shape& s, const ran
             if (k == n) break;
             issued_node p{k, -1, -1, {}};
             if (last_pass >= 0) p.after.push_back(last_pass);
-            for (int pt : edges->receives_for[std::size_t(k)]) p.after.push_back(node_of_part[std::size_t(pt)]);
+            for (int pt : edges->receives_for[std::size_t(k)]) {
+                if (node_of_part[std::size_t(pt)] < 0)
+                    return "capscope pipeline: rank " + std::to_string(rank) + "'s plan issues the sends and receives of edge lane " +
+                           std::to_string(edges->parts[std::size_t(pt)].lane) + " after pass " + std::to_string(edges->parts[std::size_t(pt)].after) +
+                           ", after the " + describe(program.compute[std::size_t(k)]) + " that reads what they receive -- fix: issue a "
+                           "receive before the pass that reads it (pipeline::plan_edges)";
+                p.after.push_back(node_of_part[std::size_t(pt)]);
+            }
             for (const part_send& w : edges->sends_of[std::size_t(k)]) {
                 const void* at = buffer_of(edges->parts[std::size_t(w.part)].ops[w.op]).data;
                 for (const sent& earlier : sends)
@@ -137,12 +141,6 @@ std::optional<std::string> check_issued_order(const schedule_shape& s, const ran
             for (std::size_t w = 0; w < words; ++w) before[i * words + w] |= before[std::size_t(p) * words + w];
             before[i * words + std::size_t(p) / 64] |= std::uint64_t{1} << (std::size_t(p) % 64);
         }
-    // Per edge, the step's end must come after everything.
-    if (layout == communicator_layout::per_edge)
-        for (std::size_t i = 0; i + 1 < count; ++i)
-            if (!bit(count - 1, i))
-                return "capscope pipeline: rank " + std::to_string(rank) + "'s step can return before " +
-                       detail::node_words(program, edges, nodes[i]) + " has finished -- fix: join every edge's stream into the step's";
     // Every touch of a buffer.
     std::vector<detail::touch> touches;
     auto add = [&](int node, bool write, const p2p_op& op, std::string what) {
@@ -167,43 +165,95 @@ std::optional<std::string> check_issued_order(const schedule_shape& s, const ran
         if (detail::send_of(s, rank, a, op)) add(int(i), true, op, who + " (what it sends)");
     }
     auto happens_before = [&](int a, int b) { return a != b && bit(std::size_t(b), std::size_t(a)); };
-    auto overlap = [](const detail::touch& a, const detail::touch& b) {
-        return a.bytes != 0 && b.bytes != 0 && a.data < b.data + b.bytes && b.data < a.data + a.bytes;
+    const auto key = [](const detail::touch& t) {
+        return std::tuple(t.by_op, t.op.send, t.op.m.from, t.op.m.to, int(t.op.m.what), t.op.m.stage, t.op.m.microbatch);
     };
-    // Each read reads what its writer wrote: a pass reads its receive's bytes, a send its pass's.
-    // The writer comes first, and no other write of those bytes comes between them.
-    for (const detail::touch& reader : touches) {
-        if (reader.write) continue;
-        const detail::touch* writer = nullptr;
-        for (const detail::touch& t : touches)
-            if (t.write && t.op == reader.op && t.by_op != reader.by_op) writer = &t;
-        if (!writer) continue; // a pass's input that no operation of this step carries
-        if (!happens_before(writer->node, reader.node))
-            return "capscope pipeline: rank " + std::to_string(rank) + "'s step as issued lets " + reader.what + " run before " + writer->what +
-                   " has finished -- fix: the issuer's waits for the receives a pass reads (pipeline_p2p::run)";
-        for (const detail::touch& other : touches)
-            if (&other != writer && other.write && overlap(other, reader) && happens_before(writer->node, other.node) &&
-                happens_before(other.node, reader.node))
-                return "capscope pipeline: rank " + std::to_string(rank) + "'s step as issued lets " + other.what + " overwrite the bytes that " +
-                       writer->what + " wrote before " + reader.what + " reads them -- fix: a slot of its own for every microbatch in flight "
-                       "(pipeline::plan_slots), and a send buffer written only by the pass that computes that send";
+    const std::string at_rank = "capscope pipeline: rank " + std::to_string(rank) + "'s step as issued ";
+    // Each send and receive once, and each write found by what it writes: a send's bytes by the
+    // pass that computes it, a receive's by the receive.
+    std::map<decltype(key(touches[0])), std::size_t> writer_of, operation;
+    for (std::size_t t = 0; t < touches.size(); ++t) {
+        if (touches[t].by_op && !operation.emplace(key(touches[t]), t).second)
+            return at_rank + "holds " + touches[t].what + " twice -- fix: each send and receive once in a step";
+        if (touches[t].write) writer_of.emplace(key(touches[t]), t);
     }
-    // Any two touches of the same bytes, one writing, are ordered.
-    for (std::size_t x = 0; x < touches.size(); ++x)
-        for (std::size_t y = x + 1; y < touches.size(); ++y) {
-            const detail::touch &a = touches[x], &b = touches[y];
-            if (!a.write && !b.write) continue;
-            if (!overlap(a, b)) continue;
-            const bool same_node = a.node == b.node;
-            if (same_node && nodes[std::size_t(a.node)].pass >= 0) continue; // one pass, in its own order
-            if (!same_node && bit(std::size_t(std::max(a.node, b.node)), std::size_t(std::min(a.node, b.node)))) continue;
-            return "capscope pipeline: rank " + std::to_string(rank) + "'s step as issued lets " + a.what + " and " + b.what + " touch the same bytes " +
-                   (same_node ? "at once, in one NCCL group" : "in either order") + " (" +
-                   (a.write && b.write ? "both write" : a.write ? "the first writes" : "the second writes") + ") -- fix: " +
-                   (same_node ? "a buffer of its own for each send and receive of a group"
-                              : "a slot of its own for every microbatch in flight (pipeline::plan_slots), a send buffer written only by the "
-                                "pass that computes that send, and the issuer's waits (pipeline_p2p::run)");
+    const auto unordered = [&](std::size_t x, std::size_t y) {
+        const detail::touch &a = touches[x], &b = touches[y];
+        if (a.node == b.node) return nodes[std::size_t(a.node)].pass < 0; // one group runs its operations at once; one pass, in its own order
+        return !happens_before(a.node, b.node) && !happens_before(b.node, a.node);
+    };
+    const auto race = [&](std::size_t x, std::size_t y) {
+        const detail::touch &a = touches[std::min(x, y)], &b = touches[std::max(x, y)];
+        const bool same_node = a.node == b.node;
+        return at_rank + "lets " + a.what + " and " + b.what + " touch the same bytes " + (same_node ? "at once, in one NCCL group" : "in either order") +
+               " (" + (a.write && b.write ? "both write" : a.write ? "the first writes" : "the second writes") + ") -- fix: " +
+               (same_node ? "a buffer of its own for each send and receive of a group"
+                          : "a slot of its own for every microbatch in flight (pipeline::plan_slots), a send buffer written only by the "
+                            "pass that computes that send, and the issuer's waits (pipeline_p2p::run)");
+    };
+    // Each buffer's touches in issue order (a node waits only for earlier ones, so issue order
+    // extends happens-before). Like a race detector: a write must come after the last write and
+    // every read since, a read after the last write, which must be the read's own writer (a pass
+    // reads its receive's bytes, a send its pass's). Then every two touches of the buffer, one
+    // writing, are ordered, and each read reads what its writer wrote.
+    std::map<std::pair<const char*, std::size_t>, std::vector<std::size_t>> by_range;
+    for (std::size_t t = 0; t < touches.size(); ++t)
+        if (touches[t].bytes != 0) by_range[{touches[t].data, touches[t].bytes}].push_back(t);
+    for (const auto& [range, list] : by_range) {
+        std::optional<std::size_t> last_write;
+        std::vector<std::size_t> reads_since;
+        for (std::size_t t : list) {
+            const detail::touch& cur = touches[t];
+            if (cur.write) {
+                if (last_write && unordered(*last_write, t)) return race(*last_write, t);
+                for (std::size_t r : reads_since)
+                    if (unordered(r, t)) return race(r, t);
+                last_write = t;
+                reads_since.clear();
+                continue;
+            }
+            detail::touch wanted = cur;
+            wanted.by_op = !cur.by_op;
+            const auto found = writer_of.find(key(wanted));
+            if (found == writer_of.end())
+                return at_rank + "has nothing that writes what " + cur.what + " reads -- fix: " +
+                       (cur.by_op ? "a send for a pass this rank runs" : "the receive of every pass's input in the step");
+            const detail::touch& writer = touches[found->second];
+            if (!happens_before(writer.node, cur.node))
+                return at_rank + "lets " + cur.what + " run before " + writer.what + " has finished -- fix: the issuer's waits for the receives "
+                       "a pass reads (pipeline_p2p::run)";
+            if (last_write && unordered(*last_write, t)) return race(*last_write, t);
+            if (last_write != found->second)
+                return at_rank + "lets " + (last_write ? touches[*last_write].what : std::string("another write")) + " overwrite the bytes that " +
+                       writer.what + " wrote before " + cur.what + " reads them -- fix: a slot of its own for every microbatch in flight "
+                       "(pipeline::plan_slots), and a send buffer written only by the pass that computes that send";
+            reads_since.push_back(t);
         }
+    }
+    // Buffers that overlap without being the same (rare: a model's slots and send buffers are
+    // apart): every two touches across them, one writing, ordered, and no write of one between a
+    // read of the other and that read's writer.
+    const auto clobbers = [&](std::size_t write, std::size_t read) -> std::optional<std::string> {
+        detail::touch wanted = touches[read];
+        wanted.by_op = !wanted.by_op;
+        const auto found = writer_of.find(key(wanted));
+        if (found == writer_of.end() || !happens_before(touches[found->second].node, touches[write].node) ||
+            !happens_before(touches[write].node, touches[read].node))
+            return std::nullopt;
+        return at_rank + "lets " + touches[write].what + " overwrite bytes that " + touches[found->second].what + " wrote before " +
+               touches[read].what + " reads them (two buffers that overlap) -- fix: buffers apart for every slot and send";
+    };
+    for (auto a = by_range.begin(); a != by_range.end(); ++a)
+        for (auto b = std::next(a); b != by_range.end() && b->first.first < a->first.first + a->first.second; ++b)
+            for (std::size_t x : a->second)
+                for (std::size_t y : b->second) {
+                    if (!touches[x].write && !touches[y].write) continue;
+                    if (unordered(x, y)) return race(x, y);
+                    if (touches[x].write && !touches[y].write)
+                        if (auto c = clobbers(x, y)) return c;
+                    if (touches[y].write && !touches[x].write)
+                        if (auto c = clobbers(y, x)) return c;
+                }
     return std::nullopt;
 }
 
