@@ -208,3 +208,13 @@ TEST_CASE("issued order: a message twice, a pass's input never received, and buf
     INFO(*found);
     CHECK(found->find("(two buffers that overlap)") != std::string::npos);
 }
+
+TEST_CASE("issued order: per edge, a pass that waits for a receive issued after it is refused") {
+    const schedule_shape s = grouped(one_f_one_b(2), one_by_one);
+    edge_plan edges = plan_edges(s, programs_of(s, 4), 1);
+    REQUIRE(edges.parts.size() > 1);
+    edges.receives_for[0] = {int(edges.parts.size()) - 1}; // the first forward waits for the last part
+    const std::optional<std::string> found = check_issued_order(s, program_of(s, 1, 4), communicator_layout::per_edge, &edges, model_buffers(s, 1, 4));
+    REQUIRE(found);
+    CHECK(found->find("after the forward of chunk 0, microbatch 0 that reads what they receive") != std::string::npos);
+}
