@@ -20,4 +20,14 @@ inline schedule_shape grouped(schedule_shape s, p2p_grouping g) {
 }
 inline constexpr p2p_grouping paired = p2p_grouping::paired, one_by_one = p2p_grouping::one_by_one;
 
+//! A shape drawn from `rng`: 2 to ranks + 1 ranks, 1 to `chunks` chunks (interleaved past one,
+//! else 1F1B or GPipe at random), a layer a chunk, interleaved in groups of the ranks plus 0 to
+//! extra_group - 1. The rules may still refuse it for a microbatch count (check_shape).
+template <class Rng>
+schedule_shape random_shape(Rng& rng, int ranks, int chunks, int extra_group) {
+    const int p = 2 + int(rng() % unsigned(ranks)), v = 1 + int(rng() % unsigned(chunks));
+    const schedule_kind kind = v > 1 ? schedule_kind::interleaved_1f1b : (rng() % 2 ? schedule_kind::one_f_one_b : schedule_kind::gpipe);
+    return {kind, p, v, p * v, v > 1 ? p + int(rng() % unsigned(extra_group)) : 0};
+}
+
 } // namespace pipeline_shapes

@@ -78,9 +78,9 @@ TEST_CASE("issued order: every shape the rules accept, on the communicators chos
     std::mt19937 rng(23);
     int shared = 0, per_edge = 0;
     for (int trial = 0; trial < 160; ++trial) {
-        const int p = 2 + int(rng() % 5), v = 1 + int(rng() % 3);
-        const schedule_kind kind = v > 1 ? schedule_kind::interleaved_1f1b : (rng() % 2 ? schedule_kind::one_f_one_b : schedule_kind::gpipe);
-        schedule_shape s{kind, p, v, p * v, v > 1 ? p + int(rng() % 2) : 0};
+        schedule_shape s = random_shape(rng, 5, 3, 2);
+        const int p = s.ranks, v = s.virtual_stages;
+        const schedule_kind kind = s.kind;
         if (rng() % 2) s.grouping = kind == schedule_kind::interleaved_1f1b ? paired : one_by_one;
         const int m = 1 + int(rng() % unsigned(3 * p));
         if (check_shape(s, m) != schedule_rule::none || !choose_communicators(s, m).verdict.completes()) continue;

@@ -21,9 +21,9 @@ TEST_CASE("replay, every shape the rules accept: it completes on the communicato
     std::mt19937 rng(11);
     int checked = 0, refused = 0;
     for (int trial = 0; trial < 300; ++trial) {
-        const int p = 2 + int(rng() % 7), v = 1 + int(rng() % 4);
-        const schedule_kind kind = v > 1 ? schedule_kind::interleaved_1f1b : (rng() % 2 ? schedule_kind::one_f_one_b : schedule_kind::gpipe);
-        const schedule_shape s{kind, p, v, p * v, v > 1 ? p + int(rng() % 3) : 0};
+        const schedule_shape s = random_shape(rng, 7, 4, 3);
+        const int p = s.ranks, v = s.virtual_stages;
+        const schedule_kind kind = s.kind;
         const int m = 1 + int(rng() % unsigned(4 * p));
         if (check_shape(s, m) != schedule_rule::none) continue;
         INFO(std::string(name_of(kind)) << ", " << p << " ranks, " << v << " chunks, group " << s.group << ", " << m << " microbatches");
