@@ -72,7 +72,6 @@ std::optional<std::string> check_issued_order(const schedule_shape& s, const ran
         throw std::invalid_argument("capscope pipeline: check_issued_order: per edge, the rank's edge plan is needed (plan_edges)");
     const int rank = program.rank, n = int(program.compute.size()), last_stage = s.stages() - 1;
     std::vector<issued_node> nodes;
-    std::vector<int> node_of_pass(std::size_t(n), -1);
     // The nodes in issue order, with their direct waits.
     if (layout == communicator_layout::shared) {
         std::size_t next = 0;
@@ -85,7 +84,6 @@ std::optional<std::string> check_issued_order(const schedule_shape& s, const ran
             if (k == n) break;
             issued_node p{k, -1, -1, {}};
             if (!nodes.empty()) p.after.push_back(int(nodes.size()) - 1);
-            node_of_pass[std::size_t(k)] = int(nodes.size());
             nodes.push_back(std::move(p));
         }
     } else {
@@ -124,7 +122,7 @@ std::optional<std::string> check_issued_order(const schedule_shape& s, const ran
                 for (const sent& earlier : sends)
                     if (earlier.buffer == at) p.after.push_back(earlier.node);
             }
-            node_of_pass[std::size_t(k)] = last_pass = int(nodes.size());
+            last_pass = int(nodes.size());
             nodes.push_back(std::move(p));
         }
         issued_node end; // the step's end: its stream, joined by every edge
