@@ -9,14 +9,13 @@
 // - and equal, within 1e-5, to one pipeline trained on every replica's microbatches at once.
 // Broken on purpose (CAPSCOPE_BREAK=skip_replica_average) the replicas drift apart.
 
+#include "model_pipeline_support.hpp"
 #include "mpi_support.hpp"
 #include "support.hpp"
 
-#include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/parallel/pipeline_grid.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
-#include <capscope/parallel/pipeline_pass_graphs.hpp>
 #include <gpt/pipeline.hpp>
 
 #include <doctest/doctest.h>
@@ -26,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,8 +35,8 @@ namespace pl = capscope::pipeline;
 namespace {
 
 constexpr int steps = 3, microbatches = 4;
-enum class impl { eager, local, transformer_engine, full_iteration };
-constexpr const char* impl_names[] = {"eager", "local", "transformer_engine", "full_iteration"};
+using model_pipeline::impl;
+using model_pipeline::impl_names;
 
 gpt::model_config replicated_model(int mbs) {
     gpt::model_config c = support::small_model("DEMD", gpt::moe_mode::drop_and_pad, 1.25);
@@ -71,26 +69,16 @@ std::vector<float> train(pipeline_grid& grid, const pl::schedule_shape& shape, i
     const gpt::model_config cfg = replicated_model(replicated ? microbatches : microbatches * grid.at.replicas);
     gpt::pipeline_model<float> model(cfg, shape, grid.at.pipeline_rank, s);
     if (replicated) model.average_gradients_over(grid.replicas);
-    std::optional<pipeline_p2p> p2p;
-    std::optional<pipeline_pass_graphs> passes;
-    if (how == impl::local || how == impl::transformer_engine)
-        passes.emplace(grid.pipeline, shape, cfg.microbatches, how == impl::local ? pass_capture::lazily : pass_capture::ahead_of_time);
-    else p2p.emplace(grid.pipeline, shape, cfg.microbatches);
-    std::optional<cuda::graph_exec> whole_step;
-    for (int t = 0; t < steps; ++t) {
-        for (int mb = 0; mb < cfg.microbatches; ++mb) {
-            const int replica = replicated ? grid.at.replica : mb / microbatches, own = replicated ? mb : mb % microbatches;
-            const support::batch b = batch_of(cfg, t, replica, own);
-            model.set_batch(mb, b.tokens, b.labels, s);
-        }
-        if (passes) model.step(*passes, s);
-        else if (how == impl::eager || t == 0) model.step(*p2p, s); // NCCL opens its connections on the first send: eagerly
-        else {
-            if (!whole_step) whole_step.emplace(cuda::capture(s, [&](cudaStream_t on) { model.step(*p2p, on); }));
-            whole_step->launch(s);
-        }
-    }
-    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+    model_pipeline::run_steps(
+        model, grid.pipeline, shape, how, steps, s,
+        [&](int t) {
+            for (int mb = 0; mb < cfg.microbatches; ++mb) {
+                const int replica = replicated ? grid.at.replica : mb / microbatches, own = replicated ? mb : mb % microbatches;
+                const support::batch b = batch_of(cfg, t, replica, own);
+                model.set_batch(mb, b.tokens, b.labels, s);
+            }
+        },
+        [](int) {});
     return masters_of(model, s);
 }
 
