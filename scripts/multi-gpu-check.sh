@@ -59,6 +59,15 @@ if is_part tests; then
   # NCCL's channels buffer) the GPUs must hang (killed at 60 s). With 16 MiB they do not: NCCL's
   # buffers absorb the send, which is why the check assumes no buffering.
   run pipeline-p2p python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe
+  # On a machine of 4 GPUs: the suite on 4 ranks (the example model on 2 pipeline replicas of 2
+  # ranks among it), and broken on purpose, the replicas not averaged must differ.
+  if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+    run four-ranks mpirun --allow-run-as-root -np 4 -x NCCL_NVLS_ENABLE ./build-mpi/tests/gpu_test_data_parallel
+    CAPSCOPE_BREAK=skip_replica_average timeout 240 mpirun --allow-run-as-root -np 4 -x NCCL_NVLS_ENABLE -x CAPSCOPE_BREAK \
+      ./build-mpi/tests/gpu_test_data_parallel -tc='*replicas*' --no-colors=true >"$OUT/four-ranks-skip-replica-average.log" 2>&1
+    r=$?; echo "== four-ranks-skip-replica-average (must fail): exit $r"; grep -E "replicas|ERROR: CHECK" "$OUT/four-ranks-skip-replica-average.log" | head -4
+    [ $r -ne 0 ] && grep -q "ERROR: CHECK" "$OUT/four-ranks-skip-replica-average.log" || rc=1
+  fi
   # On a machine of 4 GPUs, the same on 4 ranks (interleaved as Megatron allows it without overlap).
   [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && run pipeline-p2p-4 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --ranks 4
   CAPSCOPE_BREAK=skip_replay_check timeout 150 python3 tests/mpi/pipeline_p2p.py ./build-mpi/tests/pipeline_p2p_probe --hang-s 60 \

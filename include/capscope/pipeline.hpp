@@ -13,5 +13,6 @@
 #include <capscope/pipeline/p2p_program.hpp>
 #include <capscope/pipeline/phases.hpp>
 #include <capscope/pipeline/pipeline_schedule.hpp>
+#include <capscope/pipeline/process_grid.hpp>
 #include <capscope/pipeline/replay_check.hpp>
 #include <capscope/pipeline/schedule_shape.hpp>

@@ -7,13 +7,12 @@
 // - The eager pipeline equals one GPU training the whole model on the same microbatches (rank 0,
 //   gpt_model, the same initial weights copied across), within a stated tolerance.
 
+#include "model_pipeline_support.hpp"
 #include "mpi_support.hpp"
 #include "support.hpp"
 
-#include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
-#include <capscope/parallel/pipeline_pass_graphs.hpp>
 #include <capscope/parallel/pipeline_phases.hpp>
 #include <gpt/model.hpp>
 #include <gpt/pipeline.hpp>
@@ -25,7 +24,6 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,8 +35,8 @@ namespace {
 
 constexpr int steps = 3;
 
-enum class impl { eager, local, transformer_engine, full_iteration };
-constexpr const char* impl_names[] = {"eager", "local", "transformer_engine", "full_iteration"};
+using model_pipeline::impl;
+using model_pipeline::impl_names;
 
 gpt::model_config pipelined_model(const std::string& pattern, int microbatches) {
     gpt::model_config c = support::small_model(pattern.c_str(), gpt::moe_mode::drop_and_pad, 1.25);
@@ -75,31 +73,20 @@ std::vector<std::pair<std::string, std::vector<float>>> masters_of(const gpt::pi
 
 trained train(const gpt::model_config& cfg, const pl::schedule_shape& shape, impl how, cudaStream_t s,
               std::vector<std::pair<std::string, std::vector<float>>>* initial = nullptr) {
-    const int rank = comm().rank();
-    gpt::pipeline_model<float> model(cfg, shape, rank, s);
+    gpt::pipeline_model<float> model(cfg, shape, comm().rank(), s);
     if (initial) *initial = masters_of(model, s);
-    std::optional<pipeline_p2p> p2p;
-    std::optional<pipeline_pass_graphs> passes;
-    if (how == impl::local || how == impl::transformer_engine)
-        passes.emplace(comm(), shape, cfg.microbatches, how == impl::local ? pass_capture::lazily : pass_capture::ahead_of_time);
-    else p2p.emplace(comm(), shape, cfg.microbatches);
-    std::optional<cuda::graph_exec> whole_step;
     trained out;
-    for (int t = 0; t < steps; ++t) {
-        for (int mb = 0; mb < cfg.microbatches; ++mb) {
-            const support::batch b = batch_of(cfg, t, mb);
-            model.set_batch(mb, b.tokens, b.labels, s);
-        }
-        if (passes) model.step(*passes, s);
-        else if (how == impl::eager || t == 0) model.step(*p2p, s); // NCCL opens its connections on the first send: eagerly
-        else {
-            if (!whole_step) whole_step.emplace(cuda::capture(s, [&](cudaStream_t on) { model.step(*p2p, on); }));
-            whole_step->launch(s);
-        }
-        if (model.has_last_stage()) out.losses.push_back(model.loss(s));
-    }
-    CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-    if (passes) CHECK(passes->graphs_captured() == passes->distinct_passes());
+    model_pipeline::run_steps(
+        model, comm(), shape, how, steps, s,
+        [&](int t) {
+            for (int mb = 0; mb < cfg.microbatches; ++mb) {
+                const support::batch b = batch_of(cfg, t, mb);
+                model.set_batch(mb, b.tokens, b.labels, s);
+            }
+        },
+        [&](int) {
+            if (model.has_last_stage()) out.losses.push_back(model.loss(s));
+        });
     out.masters = masters_of(model, s);
     return out;
 }

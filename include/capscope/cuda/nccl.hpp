@@ -159,6 +159,11 @@ public:
         return detail::abort_together(claimed, bound);
     }
     bool aborted() const noexcept { return aborted_ && aborted_->load(); }
+    //! Averages `count` floats in place over the communicator's ranks (`ncclAllReduce` with
+    //! `ncclAvg`) on `s`, eagerly or inside a capture.
+    void average_in_place(float* data, std::size_t count, cudaStream_t s) const {
+        CAPSCOPE_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclAvg, comm_.get(), s));
+    }
     //! Whether it was aborted, readable after the communicator itself moved.
     std::shared_ptr<const std::atomic<bool>> aborted_flag() const noexcept { return aborted_; }
     //! The options it was made with (NCCL_CTA_POLICY in the environment overrides the CTA policy).

@@ -25,6 +25,7 @@ struct breakage {
     bool keep_user_objects = false;     //!< runners instantiate their graphs as captured, user objects and all (launches wait past 28)
     bool copy_kernels_as_empty = false; //!< without_user_objects copies each kernel node as an empty node (the copy computes nothing)
     bool abort_parent_only = false;     //!< nccl_communicator::abort leaves the communicators split from it running
+    bool skip_replica_average = false;  //!< gpt::pipeline_model does not average its gradients over its replicas
 };
 
 inline breakage installed_breakage_v{};

@@ -34,6 +34,7 @@
 
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
+#include <capscope/detail/breakage.hpp>
 #include <capscope/offload/activation_store.hpp>
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/p2p_buffer.hpp>
@@ -88,6 +89,22 @@ public:
     //! overrun flag) reset, and the loss gradient's 1/microbatches set in device memory.
     void begin_step(cudaStream_t s, int microbatches = 0);
     void set_optimizer(const adamw_config& opt, cudaStream_t s);
+    //! Data parallelism across pipeline replicas: from now on every step averages each chunk's
+    //! gradients over `replicas` (the ranks at this pipeline rank in every replica:
+    //! capscope::split_pipeline_grid) after its passes and before AdamW, inside the step, so inside
+    //! a captured one too. `replicas` (a capscope::cuda::nccl_communicator) outlives the model.
+    template <class Communicator>
+    void average_gradients_over(const Communicator& replicas) {
+        replicas_ = &replicas;
+        average_ = [](const void* comm, float* data, std::size_t count, cudaStream_t s) {
+            static_cast<const Communicator*>(comm)->average_in_place(data, count, s);
+        };
+    }
+    //! The step's gradients averaged over the replicas, if average_gradients_over was called.
+    void average_over_replicas(cudaStream_t s) {
+        if (!average_ || capscope::detail::installed_breakage().skip_replica_average) return; // (a test, broken on purpose)
+        for (int c = 0; c < chunks(); ++c) average_(replicas_, parameters(c).grads(), parameters(c).total(), s);
+    }
     //! AdamW over every chunk's parameters (one step count for the rank).
     void optimizer_step(cudaStream_t s);
 
@@ -107,6 +124,7 @@ public:
         auto passes = [this](const capscope::pipeline::compute_action& a, cudaStream_t on) { pass(a, on); };
         if constexpr (requires { issuer.step(buffers, passes, stream); }) issuer.step(buffers, passes, stream);
         else issuer.run(buffers, passes, stream);
+        average_over_replicas(stream);
         optimizer_step(stream);
     }
 
@@ -126,6 +144,7 @@ public:
         if (phases.graphs_captured() == 0) phases.capture(buffers, passes, stream);
         begin_step(stream, microbatches);
         phases.launch(microbatches, stream);
+        average_over_replicas(stream);
         optimizer_step(stream);
     }
 
@@ -185,6 +204,8 @@ private:
     int first_stage_ = 0, last_stage_ = 0; //!< the virtual stages of the first and last chunk
     capscope::pipeline::rank_program program_;
     capscope::pipeline::slot_plan slots_;
+    const void* replicas_ = nullptr;                                  //!< average_gradients_over's communicator
+    void (*average_)(const void*, float*, std::size_t, cudaStream_t) = nullptr; //!< and how to average on it
     std::optional<capscope::pipeline::phase_layout> layout_; //!< pipeline_slots::phased
     mutable capscope::pipeline::rank_program other_program_; //!< phased: the program step() last compared with
     int step_microbatches_ = 0;                              //!< the step's count (begin_step)
