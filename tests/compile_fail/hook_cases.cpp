@@ -1,6 +1,7 @@
 // Compile-fail cases of the hook rules (capscope/hooks/): H1 (a hook's callable takes another
 // phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
-// whole_iteration), H4 (a capturable hook that synchronizes with the host), H0 (not a hook, two
+// whole_iteration), H4 (a capturable hook that synchronizes with the host), H5 (what a pipelined
+// pass cannot run: boundary, capture-time, last-microbatch and warmup hooks), H0 (not a hook, two
 // lanes, a boundary hook on a lane, one_layer_ahead on a hook that is not a layer's pre hook); and
 // of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static); and of
 // a composition (C1-C3: each part named once). As
@@ -67,6 +68,30 @@ inline training_program composed_per_layer() {
 inline training_program composed_whole_step() {
     return composition<whole_step>(training_program{}).hooks(hook_pipeline<decltype(reduce), decltype(log_boundary)>{reduce, log_boundary}, {}).program();
 }
+#endif
+// H5: a pipelined model's passes run eagerly, from a graph per pass and slot, or inside the whole
+// step's graph, and one pass graph serves every microbatch: capturable hooks that run every
+// microbatch, and capturable step hooks (hooks/with_pass_hooks.hpp).
+constexpr auto stat = hook<hook_phase::forward, capturable, on_lane<1>>("stat", log_step);
+constexpr auto gather_ahead_pass = hook<hook_phase::forward_pre, capturable, one_layer_ahead>("param all-gather", gather_parameters);
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(gather), decltype(stat), decltype(gather_ahead_pass), decltype(clip)>>);
+#ifdef CASE_H5
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(log_boundary)>>);
+#endif
+#ifdef CASE_H5__step_boundary
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(clip), decltype(log_loss)>>);
+#endif
+#ifdef CASE_H5__capture_time
+constexpr auto once = hook<hook_phase::forward_pre, capture_time>("register", gather_parameters);
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(once)>>);
+#endif
+#ifdef CASE_H5__last_microbatch
+constexpr auto reduce_last = hook<hook_phase::backward, capturable, last_microbatch_only>("grad all-reduce", reduce_gradients);
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce_last)>>);
+#endif
+#ifdef CASE_H5__warmup
+constexpr auto warm = on_warmup<warmup_point::before>("warm", [](warmup_context&) {});
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(warm)>>);
 #endif
 // C1-C3: each part of a composition is named once (its type holds it).
 struct no_store {

@@ -190,6 +190,15 @@ template <class T> capscope::tensor_ref parameter_store<T>::layer_gradients(int 
     return {name, grads_.data() + group_begin(layer), count * sizeof(float)};
 }
 
+template <class T> capscope::tensor_ref parameter_store<T>::layer_values(int layer) const {
+    if (layout_)
+        throw std::logic_error("parameter_store::layer_values: a sharded store keeps a shard of layer " + std::to_string(layer) +
+                               "'s values -- fix: read the gathered copy (shard_of(layer).value_full)");
+    std::size_t count = 0;
+    for (const auto& p : params_) count += p.layer == layer ? p.count : 0;
+    return {"layer" + std::to_string(layer) + ".values", values_.data() + group_begin(layer), count * sizeof(T)};
+}
+
 template <class T> std::vector<capscope::tensor_ref> parameter_store<T>::gradients_outside_layers() const {
     if (layout_) return {{"gradients outside the layers", grads_.data(), grads_.bytes()}};
     std::vector<capscope::tensor_ref> out;

@@ -30,6 +30,9 @@ struct pipeline_model<T>::chunk_state {
     backward_scratch scratch;
     detail::model_layout<T> layout;
     std::vector<stage> layer_stages;
+    //! What its passes run: the layer stages with the hooks (set_hooks), and for a backward pass's
+    //! recomputed forward the same without the forward hooks.
+    std::vector<stage> passes, recomputed;
     std::vector<optimizer_arena<T>> arenas;
     //! The first block's input: the embedding's output, or a received activation copied from its slot.
     device_buffer<T> input;
@@ -114,6 +117,7 @@ pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_sh
         bind_chain(c->layout.blocks, c->input.data(), c->d_output.data());
         for (const auto& b : c->layout.blocks)
             for (const auto& st : b->stages()) c->layer_stages.push_back(st);
+        c->passes = c->recomputed = c->layer_stages;
         const int slot_count = layout_ ? layout_->chunk_slots[std::size_t(chunk)] : slots_.slots[std::size_t(chunk)];
         if (c->embedding) {
             c->tokens = device_buffer<int>(mbs * t);
@@ -237,7 +241,7 @@ template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cud
     } else {
         CAPSCOPE_CHECK(cudaMemcpyAsync(c.input.data(), c.activation_slots[slot].data(), c.input.bytes(), cudaMemcpyDeviceToDevice, s));
     }
-    capscope::run_forward(c.layer_stages, s);
+    capscope::run_forward(recompute ? c.recomputed : c.passes, s);
     if (c.head) {
         if (!recompute) kernels::copy_row_at(c.labels.data(), c.counter.data(), cfg_.microbatches, c.label_slots[slot].data(), t, overrun_.data(), s);
         kernels::rms_norm_forward(c.output(), c.params.value(c.layout.final_norm), c.final_normed.data(), c.final_rstd.data(), t, h, s);
@@ -283,7 +287,7 @@ template <class T> void pipeline_model<T>::backward_of(chunk_state& c, int k, co
     } else if (received != c.d_output.data()) {
         CAPSCOPE_CHECK(cudaMemcpyAsync(c.d_output.data(), received, c.d_output.bytes(), cudaMemcpyDeviceToDevice, s));
     }
-    capscope::run_backward(c.layer_stages, s);
+    capscope::run_backward(c.passes, s);
     const T* dx = c.layout.blocks.front()->input_grad();
     if (c.embedding)
         kernels::embedding_backward(c.token_slots[std::size_t(k)].data(), dx, c.params.grad(c.layout.tok_emb), c.params.grad(c.layout.pos_emb),
@@ -302,11 +306,41 @@ template <class T> void pipeline_model<T>::begin_step(cudaStream_t s, int microb
                                     " -- fix: " + (layout_ ? "a count in that range" : "pipeline_slots::phased, for counts that change"));
     kernels::set_float(gradient_scale_.data(), 1.f / float(m), s); // every step: a captured step holds its own count
     step_microbatches_ = m;
+    stepped_ = true;
     overrun_.fill_bytes(0, s);
     for (const auto& c : chunks_) {
         c->params.zero_grads(s);
         if (c->embedding || c->head) c->counter.fill_bytes(0, s);
     }
+}
+
+template <class T> const std::vector<capscope::stage>& pipeline_model<T>::layer_stages(int chunk) const { return at(chunk).layer_stages; }
+
+template <class T> void pipeline_model<T>::bind_hook_tensors() {
+    if (stepped_)
+        throw std::logic_error("gpt::pipeline_model::set_hooks: a step has begun, and a graph captured from its passes would keep them "
+                               "without the hooks -- fix: set the hooks before the first step");
+    const std::size_t layers = cfg_.layer_pattern.size();
+    hook_values_.assign(layers, {});
+    hook_gradients_.assign(layers, {});
+    hook_tensors_.assign(layers, {});
+    hook_outside_ = {};
+    for (const auto& c : chunks_) {
+        for (int l = c->first_layer; l < c->end_layer; ++l) {
+            const std::size_t i = std::size_t(l);
+            hook_values_[i] = c->params.layer_values(l);
+            hook_gradients_[i] = c->params.layer_gradients(l);
+            hook_tensors_[i] = {std::span<const capscope::tensor_ref>(&hook_values_[i], 1), std::span<const capscope::tensor_ref>(&hook_gradients_[i], 1)};
+        }
+        for (const capscope::tensor_ref& g : c->params.gradients_outside_layers()) hook_outside_.gradients.push_back(g);
+    }
+}
+
+template <class T> void pipeline_model<T>::set_pass_stages(int chunk, capscope::pass_stages stages) {
+    chunk_state& c = at(chunk);
+    c.passes = std::move(stages.passes);
+    // (A test, broken on purpose: the forward hooks in the recomputed forward too.)
+    c.recomputed = capscope::detail::installed_breakage().recompute_forward_hooks ? c.passes : std::move(stages.recomputed);
 }
 
 template <class T> void pipeline_model<T>::set_optimizer(const adamw_config& o, cudaStream_t s) {

@@ -26,6 +26,7 @@ struct breakage {
     bool copy_kernels_as_empty = false; //!< without_user_objects copies each kernel node as an empty node (the copy computes nothing)
     bool abort_parent_only = false;     //!< nccl_communicator::abort leaves the communicators split from it running
     bool skip_replica_average = false;  //!< gpt::pipeline_model does not average its gradients over its replicas
+    bool recompute_forward_hooks = false; //!< gpt::pipeline_model's recomputed forward runs the forward hooks too
 };
 
 inline breakage installed_breakage_v{};

@@ -155,10 +155,11 @@ int ahead_site(const H& h, const std::vector<stage>& list, std::pair<int, int> o
 //! parent's. With `ahead`, only the one_layer_ahead hooks, without, only the others: at one
 //! place the prefetches come after the layer's own hooks of their phase there. Their layers are
 //! taken in the order the pass runs them (a backward_pre hook's from the last), so at the pass's
-//! first layer its own call runs before the next layer's.
+//! first layer its own call runs before the next layer's. Only the hooks of the phases in
+//! `phases` (bit 1 << phase) are added.
 template <class Pipeline, std::size_t... I>
 void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, const Pipeline& hooks, int microbatch,
-               std::span<const layer_tensors> tensors, int round, bool ahead, const capture_scope* scope, std::index_sequence<I...>) {
+               std::span<const layer_tensors> tensors, int round, bool ahead, const capture_scope* scope, unsigned phases, std::index_sequence<I...>) {
     const int layers = int(tensors.size());
     for (int k = 0; k < layers; ++k) {
         (
@@ -167,6 +168,7 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
                 if constexpr (is_layer_hook<H>) {
                     constexpr bool pre = H::phase == hook_phase::forward_pre || H::phase == hook_phase::backward_pre;
                     const int layer = H::ahead && H::phase == hook_phase::backward_pre ? layers - 1 - k : k;
+                    if (!(phases & (1u << unsigned(H::phase)))) return;
                     if (H::ahead != ahead || (pre == H::regions.empty()) != (round == 0) || !H::on_layer(layer)) return;
                     const capture_scope* captured = std::is_same_v<typename H::placement, capture_time> ? scope : nullptr;
                     std::pair<int, int> span = hook_span(list, layer, H::regions, captured);
@@ -191,13 +193,16 @@ void add_round(std::vector<hook_slot>& slots, const std::vector<stage>& list, co
     }
 }
 
+//! Every phase, for add_hooks' `phases`.
+inline constexpr unsigned all_hook_phases = 0xfu;
+
 template <class Pipeline>
 std::vector<stage> add_hooks(const std::vector<stage>& list, const Pipeline& hooks, int microbatch, std::span<const layer_tensors> tensors,
-                             const capture_scope* scope) {
+                             const capture_scope* scope, unsigned phases = all_hook_phases) {
     std::vector<hook_slot> slots(list.size());
     for (int round = 0; round < 2; ++round)
         for (const bool ahead : {false, true})
-            add_round(slots, list, hooks, microbatch, tensors, round, ahead, scope, std::make_index_sequence<Pipeline::size>{});
+            add_round(slots, list, hooks, microbatch, tensors, round, ahead, scope, phases, std::make_index_sequence<Pipeline::size>{});
     // List order: forward passes run the list forwards, backward passes backwards.
     std::vector<stage> out;
     for (std::size_t i = 0; i < list.size(); ++i) {

@@ -154,6 +154,8 @@ public:
     int layers() const { return layers_; }
     //! Replicated: layer `layer`'s gradients (one run of the flat arena). Sharded: its full gradients.
     capscope::tensor_ref layer_gradients(int layer) const;
+    //! Replicated: layer `layer`'s working values (one run of the flat arena); throws for a sharded store.
+    capscope::tensor_ref layer_values(int layer) const;
     //! The gradients outside the layers (embeddings, final norm, head): one run per contiguous range.
     std::vector<capscope::tensor_ref> gradients_outside_layers() const;
     layer_shard<T> shard_of(int layer) const; //!< sharded stores only

@@ -24,7 +24,12 @@
 //!
 //! Not supported, refused at construction: dropout (a recomputed forward would draw other masks),
 //! dropless MoE (its counts are read on the host), the finite check and loss scaling (the ranks
-//! would decide apart), and so fp16, which needs loss scaling. Activation offloading is not offered.
+//! would decide apart), and so fp16, which needs loss scaling. Activation offloading is not offered
+//! (full recomputation keeps only each live microbatch's input).
+//!
+//! Hooks (`set_hooks`, capscope/hooks/with_pass_hooks.hpp): a hook pipeline's layer hooks run in
+//! the passes of the chunk that holds their layer, and its step hooks around AdamW, so every impl
+//! runs them where the passes run. Rule H5 refuses at compile time what a pass cannot run.
 
 #include <gpt/backward_scratch.hpp>
 #include <gpt/blocks.hpp>
@@ -35,6 +40,7 @@
 #include <capscope/cuda/blas.hpp>
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/detail/breakage.hpp>
+#include <capscope/hooks/with_pass_hooks.hpp>
 #include <capscope/offload/activation_store.hpp>
 #include <capscope/pipeline/activation_slots.hpp>
 #include <capscope/pipeline/p2p_buffer.hpp>
@@ -108,6 +114,30 @@ public:
     //! AdamW over every chunk's parameters (one step count for the rank).
     void optimizer_step(cudaStream_t s);
 
+    //! Hooks on the passes (capscope::with_pass_hooks; rule H5 at compile time). A layer hook runs
+    //! in the passes of the chunk that holds its layer: forward_pre in the forward pass and in a
+    //! backward pass's recomputed forward, forward in the forward pass only, backward_pre and
+    //! backward in the backward pass. Its context's parameters are the layer's working values, its
+    //! gradients the layer's gradients, and its microbatch -1 (read on the device). Step hooks run
+    //! once a step: before_optimizer after the replicas' average, after_optimizer after AdamW.
+    //! Every impl runs them, inside the graphs. `hooks` outlives the model, and is set before the
+    //! first step (a graph captured earlier would keep the passes without them). A hook's kernels
+    //! are the caller's to load before the first step (launch each once, or CUDA_MODULE_LOADING=EAGER),
+    //! as the model loads its own: a lazy load may wait behind a receive whose sender waits for it.
+    template <class... Hooks>
+    void set_hooks(const capscope::hook_pipeline<Hooks...>& hooks) {
+        static_assert(capscope::fits_pipelined_passes<capscope::hook_pipeline<Hooks...>>);
+        bind_hook_tensors();
+        for (int c = 0; c < chunks(); ++c) set_pass_stages(c, capscope::with_pass_hooks(layer_stages(c), hooks, hook_tensors_));
+        before_optimizer_ = capscope::step_hook_stages(hooks, capscope::step_point::before_optimizer, hook_tensors_, hook_outside_);
+        after_optimizer_ = capscope::step_hook_stages(hooks, capscope::step_point::after_optimizer, hook_tensors_, hook_outside_);
+    }
+    //! The stages point into the hooks: a temporary would dangle.
+    template <class... Hooks>
+    void set_hooks(capscope::hook_pipeline<Hooks...>&&) = delete;
+    //! Chunk `chunk`'s layer stages, without hooks (what a pass runs, with_pass_hooks' input).
+    const std::vector<capscope::stage>& layer_stages(int chunk) const;
+
     //! A whole step on `stream`: begin_step, the passes with their sends and receives through
     //! `issuer` (a pipeline_p2p: `run`; a pipeline_pass_graphs: `step`), made for this shape,
     //! rank and microbatch count, then optimizer_step.
@@ -125,7 +155,9 @@ public:
         if constexpr (requires { issuer.step(buffers, passes, stream); }) issuer.step(buffers, passes, stream);
         else issuer.run(buffers, passes, stream);
         average_over_replicas(stream);
+        capscope::run_forward(before_optimizer_, stream);
         optimizer_step(stream);
+        capscope::run_forward(after_optimizer_, stream);
     }
 
     //! A step of `microbatches` microbatches replayed from phase graphs captured once
@@ -145,7 +177,9 @@ public:
         begin_step(stream, microbatches);
         phases.launch(microbatches, stream);
         average_over_replicas(stream);
+        capscope::run_forward(before_optimizer_, stream);
         optimizer_step(stream);
+        capscope::run_forward(after_optimizer_, stream);
     }
 
     //! Whether `p` is this rank's program of `microbatches` microbatches: the same rank, passes
@@ -197,6 +231,10 @@ private:
     void backward_of(chunk_state& c, int slot, const T* received, cudaStream_t s);
     void load_kernels(cudaStream_t s); //!< every pass's kernel launched once, before any send or receive
     void check_counters(cudaStream_t s) const; //!< throws when a chunk ran past its microbatches (synchronizes `s`)
+    //! set_hooks' parts that need the chunks: every layer's tensors for the hooks (this rank's
+    //! filled, the others empty), and a chunk's passes with the hooks (refused once a step began).
+    void bind_hook_tensors();
+    void set_pass_stages(int chunk, capscope::pass_stages stages);
 
     model_config cfg_;
     capscope::pipeline::schedule_shape shape_;
@@ -209,6 +247,11 @@ private:
     std::optional<capscope::pipeline::phase_layout> layout_; //!< pipeline_slots::phased
     mutable capscope::pipeline::rank_program other_program_; //!< phased: the program step() last compared with
     int step_microbatches_ = 0;                              //!< the step's count (begin_step)
+    bool stepped_ = false;                                   //!< a step has begun (set_hooks is refused after)
+    std::vector<capscope::tensor_ref> hook_values_, hook_gradients_; //!< what hook_tensors_ point into, one per layer
+    std::vector<capscope::layer_tensors> hook_tensors_;     //!< per layer of the model (set_hooks)
+    capscope::layer_buffers hook_outside_;                   //!< the gradients outside the layers (the step hooks' declared reach)
+    std::vector<capscope::stage> before_optimizer_, after_optimizer_; //!< the step hooks
     std::vector<int> slot_of_, gradient_slot_of_; //!< per (chunk, microbatch)
     capscope::cuda::blas_handle blas_;
     std::vector<std::unique_ptr<chunk_state>> chunks_;
