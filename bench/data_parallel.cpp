@@ -17,8 +17,9 @@
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
 // parameter and optimizer-state bytes per rank. All variants are built first and run
-// round-robin, so drift hits them alike. `--only MODE/IMPL` builds and times one; with `--trace`, it
-// also prints where the step's time goes (bench/kernel_timeline.hpp, CUPTI). Exits 77 without a GPU.
+// round-robin, so drift hits them alike. `--only MODE/IMPL[,MODE/IMPL...]` builds and times those
+// (still round-robin); with `--trace` and one variant, it also prints where the step's time goes
+// (bench/kernel_timeline.hpp, CUPTI). Exits 77 without a GPU.
 
 #include "arguments.hpp"
 #include "round_robin.hpp"
@@ -98,11 +99,11 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
 //! steps, captures), and measures what it holds.
 template <class Config, class Mode>
 void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
-         const char* impl, int rank, cudaStream_t s, const std::string& only, gpt::collective_buffers buffers = gpt::collective_buffers::device) {
+         const char* impl, int rank, cudaStream_t s, const std::vector<std::string>& only, gpt::collective_buffers buffers = gpt::collective_buffers::device) {
     const std::string name = std::string(mode) + "/" + impl;
     if (std::find(variant_names.begin(), variant_names.end(), name) == variant_names.end())
         throw std::logic_error("bench/data_parallel: variant '" + name + "' is missing from variant_names, so --only cannot pick it");
-    if (!only.empty() && only != name) return;
+    if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) return;
     const gpt::model_config c = bench_model();
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
@@ -127,20 +128,28 @@ void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, co
 
 int main(int argc, char** argv) {
     int rounds = 10, steps_per_round = 5;
-    std::string csv, only;
+    std::string csv, only_text;
     bool trace = false;
     bench::arguments args("data_parallel");
-    args.text("--csv", csv).integer("--rounds", rounds, 1).text("--only", only, "MODE/IMPL").flag("--trace", trace).parse_or_exit(argc, argv);
-    if (trace && only.empty()) args.refuse("--trace breaks one variant down: give --only MODE/IMPL with it");
+    args.text("--csv", csv).integer("--rounds", rounds, 1).text("--only", only_text, "MODE/IMPL").flag("--trace", trace).parse_or_exit(argc, argv);
+    // --only: one variant, or several separated by commas (no variant name has one).
+    std::vector<std::string> only;
+    for (std::size_t at = 0; !only_text.empty() && at <= only_text.size();) {
+        const std::size_t comma = std::min(only_text.find(',', at), only_text.size());
+        only.push_back(only_text.substr(at, comma - at));
+        at = comma + 1;
+    }
+    if (trace && only.size() != 1) args.refuse("--trace breaks one variant down: give --only MODE/IMPL with it, one variant");
     if (trace && !csv.empty()) args.refuse("--trace slows the steps it traces: time them without it for --csv");
 #if !defined(BENCH_WITH_CUPTI)
     if (trace) args.refuse("--trace needs CUPTI, which this build did not find");
 #endif
-    if (!only.empty() && std::find(variant_names.begin(), variant_names.end(), only) == variant_names.end()) {
-        std::string names;
-        for (const auto& n : variant_names) names += (names.empty() ? "" : ", ") + ("'" + n + "'");
-        args.refuse("--only takes one variant, not '" + only + "': " + names);
-    }
+    for (const std::string& name : only)
+        if (std::find(variant_names.begin(), variant_names.end(), name) == variant_names.end()) {
+            std::string names;
+            for (const auto& n : variant_names) names += (names.empty() ? "" : ", ") + ("'" + n + "'");
+            args.refuse("--only takes variants separated by commas, not '" + name + "': " + names);
+        }
     if (cuda::usable_device_count() == 0) {
         std::printf("no CUDA device: skipped\n");
         return cuda::skip_exit_code;
@@ -196,7 +205,7 @@ int main(int argc, char** argv) {
 #if defined(BENCH_WITH_CUPTI)
     if (trace) {
         timeline.stop();
-        const std::string prefix = std::to_string(mpi.size()) + " GPU(s), rank " + std::to_string(r) + ", " + only + ": ";
+        const std::string prefix = std::to_string(mpi.size()) + " GPU(s), rank " + std::to_string(r) + ", " + only.front() + ": ";
         for (int rank = 0; rank < mpi.size(); ++rank) { // one rank at a time, so lines do not interleave
             if (rank == r) timeline.print(rounds * steps_per_round, prefix.c_str());
             std::fflush(stdout);
