@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,32 @@ std::string where(const char* what, const Context& c) {
 }
 
 //! Layers 2 and 3 of a 4-layer dense model: a chunk of a pipeline stage (one list of stages).
+//! The stages point into the pipeline and the tensors: neither may be a temporary.
+template <class P>
+concept pass_hooks_from_kept = requires(const std::vector<stage>& c, const P& p, std::span<const layer_tensors> t) { with_pass_hooks(c, p, t); };
+template <class P>
+concept pass_hooks_from_temporary_pipeline = requires(const std::vector<stage>& c, std::span<const layer_tensors> t) { with_pass_hooks(c, P{}, t); };
+template <class P>
+concept pass_hooks_from_temporary_tensors = requires(const std::vector<stage>& c, const P& p) { with_pass_hooks(c, p, std::vector<layer_tensors>{}); };
+template <class P>
+concept step_hooks_from_kept = requires(const P& p, std::span<const layer_tensors> t, const layer_buffers& o) {
+    step_hook_stages(p, step_point::before_optimizer, t, o);
+};
+template <class P>
+concept step_hooks_from_temporary_pipeline = requires(std::span<const layer_tensors> t, const layer_buffers& o) {
+    step_hook_stages(P{}, step_point::before_optimizer, t, o);
+};
+template <class P>
+concept step_hooks_from_temporary_tensors = requires(const P& p, const layer_buffers& o) {
+    step_hook_stages(p, step_point::before_optimizer, std::vector<layer_tensors>{}, o);
+};
+using stateless = hook_pipeline<decltype(hook<hook_phase::forward, capturable>("stat", [](forward_context&) {})),
+                                decltype(on_step<step_point::before_optimizer, capturable>("clip", [](step_context&) {}))>;
+static_assert(pass_hooks_from_kept<stateless> && !pass_hooks_from_temporary_pipeline<stateless> && !pass_hooks_from_temporary_tensors<stateless>);
+static_assert(step_hooks_from_kept<stateless> && !step_hooks_from_temporary_pipeline<stateless> && !step_hooks_from_temporary_tensors<stateless>);
+// A const pipeline is a pipeline (decltype of a const variable).
+static_assert(fits_pipelined_passes<const stateless>);
+
 std::vector<stage> chunk_of(fake::model& m) {
     const training_program p = m.program("DDDD", false, 1);
     std::vector<stage> out;

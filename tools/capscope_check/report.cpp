@@ -168,6 +168,7 @@ When a rule is checked:
 | H1 | hooks | compile time | a callable that does not take its declared phase's context (`warmup_context&` for a warmup hook) | `hooks/hook.hpp` |
 | H2 | hooks | compile time (`hooks_fit`, `composition::hooks`) | a boundary hook under `impl::whole_iteration` | `hooks/hooks_fit.hpp` |
 | H4 | hooks | compile time | a capturable hook that declares `synchronizes_with_host` | `hooks/hook.hpp` |
+| H5 | hooks (pipelined passes) | compile time (`fits_pipelined_passes`, `with_pass_hooks`, `step_hook_stages`, `gpt::pipeline_model::set_hooks`) | on a pipelined model's passes: a boundary or capture-time hook (of a layer or of the step), `last_microbatch_only`, a warmup hook | `hooks/with_pass_hooks.hpp` |
 | (no id) | schema | compile time | a `regions<...>` entry that is neither a capture module nor a trainer's own `region<"name">` | `stage/schema.hpp` |
 | (no id) | schema match | construction (a `runner`; `schema_mismatch`) | a layer of the program that matches none of the runner's layer schemas | `plan/match_schemas.hpp` |
 | (no id) | offload plan | construction (`activation_store::allocate`; `std::invalid_argument`) | a ring outside the lanes, a tensor without a layer or a size, a policy under which nothing moves | `offload/offload_plan.hpp` |
@@ -177,7 +178,7 @@ Notes:
 
 - F1 and F2 appear twice. They are one rule each: the sharding check builds the Megatron-FSDP flags from the
   policy and asks the table's F1 and F2.
-- H3 is unused: no rule has that id. Ids are not reused or renumbered, so the hook rules are H0, H1, H2, H4.
+- H3 is unused: no rule has that id. Ids are not reused or renumbered, so the hook rules are H0, H1, H2, H4, H5.
 - Ids from `megatron-rules.md` that are not listed (F3, F5–F7) have no rule of their own: F3 is the
   "not full_iteration" condition inside F1 and F2, F5 is a flag only, F6 is X10/X11, F7 is A11.
 

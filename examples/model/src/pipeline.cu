@@ -266,6 +266,7 @@ template <class T> void pipeline_model<T>::pass(const pl::compute_action& a, cud
     if (a.microbatch < 0 || (!layout_ && (a.microbatch >= cfg_.microbatches || activation_slot(a.chunk, a.microbatch) < 0)))
         throw std::out_of_range("gpt::pipeline_model::pass: " + pl::describe(a) + " is not in this rank's program");
     const int k = activation_slot(a.chunk, a.microbatch);
+    stepped_ = true; // (a graph captured from a pass keeps the hooks it ran with: set_hooks is refused from now on)
     if (a.direction == pl::pass::forward) {
         forward_of(c, k, s, false);
         return;
@@ -318,8 +319,8 @@ template <class T> const std::vector<capscope::stage>& pipeline_model<T>::layer_
 
 template <class T> void pipeline_model<T>::bind_hook_tensors() {
     if (stepped_)
-        throw std::logic_error("gpt::pipeline_model::set_hooks: a step has begun, and a graph captured from its passes would keep them "
-                               "without the hooks -- fix: set the hooks before the first step");
+        throw std::logic_error("gpt::pipeline_model::set_hooks: a step or a pass has begun, and a graph captured from the passes would keep "
+                               "them without the hooks -- fix: set the hooks before the first step");
     const std::size_t layers = cfg_.layer_pattern.size();
     hook_values_.assign(layers, {});
     hook_gradients_.assign(layers, {});
@@ -336,11 +337,18 @@ template <class T> void pipeline_model<T>::bind_hook_tensors() {
     }
 }
 
-template <class T> void pipeline_model<T>::set_pass_stages(int chunk, capscope::pass_stages stages) {
-    chunk_state& c = at(chunk);
-    c.passes = std::move(stages.passes);
-    // (A test, broken on purpose: the forward hooks in the recomputed forward too.)
-    c.recomputed = capscope::detail::installed_breakage().recompute_forward_hooks ? c.passes : std::move(stages.recomputed);
+template <class T>
+void pipeline_model<T>::set_hook_stages(std::vector<capscope::pass_stages> stages, std::vector<capscope::stage> before_optimizer,
+                                        std::vector<capscope::stage> after_optimizer) noexcept {
+    for (std::size_t k = 0; k < chunks_.size(); ++k) {
+        chunk_state& c = *chunks_[k];
+        c.passes = std::move(stages[k].passes);
+        // (A test, broken on purpose: the forward hooks in the recomputed forward too.)
+        if (capscope::detail::installed_breakage().recompute_forward_hooks) c.recomputed = c.passes;
+        else c.recomputed = std::move(stages[k].recomputed);
+    }
+    before_optimizer_ = std::move(before_optimizer);
+    after_optimizer_ = std::move(after_optimizer);
 }
 
 template <class T> void pipeline_model<T>::set_optimizer(const adamw_config& o, cudaStream_t s) {

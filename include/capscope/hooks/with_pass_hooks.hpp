@@ -15,9 +15,10 @@
 //! - A hook on a lane (`on_lane<K>`) runs in its place on the pass's stream: a pass is one stream.
 //!
 //! Rule H5 refuses, at compile time, what a pipelined pass cannot run: a boundary hook (there is
-//! no boundary inside a pass, nor inside a whole-step graph), a capture-time hook (the same stages
-//! run eagerly too), `last_microbatch_only` (no pass knows it holds the last microbatch), and a
-//! warmup hook (no runner's warmup steps).
+//! no boundary inside a pass, nor inside a whole-step graph; a step hook's step may be one graph),
+//! a capture-time hook (the same stages run eagerly too), `last_microbatch_only` (no pass knows it
+//! holds the last microbatch), and a warmup hook (no runner's warmup steps). Step hooks see every
+//! layer's tensors as given: a pipelined model gives its own layers', the others' empty.
 
 #include <capscope/hooks/with_hooks.hpp>
 
@@ -38,7 +39,12 @@ struct pass_stages {
 namespace detail {
 template <class H>
 constexpr bool is_pass_boundary_hook() {
-    if constexpr (is_layer_hook<H> || is_step_hook<H>) return std::is_same_v<typename H::placement, boundary>;
+    if constexpr (is_layer_hook<H>) return std::is_same_v<typename H::placement, boundary>;
+    else return false;
+}
+template <class H>
+constexpr bool is_step_boundary_hook() {
+    if constexpr (is_step_hook<H>) return std::is_same_v<typename H::placement, boundary>;
     else return false;
 }
 template <class H>
@@ -58,13 +64,19 @@ struct checked_pass_hooks {
                   "capscope hook rule H5: a pipelined pass runs eagerly, from its own graph or inside the whole step's graph, so it "
                   "has no boundary where a boundary hook's host work could run -- fix: make the hook capturable (stream work only), "
                   "or do the host work between steps");
+    static_assert(!(is_step_boundary_hook<std::remove_cv_t<Hooks>>() || ...),
+                  "capscope hook rule H5: a pipelined model's step may be captured whole (full_iteration), and the hooks are set "
+                  "before the model knows, so a step hook has no boundary for host work either -- fix: make the step hook "
+                  "capturable, or do the host work between steps");
     static_assert(!(is_pass_capture_time_hook<std::remove_cv_t<Hooks>>() || ...),
                   "capscope hook rule H5: a pipelined pass runs the same stages eagerly and captured, so a capture-time hook would "
-                  "run at every eager pass too -- fix: make the hook capturable, or do its work once before the step is captured");
+                  "run at every eager pass and at each capture, and never at a replay -- fix: make the hook capturable, or do its "
+                  "work once before the step is captured");
     static_assert(!(is_last_microbatch_hook<std::remove_cv_t<Hooks>>() || ...),
                   "capscope hook rule H5: one pipelined pass graph serves every microbatch of its slot (the microbatch is read on the "
                   "device), so no pass knows it holds the last one -- fix: drop last_microbatch_only (the hook then runs every "
-                  "microbatch), or use on_step<step_point::before_optimizer, capturable>, which runs once after every backward");
+                  "microbatch), or use on_step<step_point::before_optimizer, capturable>, which runs once after every backward "
+                  "of this rank's layers");
     static_assert(!(is_warmup_hook<std::remove_cv_t<Hooks>> || ...),
                   "capscope hook rule H5: a pipelined model has no runner warmup steps to run a warmup hook around -- fix: drop the "
                   "warmup hook and do its work before the first step");
@@ -72,11 +84,21 @@ struct checked_pass_hooks {
 };
 } // namespace detail
 
-//! Whether every hook of `Pipeline` can run in a pipelined pass (rule H5, as a static_assert).
+namespace detail {
 template <class Pipeline>
-inline constexpr bool fits_pipelined_passes = false;
+struct pass_hooks_of {
+    static_assert(sizeof(Pipeline) == 0, "capscope hook rule H0: fits_pipelined_passes<P> takes a hook_pipeline<...> -- fix: pass "
+                                         "decltype(pipeline)");
+    static constexpr bool value = false;
+};
 template <class... Hooks>
-inline constexpr bool fits_pipelined_passes<hook_pipeline<Hooks...>> = detail::checked_pass_hooks<Hooks...>::value;
+struct pass_hooks_of<hook_pipeline<Hooks...>> : checked_pass_hooks<Hooks...> {};
+} // namespace detail
+
+//! Whether every hook of `Pipeline` (a hook_pipeline, const or not) can run in a pipelined pass
+//! (rule H5, as a static_assert).
+template <class Pipeline>
+inline constexpr bool fits_pipelined_passes = detail::pass_hooks_of<std::remove_cvref_t<Pipeline>>::value;
 
 //! The chunk's layer stages `chunk` (one pass of its layers, as `run_forward` runs them) with
 //! the layer hooks of `hooks`. `tensors[L]` is layer L's parameters and gradients for the whole
@@ -117,6 +139,10 @@ std::vector<stage> step_hook_stages(const hook_pipeline<Hooks...>& hooks, step_p
 template <class... Hooks>
 pass_stages with_pass_hooks(const std::vector<stage>&, hook_pipeline<Hooks...>&&, std::span<const layer_tensors>) = delete;
 template <class... Hooks>
+pass_stages with_pass_hooks(const std::vector<stage>&, const hook_pipeline<Hooks...>&, std::vector<layer_tensors>&&) = delete;
+template <class... Hooks>
 std::vector<stage> step_hook_stages(hook_pipeline<Hooks...>&&, step_point, std::span<const layer_tensors>, const layer_buffers&) = delete;
+template <class... Hooks>
+std::vector<stage> step_hook_stages(const hook_pipeline<Hooks...>&, step_point, std::vector<layer_tensors>&&, const layer_buffers&) = delete;
 
 } // namespace capscope

@@ -106,31 +106,40 @@ public:
             static_cast<const Communicator*>(comm)->average_in_place(data, count, s);
         };
     }
-    //! The step's gradients averaged over the replicas, if average_gradients_over was called.
-    void average_over_replicas(cudaStream_t s) {
-        if (!average_ || capscope::detail::installed_breakage().skip_replica_average) return; // (a test, broken on purpose)
-        for (int c = 0; c < chunks(); ++c) average_(replicas_, parameters(c).grads(), parameters(c).total(), s);
+    //! What a step does after its passes, in order: the gradients averaged over the replicas (if
+    //! average_gradients_over was called), the before_optimizer step hooks, AdamW over every
+    //! chunk's parameters (one step count for the rank), the after_optimizer step hooks. step()
+    //! calls it; a step loop written by hand (begin_step, the passes) ends with it.
+    void finish_step(cudaStream_t s) {
+        average_over_replicas(s);
+        capscope::run_forward(before_optimizer_, s);
+        optimizer_step(s);
+        capscope::run_forward(after_optimizer_, s);
     }
-    //! AdamW over every chunk's parameters (one step count for the rank).
-    void optimizer_step(cudaStream_t s);
 
     //! Hooks on the passes (capscope::with_pass_hooks; rule H5 at compile time). A layer hook runs
     //! in the passes of the chunk that holds its layer: forward_pre in the forward pass and in a
     //! backward pass's recomputed forward, forward in the forward pass only, backward_pre and
     //! backward in the backward pass. Its context's parameters are the layer's working values, its
     //! gradients the layer's gradients, and its microbatch -1 (read on the device). Step hooks run
-    //! once a step: before_optimizer after the replicas' average, after_optimizer after AdamW.
-    //! Every impl runs them, inside the graphs. `hooks` outlives the model, and is set before the
-    //! first step (a graph captured earlier would keep the passes without them). A hook's kernels
-    //! are the caller's to load before the first step (launch each once, or CUDA_MODULE_LOADING=EAGER),
+    //! once a step, in finish_step: before_optimizer after the replicas' average, after_optimizer
+    //! after AdamW; their context holds this rank's layers only (the others' are empty), so a
+    //! global norm needs a reduction over the pipeline of the hook's own. Every impl runs the hooks
+    //! where it runs the passes and finish_step: eagerly, in the pass graphs, or in the whole
+    //! step's graph. `hooks` outlives the model, and is set before the first step or pass (a graph
+    //! captured earlier would keep the passes without them; refused after). A hook's kernels are
+    //! the caller's to load before the first step (launch each once, or CUDA_MODULE_LOADING=EAGER),
     //! as the model loads its own: a lazy load may wait behind a receive whose sender waits for it.
+    //! Nothing is changed when it throws.
     template <class... Hooks>
     void set_hooks(const capscope::hook_pipeline<Hooks...>& hooks) {
         static_assert(capscope::fits_pipelined_passes<capscope::hook_pipeline<Hooks...>>);
         bind_hook_tensors();
-        for (int c = 0; c < chunks(); ++c) set_pass_stages(c, capscope::with_pass_hooks(layer_stages(c), hooks, hook_tensors_));
-        before_optimizer_ = capscope::step_hook_stages(hooks, capscope::step_point::before_optimizer, hook_tensors_, hook_outside_);
-        after_optimizer_ = capscope::step_hook_stages(hooks, capscope::step_point::after_optimizer, hook_tensors_, hook_outside_);
+        std::vector<capscope::pass_stages> stages;
+        for (int c = 0; c < chunks(); ++c) stages.push_back(capscope::with_pass_hooks(layer_stages(c), hooks, hook_tensors_));
+        std::vector<capscope::stage> before = capscope::step_hook_stages(hooks, capscope::step_point::before_optimizer, hook_tensors_, hook_outside_);
+        std::vector<capscope::stage> after = capscope::step_hook_stages(hooks, capscope::step_point::after_optimizer, hook_tensors_, hook_outside_);
+        set_hook_stages(std::move(stages), std::move(before), std::move(after)); // noexcept: moves only
     }
     //! The stages point into the hooks: a temporary would dangle.
     template <class... Hooks>
@@ -140,7 +149,7 @@ public:
 
     //! A whole step on `stream`: begin_step, the passes with their sends and receives through
     //! `issuer` (a pipeline_p2p: `run`; a pipeline_pass_graphs: `step`), made for this shape,
-    //! rank and microbatch count, then optimizer_step.
+    //! rank and microbatch count, then finish_step.
     //! With pipeline_slots::phased, the issuer's microbatch count is the step's.
     template <class Issuer>
     void step(Issuer& issuer, cudaStream_t stream) {
@@ -154,10 +163,7 @@ public:
         auto passes = [this](const capscope::pipeline::compute_action& a, cudaStream_t on) { pass(a, on); };
         if constexpr (requires { issuer.step(buffers, passes, stream); }) issuer.step(buffers, passes, stream);
         else issuer.run(buffers, passes, stream);
-        average_over_replicas(stream);
-        capscope::run_forward(before_optimizer_, stream);
-        optimizer_step(stream);
-        capscope::run_forward(after_optimizer_, stream);
+        finish_step(stream);
     }
 
     //! A step of `microbatches` microbatches replayed from phase graphs captured once
@@ -176,10 +182,7 @@ public:
         if (phases.graphs_captured() == 0) phases.capture(buffers, passes, stream);
         begin_step(stream, microbatches);
         phases.launch(microbatches, stream);
-        average_over_replicas(stream);
-        capscope::run_forward(before_optimizer_, stream);
-        optimizer_step(stream);
-        capscope::run_forward(after_optimizer_, stream);
+        finish_step(stream);
     }
 
     //! Whether `p` is this rank's program of `microbatches` microbatches: the same rank, passes
@@ -232,9 +235,16 @@ private:
     void load_kernels(cudaStream_t s); //!< every pass's kernel launched once, before any send or receive
     void check_counters(cudaStream_t s) const; //!< throws when a chunk ran past its microbatches (synchronizes `s`)
     //! set_hooks' parts that need the chunks: every layer's tensors for the hooks (this rank's
-    //! filled, the others empty), and a chunk's passes with the hooks (refused once a step began).
+    //! filled, the others empty; refused once a step or pass began), and the stages installed.
     void bind_hook_tensors();
-    void set_pass_stages(int chunk, capscope::pass_stages stages);
+    void set_hook_stages(std::vector<capscope::pass_stages> chunks, std::vector<capscope::stage> before_optimizer,
+                         std::vector<capscope::stage> after_optimizer) noexcept;
+    //! The step's gradients averaged over the replicas, if average_gradients_over was called.
+    void average_over_replicas(cudaStream_t s) {
+        if (!average_ || capscope::detail::installed_breakage().skip_replica_average) return; // (a test, broken on purpose)
+        for (int c = 0; c < chunks(); ++c) average_(replicas_, parameters(c).grads(), parameters(c).total(), s);
+    }
+    void optimizer_step(cudaStream_t s); //!< AdamW over every chunk's parameters (one step count for the rank)
 
     model_config cfg_;
     capscope::pipeline::schedule_shape shape_;
@@ -247,7 +257,7 @@ private:
     std::optional<capscope::pipeline::phase_layout> layout_; //!< pipeline_slots::phased
     mutable capscope::pipeline::rank_program other_program_; //!< phased: the program step() last compared with
     int step_microbatches_ = 0;                              //!< the step's count (begin_step)
-    bool stepped_ = false;                                   //!< a step has begun (set_hooks is refused after)
+    bool stepped_ = false;                                   //!< a step or a pass has begun (set_hooks is refused after)
     std::vector<capscope::tensor_ref> hook_values_, hook_gradients_; //!< what hook_tensors_ point into, one per layer
     std::vector<capscope::layer_tensors> hook_tensors_;     //!< per layer of the model (set_hooks)
     capscope::layer_buffers hook_outside_;                   //!< the gradients outside the layers (the step hooks' declared reach)
