@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
         const cuda::graph_exec busy(cuda::capture(s, [&](cudaStream_t on) {
             model.begin_step(on);
             for (const pipeline::compute_action& a : p2p.program().compute) model.pass(a, on);
-            model.optimizer_step(on);
+            model.finish_step(on);
         }));
         std::vector<double> eager, per_pass, graph, alone;
         for (int r = 0; r < rounds; ++r) {
