@@ -89,6 +89,9 @@ static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(onc
 constexpr auto reduce_last = hook<hook_phase::backward, capturable, last_microbatch_only>("grad all-reduce", reduce_gradients);
 static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce_last)>>);
 #endif
+#ifdef CASE_H0__fits_pipelined_passes
+static_assert(fits_pipelined_passes<decltype(reduce)>); // a hook, not a pipeline of them
+#endif
 #ifdef CASE_H5__warmup
 constexpr auto warm = on_warmup<warmup_point::before>("warm", [](warmup_context&) {});
 static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(warm)>>);

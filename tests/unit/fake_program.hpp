@@ -10,6 +10,12 @@
 
 namespace fake {
 
+//! A hook's call as the hook tests log it: "what L<layer> mb<microbatch>".
+template <class Context>
+std::string where(const char* what, const Context& c) {
+    return std::string(what) + " L" + std::to_string(c.layer()) + " mb" + std::to_string(c.microbatch());
+}
+
 struct recorder {
     std::vector<std::string>* log;
     std::string name;

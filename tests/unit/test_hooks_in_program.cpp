@@ -19,10 +19,7 @@ namespace {
 int not_a_stream = 0;
 const auto fake_stream = reinterpret_cast<cudaStream_t>(&not_a_stream);
 
-template <class Context>
-std::string where(const char* what, const Context& c) {
-    return std::string(what) + " L" + std::to_string(c.layer()) + " mb" + std::to_string(c.microbatch());
-}
+using fake::where;
 
 //! The calls of layer 0 in microbatch 0 (its forward and backward come before microbatch 1's).
 std::vector<std::string> layer0_of_microbatch0(const std::vector<std::string>& log) {

@@ -18,10 +18,7 @@
 using namespace capscope;
 
 namespace {
-template <class Context>
-std::string where(const char* what, const Context& c) {
-    return std::string(what) + " L" + std::to_string(c.layer()) + " mb" + std::to_string(c.microbatch());
-}
+using fake::where;
 
 //! Layers 2 and 3 of a 4-layer dense model: a chunk of a pipeline stage (one list of stages).
 //! The stages point into the pipeline and the tensors: neither may be a temporary.

@@ -82,9 +82,7 @@ struct checked_pass_hooks {
                   "warmup hook and do its work before the first step");
     static constexpr bool value = true;
 };
-} // namespace detail
 
-namespace detail {
 template <class Pipeline>
 struct pass_hooks_of {
     static_assert(sizeof(Pipeline) == 0, "capscope hook rule H0: fits_pipelined_passes<P> takes a hook_pipeline<...> -- fix: pass "
