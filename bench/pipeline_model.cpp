@@ -11,8 +11,12 @@
 // state, one activation set per chunk, the slots), the slots alone, and the whole-step graph.
 // Every backward recomputes its forward (gpt/pipeline.hpp), so a step computes a forward, a
 // recomputed forward and a backward per microbatch and layer: about 4 forwards' worth.
+// With --trace (CUPTI), after the timing, each rank's eager step and whole-step graph at each
+// timed count are traced: compute kernels busy, NCCL's kernels (the sends and receives), and time
+// with no kernel running, per step (bench/kernel_timeline.hpp). What the graph can take away is
+// the eager step's time with no kernel running.
 //
-//   mpirun -np 2 pipeline_model [--hidden H] [--seq S] [--batch B] [--layers-per-rank L] [--rounds R]
+//   mpirun -np 2 pipeline_model [--hidden H] [--seq S] [--batch B] [--layers-per-rank L] [--rounds R] [--trace]
 //   exit 77 without 2 GPUs
 
 #include "arguments.hpp"
@@ -20,6 +24,10 @@
 #include "round_robin.hpp"
 
 #include "../tests/gpu/mpi_support.hpp"
+
+#if defined(BENCH_WITH_CUPTI)
+#include "kernel_timeline.hpp"
+#endif
 
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/stream.hpp>
@@ -30,6 +38,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <memory>
 #include <random>
@@ -74,14 +83,19 @@ void load_batches(gpt::pipeline_model<float>& model, cudaStream_t s) {
 
 int main(int argc, char** argv) {
     int hidden = 512, seq = 256, batch = 4, layers_per_rank = 2, rounds = 5;
+    bool trace = false;
     bench::arguments args("pipeline_model");
     args.integer("--hidden", hidden, 64, 8192)
         .integer("--seq", seq, 16, 8192)
         .integer("--batch", batch, 1, 1024)
         .integer("--layers-per-rank", layers_per_rank, 1, 64)
         .integer("--rounds", rounds, 1)
+        .flag("--trace", trace)
         .parse_or_exit(argc, argv);
     if (hidden % 64 != 0) args.refuse("--hidden must be a multiple of 64 (heads of 64)");
+#if !defined(BENCH_WITH_CUPTI)
+    if (trace) args.refuse("--trace needs CUPTI, which this build did not find");
+#endif
     const std::string device = bench::device_or_skip();
     if (cuda::usable_device_count() < 2) return std::printf("one GPU: a pipeline needs two (mpirun -np 2): skipped\n"), 77;
     support::comm(); // takes this rank's GPU before any stream or buffer
@@ -102,6 +116,15 @@ int main(int argc, char** argv) {
         std::vector<double> idle;
     };
     std::vector<time_row> rows;
+#if defined(BENCH_WITH_CUPTI)
+    struct traced {
+        traced(const char* w, int count) : way(w), m(count) {}
+        const char* way;
+        int m;
+        bench::kernel_timeline timeline; // CUPTI holds its address while tracing: kept in place (a deque)
+    };
+    std::deque<traced> traces;
+#endif
     for (int m : memory_counts) {
         const gpt::model_config cfg = config_of(hidden, seq, batch, shape.layers, m);
         CAPSCOPE_CHECK(cudaDeviceSynchronize());
@@ -138,6 +161,18 @@ int main(int argc, char** argv) {
         time_row x{m, max_over_ranks(bench::median(eager)), max_over_ranks(bench::median(per_pass)), max_over_ranks(bench::median(graph)), {}};
         x.idle = gather(1.0 - bench::median(alone) / bench::median(graph), ranks);
         rows.push_back(x);
+#if defined(BENCH_WITH_CUPTI)
+        // After the timing: tracing slows the host. Printed one rank at a time, after the tables.
+        for (const char* way : trace ? std::vector<const char*>{"eager", "whole-step graph"} : std::vector<const char*>{}) {
+            const bool eager_way = std::string(way) == "eager";
+            bench::kernel_timeline& timeline = traces.emplace_back(way, m).timeline;
+            CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+            timeline.start();
+            (void)time_steps([&](cudaStream_t on) { eager_way ? model.step(p2p, on) : whole.launch(on); }, 1, steps, s);
+            timeline.stop();
+        }
+#endif
     }
 
     if (rank == 0) {
@@ -154,5 +189,16 @@ int main(int argc, char** argv) {
         std::printf("\n| M | the rank's model | of which slots | whole-step graph of M |\n|---:|---:|---:|---:|\n");
         for (int m : memory_counts) std::printf("| %d | %.2f MiB | %.2f MiB | %.2f MiB |\n", m, memory[m].model, memory[m].slots, memory[m].whole);
     }
+#if defined(BENCH_WITH_CUPTI)
+    for (traced& t : traces)
+        for (int r = 0; r < ranks; ++r) { // one rank at a time, so lines do not interleave
+            if (r == rank) {
+                const std::string prefix = std::string("trace, ") + t.way + ", M = " + std::to_string(t.m) + ", rank " + std::to_string(rank) + ": ";
+                t.timeline.print(steps, prefix.c_str());
+            }
+            std::fflush(stdout);
+            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        }
+#endif
     return 0;
 }
