@@ -92,6 +92,8 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
                                              "sharded (graphs as captured)/transformer_engine",
                                              "data parallel (fewest CTAs)/transformer_engine", "data parallel (fewest CTAs)/full_iteration",
                                              "data parallel (copy-engine gathers)/transformer_engine", "data parallel (copy-engine gathers)/full_iteration",
+                                             "data parallel (copy-engine gathers; 8 CTAs)/transformer_engine", "data parallel (copy-engine gathers; 8 CTAs)/full_iteration",
+                                             "data parallel (copy-engine gathers; 4 CTAs)/transformer_engine", "data parallel (copy-engine gathers; 4 CTAs)/full_iteration",
                                              "sharded (copy-engine gathers)/transformer_engine", "sharded (copy-engine gathers)/full_iteration",
                                              "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration"};
 
@@ -189,6 +191,19 @@ int main(int argc, char** argv) {
                                  gpt::collective_buffers::nccl_symmetric);
     add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine gathers)", "full_iteration", r, s, only,
                                    gpt::collective_buffers::nccl_symmetric);
+    // ... and the reduce-scatters, which stay on SMs, held to fewer CTAs (ncclConfig_t::maxCTAs).
+    if (!only.empty() && std::any_of(only.begin(), only.end(), [](const std::string& n) { return n.find(" CTAs)") != std::string::npos; })) {
+        communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero, 8})));
+        communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero, 4})));
+        add<te_cfg, gpt::replicated>(v, keep, *communicators[2], "data parallel (copy-engine gathers; 8 CTAs)", "transformer_engine", r, s, only,
+                                     gpt::collective_buffers::nccl_symmetric);
+        add<full_cfg, gpt::replicated>(v, keep, *communicators[2], "data parallel (copy-engine gathers; 8 CTAs)", "full_iteration", r, s, only,
+                                       gpt::collective_buffers::nccl_symmetric);
+        add<te_cfg, gpt::replicated>(v, keep, *communicators[3], "data parallel (copy-engine gathers; 4 CTAs)", "transformer_engine", r, s, only,
+                                     gpt::collective_buffers::nccl_symmetric);
+        add<full_cfg, gpt::replicated>(v, keep, *communicators[3], "data parallel (copy-engine gathers; 4 CTAs)", "full_iteration", r, s, only,
+                                       gpt::collective_buffers::nccl_symmetric);
+    }
     add<te_cfg, sharded_mode>(v, keep, *communicators[1], "sharded (copy-engine gathers)", "transformer_engine", r, s, only,
                               gpt::collective_buffers::nccl_symmetric);
     add<full_cfg, sharded_mode>(v, keep, *communicators[1], "sharded (copy-engine gathers)", "full_iteration", r, s, only,

@@ -55,6 +55,9 @@ enum class nccl_cta_policy {
 
 struct nccl_options {
     nccl_cta_policy cta_policy = nccl_cta_policy::nccl_default;
+    //! At most this many CTAs per collective (`ncclConfig_t::maxCTAs`); 0: NCCL's choice. With
+    //! the all-gathers on copy engines (`zero`), what is left on SMs is the reduce-scatters.
+    int max_ctas = 0;
 };
 
 class nccl_communicator {
@@ -62,11 +65,18 @@ public:
     //! Rank `rank` of `ranks`, joined through `id` (from rank 0's `ncclGetUniqueId`). The current
     //! device is the rank's GPU.
     nccl_communicator(int ranks, const ncclUniqueId& id, int rank, nccl_options options = {}) : options_(options) {
-        if (options.cta_policy == nccl_cta_policy::nccl_default) {
+        if (options.max_ctas < 0)
+            throw std::invalid_argument("nccl_communicator: max_ctas " + std::to_string(options.max_ctas) + " -- fix: 0 (NCCL's choice) or a positive count");
+        if (options.cta_policy == nccl_cta_policy::nccl_default && options.max_ctas == 0) {
             CAPSCOPE_CHECK(ncclCommInitRank(comm_.out(), ranks, id, rank));
             return;
         }
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        if (options.max_ctas > 0) config.maxCTAs = options.max_ctas, config.minCTAs = 1;
+        if (options.cta_policy == nccl_cta_policy::nccl_default) {
+            CAPSCOPE_CHECK(ncclCommInitRankConfig(comm_.out(), ranks, id, rank, &config));
+            return;
+        }
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
         config.CTAPolicy = options.cta_policy == nccl_cta_policy::zero ? NCCL_CTA_POLICY_ZERO : NCCL_CTA_POLICY_EFFICIENCY;
 #elif NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
