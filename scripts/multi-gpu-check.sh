@@ -46,6 +46,10 @@ if is_part tests; then
   CAPSCOPE_BREAK=recompute_forward_hooks timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*hooks*' --no-colors=true >"$OUT/two-ranks-recompute-forward-hooks.log" 2>&1
   r=$?; echo "== two-ranks-recompute-forward-hooks (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-recompute-forward-hooks.log" | head -4
   [ $r -ne 0 ] && grep -q "ERROR: CHECK( counts_right )" "$OUT/two-ranks-recompute-forward-hooks.log" || rc=1
+  # Broken on purpose: the pipelined model's backward passes copying no offloaded tensor back must fail.
+  CAPSCOPE_BREAK=skip_pass_copy_back timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*offload*' --no-colors=true >"$OUT/two-ranks-skip-pass-copy-back.log" 2>&1
+  r=$?; echo "== two-ranks-skip-pass-copy-back (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-skip-pass-copy-back.log" | head -4
+  [ $r -ne 0 ] && grep -q "ERROR: CHECK( same_as_plain )" "$OUT/two-ranks-skip-pass-copy-back.log" || rc=1
   # A failing rank ends both, within the bound (no GPU needed, but here on the real launcher too).
   run rank-failure python3 tests/mpi/rank_failure.py ./build-mpi/tests/rank_failure_probe
   # Each fault injected into rank 1 on the GPUs, eager and captured (23 runs; its own time limit).

@@ -30,9 +30,10 @@ struct pipeline_model<T>::chunk_state {
     backward_scratch scratch;
     detail::model_layout<T> layout;
     std::vector<stage> layer_stages;
-    //! What its passes run: the layer stages with the hooks (set_hooks), and for a backward pass's
-    //! recomputed forward the same without the forward hooks.
-    std::vector<stage> passes, recomputed;
+    std::vector<stage> copied_stages; //!< the layer stages with the offload copies (the layer stages without offload)
+    //! What its passes run, with the hooks (set_hooks): a forward pass, the layer stages; a
+    //! backward pass, the copied stages, recomputed without the forward hooks, then backwards.
+    std::vector<stage> forward_pass, recomputed, backward_pass;
     std::vector<optimizer_arena<T>> arenas;
     //! The first block's input: the embedding's output, or a received activation copied from its slot.
     device_buffer<T> input;
@@ -69,7 +70,8 @@ const model_config& checked_for_pipeline(const model_config& c, const pl::schedu
 } // namespace
 
 template <class T>
-pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_shape& shape, int rank, cudaStream_t s, pipeline_slots addressing)
+pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_shape& shape, int rank, cudaStream_t s, pipeline_slots addressing,
+                                  const activation_offload& offload)
     : cfg_(checked_for_pipeline(cfg, shape, rank)), shape_(shape), rank_(rank), program_(pl::program_of(shape, rank, cfg.microbatches)),
       slots_(pl::plan_slots(shape, rank, cfg.microbatches)), step_microbatches_(cfg.microbatches), device_step_(1), overrun_(1), gradient_scale_(1),
       hyperparameters_(sizeof(kernels::adamw_hyperparameters) / sizeof(float)), host_loss_(std::size_t(cfg.microbatches)) {
@@ -110,14 +112,25 @@ pipeline_model<T>::pipeline_model(const model_config& cfg, const pl::schedule_sh
                                           detail::model_part{c->first_layer, c->end_layer, c->embedding, c->head});
         c->params.allocate(cfg.seed + std::uint64_t(c->virtual_stage), s);
         c->arenas = c->params.optimizer_arenas();
-        c->activations.allocate(capscope::offload_settings{}, capscope::offload_ring{});
+        c->activations.allocate(offload.policy, offload.ring);
         c->scratch.allocate();
         c->input = device_buffer<T>(t * h);
         c->d_output = device_buffer<T>(t * h);
         bind_chain(c->layout.blocks, c->input.data(), c->d_output.data());
         for (const auto& b : c->layout.blocks)
             for (const auto& st : b->stages()) c->layer_stages.push_back(st);
-        c->passes = c->recomputed = c->layer_stages;
+        c->copied_stages = c->layer_stages;
+        if (offload.policy.enabled) {
+            // A pass is one list on one stream, captured whole or run eagerly: the copies are
+            // placed as for a whole-step graph, and run in list order.
+            capscope::training_program one;
+            one.microbatches.push_back(c->layer_stages);
+            c->copied_stages = c->activations.with_offload(one, capscope::capture_scope{capscope::graph_impl::whole_iteration, {}}).microbatches.front();
+            if (capscope::detail::installed_breakage().skip_pass_copy_back) // (a test, broken on purpose)
+                std::erase_if(c->copied_stages, [](const stage& st) { return st.name.ends_with(".to_device"); });
+        }
+        c->forward_pass = c->layer_stages;
+        c->recomputed = c->backward_pass = c->copied_stages;
         const int slot_count = layout_ ? layout_->chunk_slots[std::size_t(chunk)] : slots_.slots[std::size_t(chunk)];
         if (c->embedding) {
             c->tokens = device_buffer<int>(mbs * t);
@@ -241,7 +254,7 @@ template <class T> void pipeline_model<T>::forward_of(chunk_state& c, int k, cud
     } else {
         CAPSCOPE_CHECK(cudaMemcpyAsync(c.input.data(), c.activation_slots[slot].data(), c.input.bytes(), cudaMemcpyDeviceToDevice, s));
     }
-    capscope::run_forward(recompute ? c.recomputed : c.passes, s);
+    capscope::run_forward(recompute ? c.recomputed : c.forward_pass, s);
     if (c.head) {
         if (!recompute) kernels::copy_row_at(c.labels.data(), c.counter.data(), cfg_.microbatches, c.label_slots[slot].data(), t, overrun_.data(), s);
         kernels::rms_norm_forward(c.output(), c.params.value(c.layout.final_norm), c.final_normed.data(), c.final_rstd.data(), t, h, s);
@@ -288,7 +301,7 @@ template <class T> void pipeline_model<T>::backward_of(chunk_state& c, int k, co
     } else if (received != c.d_output.data()) {
         CAPSCOPE_CHECK(cudaMemcpyAsync(c.d_output.data(), received, c.d_output.bytes(), cudaMemcpyDeviceToDevice, s));
     }
-    capscope::run_backward(c.passes, s);
+    capscope::run_backward(c.backward_pass, s);
     const T* dx = c.layout.blocks.front()->input_grad();
     if (c.embedding)
         kernels::embedding_backward(c.token_slots[std::size_t(k)].data(), dx, c.params.grad(c.layout.tok_emb), c.params.grad(c.layout.pos_emb),
@@ -316,6 +329,17 @@ template <class T> void pipeline_model<T>::begin_step(cudaStream_t s, int microb
 }
 
 template <class T> const std::vector<capscope::stage>& pipeline_model<T>::layer_stages(int chunk) const { return at(chunk).layer_stages; }
+template <class T> const std::vector<capscope::stage>& pipeline_model<T>::backward_pass_stages(int chunk) const { return at(chunk).copied_stages; }
+template <class T> std::size_t pipeline_model<T>::activation_device_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& c : chunks_) bytes += c->activations.device_bytes();
+    return bytes;
+}
+template <class T> std::size_t pipeline_model<T>::activation_host_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& c : chunks_) bytes += c->activations.host_bytes();
+    return bytes;
+}
 
 template <class T> void pipeline_model<T>::bind_hook_tensors() {
     if (stepped_)
@@ -338,14 +362,15 @@ template <class T> void pipeline_model<T>::bind_hook_tensors() {
 }
 
 template <class T>
-void pipeline_model<T>::set_hook_stages(std::vector<capscope::pass_stages> stages, std::vector<capscope::stage> before_optimizer,
-                                        std::vector<capscope::stage> after_optimizer) noexcept {
+void pipeline_model<T>::set_hook_stages(std::vector<capscope::pass_stages> forward, std::vector<capscope::pass_stages> backward,
+                                        std::vector<capscope::stage> before_optimizer, std::vector<capscope::stage> after_optimizer) noexcept {
     for (std::size_t k = 0; k < chunks_.size(); ++k) {
         chunk_state& c = *chunks_[k];
-        c.passes = std::move(stages[k].passes);
+        c.forward_pass = std::move(forward[k].passes);
+        c.backward_pass = std::move(backward[k].passes);
         // (A test, broken on purpose: the forward hooks in the recomputed forward too.)
-        if (capscope::detail::installed_breakage().recompute_forward_hooks) c.recomputed = c.passes;
-        else c.recomputed = std::move(stages[k].recomputed);
+        if (capscope::detail::installed_breakage().recompute_forward_hooks) c.recomputed = c.backward_pass;
+        else c.recomputed = std::move(backward[k].recomputed);
     }
     before_optimizer_ = std::move(before_optimizer);
     after_optimizer_ = std::move(after_optimizer);

@@ -27,6 +27,7 @@ struct breakage {
     bool abort_parent_only = false;     //!< nccl_communicator::abort leaves the communicators split from it running
     bool skip_replica_average = false;  //!< gpt::pipeline_model does not average its gradients over its replicas
     bool recompute_forward_hooks = false; //!< gpt::pipeline_model's recomputed forward runs the forward hooks too
+    bool skip_pass_copy_back = false;     //!< gpt::pipeline_model's backward passes copy no offloaded tensor back
 };
 
 inline breakage installed_breakage_v{};

@@ -24,8 +24,15 @@
 //!
 //! Not supported, refused at construction: dropout (a recomputed forward would draw other masks),
 //! dropless MoE (its counts are read on the host), the finite check and loss scaling (the ranks
-//! would decide apart), and so fp16, which needs loss scaling. Activation offloading is not offered
-//! (full recomputation keeps only each live microbatch's input).
+//! would decide apart), and so fp16, which needs loss scaling.
+//!
+//! Activation offload (`activation_offload`, as gpt_model takes it): a backward pass recomputes
+//! its forward and then runs its backward, as a step without a pipeline runs one microbatch, so
+//! the chunk's kept tensors are offloaded there as that step offloads them: the copies of the
+//! policy (capscope::with_offload, placed for the whole pass as one graph) go to host after the
+//! recomputed forward writes them and come back before the backward reads them, and the chunk's
+//! device ring holds fewer layers' tensors. The forward pass copies nothing: nothing reads its
+//! kept tensors (the backward recomputes them).
 //!
 //! Hooks (`set_hooks`, capscope/hooks/with_pass_hooks.hpp): a hook pipeline's layer hooks run in
 //! the passes of the chunk that holds their layer, and its step hooks around AdamW, so every impl
@@ -76,8 +83,10 @@ public:
     //! cfg.seed in the chunk's own order (tests that compare with one GPU copy them across).
     //! Throws std::invalid_argument on a shape the rules refuse or a config it cannot run.
     //! With `pipeline_slots::phased`, cfg.microbatches is the most a step may have.
+    //! With `offload`, each chunk's kept tensors are planned under its policy (see the file
+    //! comment); a chunk under which nothing would move is refused, as gpt_model refuses it.
     pipeline_model(const model_config& cfg, const capscope::pipeline::schedule_shape& shape, int rank, cudaStream_t setup_stream,
-                   pipeline_slots slots = pipeline_slots::planned);
+                   pipeline_slots slots = pipeline_slots::planned, const activation_offload& offload = {});
     pipeline_model(const pipeline_model&) = delete;
     pipeline_model& operator=(const pipeline_model&) = delete;
     ~pipeline_model();
@@ -135,17 +144,26 @@ public:
     void set_hooks(const capscope::hook_pipeline<Hooks...>& hooks) {
         static_assert(capscope::fits_pipelined_passes<capscope::hook_pipeline<Hooks...>>);
         bind_hook_tensors();
-        std::vector<capscope::pass_stages> stages;
-        for (int c = 0; c < chunks(); ++c) stages.push_back(capscope::with_pass_hooks(layer_stages(c), hooks, hook_tensors_));
+        std::vector<capscope::pass_stages> stages, copied; // the forward pass's; the backward pass's (with the offload copies)
+        for (int c = 0; c < chunks(); ++c) {
+            stages.push_back(capscope::with_pass_hooks(layer_stages(c), hooks, hook_tensors_));
+            copied.push_back(capscope::with_pass_hooks(backward_pass_stages(c), hooks, hook_tensors_));
+        }
         std::vector<capscope::stage> before = capscope::step_hook_stages(hooks, capscope::step_point::before_optimizer, hook_tensors_, hook_outside_);
         std::vector<capscope::stage> after = capscope::step_hook_stages(hooks, capscope::step_point::after_optimizer, hook_tensors_, hook_outside_);
-        set_hook_stages(std::move(stages), std::move(before), std::move(after)); // noexcept: moves only
+        set_hook_stages(std::move(stages), std::move(copied), std::move(before), std::move(after)); // noexcept: moves only
     }
     //! The stages point into the hooks: a temporary would dangle.
     template <class... Hooks>
     void set_hooks(capscope::hook_pipeline<Hooks...>&&) = delete;
-    //! Chunk `chunk`'s layer stages, without hooks (what a pass runs, with_pass_hooks' input).
+    //! Chunk `chunk`'s layer stages, without hooks (what a forward pass runs, with_pass_hooks' input).
     const std::vector<capscope::stage>& layer_stages(int chunk) const;
+    //! The same with the offload policy's copies (what a backward pass recomputes and runs
+    //! backwards); the layer stages without offload.
+    const std::vector<capscope::stage>& backward_pass_stages(int chunk) const;
+    //! Device and pinned host bytes of the chunks' kept tensors (their activation stores).
+    std::size_t activation_device_bytes() const;
+    std::size_t activation_host_bytes() const;
 
     //! A whole step on `stream`: begin_step, the passes with their sends and receives through
     //! `issuer` (a pipeline_p2p: `run`; a pipeline_pass_graphs: `step`), made for this shape,
@@ -237,8 +255,8 @@ private:
     //! set_hooks' parts that need the chunks: every layer's tensors for the hooks (this rank's
     //! filled, the others empty; refused once a step or pass began), and the stages installed.
     void bind_hook_tensors();
-    void set_hook_stages(std::vector<capscope::pass_stages> chunks, std::vector<capscope::stage> before_optimizer,
-                         std::vector<capscope::stage> after_optimizer) noexcept;
+    void set_hook_stages(std::vector<capscope::pass_stages> forward, std::vector<capscope::pass_stages> backward,
+                         std::vector<capscope::stage> before_optimizer, std::vector<capscope::stage> after_optimizer) noexcept;
     //! The step's gradients averaged over the replicas, if average_gradients_over was called.
     void average_over_replicas(cudaStream_t s) {
         if (!average_ || capscope::detail::installed_breakage().skip_replica_average) return; // (a test, broken on purpose)
