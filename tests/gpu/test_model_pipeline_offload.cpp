@@ -6,7 +6,8 @@
 // graphs, or inside the whole-step graph):
 // - bitwise equal to the eager pipeline with the same offload, and to the eager pipeline without
 //   offload (the copies are exact and the recomputation is the same);
-// - the chunks' kept tensors take less device memory, and host memory holds the copies.
+// - the chunks' kept tensors take less device memory, and host memory holds the copies;
+// - with a backward hook that clears gradients, offloaded = not offloaded (hooks beside the copies).
 // Broken on purpose (CAPSCOPE_BREAK=skip_pass_copy_back: no copy back) the gradients are computed
 // from the other layer's tensors, and the results differ.
 
@@ -15,6 +16,7 @@
 #include "support.hpp"
 
 #include <capscope/cuda/stream.hpp>
+#include <capscope/hooks.hpp>
 #include <gpt/pipeline.hpp>
 
 #include <doctest/doctest.h>
@@ -55,12 +57,20 @@ struct offloaded_run {
     std::size_t device_bytes = 0, host_bytes = 0;
 };
 
-offloaded_run train(const pl::schedule_shape& shape, impl how, bool offloading, cudaStream_t s) {
+//! With `hooked`, a backward hook clears each layer's gradients after its backward, except the
+//! last layer's: with the copies in the same lists, the hooks must still run where they belong.
+offloaded_run train(const pl::schedule_shape& shape, impl how, bool offloading, cudaStream_t s, bool hooked = false) {
+    const int last_layer = shape.layers - 1;
+    const hook_pipeline hooks{hook<hook_phase::backward, capturable>("clear", [last_layer](backward_context& x) {
+        if (x.layer() != last_layer)
+            for (const tensor_ref& g : x.gradients()) CAPSCOPE_CHECK(cudaMemsetAsync(g.data, 0, g.bytes, x.stream()));
+    })}; // outlives the model
     gpt::model_config cfg = support::small_model(std::string(std::size_t(shape.layers), 'D').c_str(), gpt::moe_mode::drop_and_pad, 1.25);
     cfg.batch = 2;
     cfg.microbatches = microbatches;
     gpt::pipeline_model<float> model(cfg, shape, comm().rank(), s, gpt::pipeline_slots::planned,
                                      offloading ? attention_and_mlp_inputs() : gpt::activation_offload{});
+    if (hooked) model.set_hooks(hooks);
     model_pipeline::run_steps(
         model, comm(), shape, how, steps, s,
         [&](int t) {
@@ -101,12 +111,20 @@ TEST_CASE("the example model pipelined with activation offload: every impl bitwi
         every_impl = every_impl && same;
     }
     const bool smaller = all_ranks(eager.device_bytes < plain.device_bytes && eager.host_bytes > 0);
+    // Hooks beside the copies: offloaded with hooks = not offloaded with hooks, eager and whole-step.
+    const std::vector<float> hooked_plain = train(shape, model_pipeline::impl::eager, false, s, true).masters;
+    const bool hooks_compose = all_ranks(train(shape, model_pipeline::impl::eager, true, s, true).masters == hooked_plain &&
+                                         train(shape, model_pipeline::impl::full_iteration, true, s, true).masters == hooked_plain &&
+                                         hooked_plain != plain.masters);
     std::printf("example model pipelined with activation offload, 1f1b, %d ranks, rank %d, 2 dense layers a rank, %d microbatches, %d steps: "
-                "kept tensors %.3f -> %.3f MiB on the device, %.3f MiB on the host; offloaded %s not offloaded%s\n",
+                "kept tensors %.3f -> %.3f MiB on the device, %.3f MiB on the host; offloaded %s not offloaded%s; with a clearing backward hook, "
+                "offloaded (eager, full_iteration) %s not offloaded\n",
                 shape.ranks, comm().rank(), microbatches, steps, double(plain.device_bytes) / 1048576.0, double(eager.device_bytes) / 1048576.0,
-                double(eager.host_bytes) / 1048576.0, same_as_plain ? "= bitwise" : "DIFFERS FROM", verdicts.c_str());
+                double(eager.host_bytes) / 1048576.0, same_as_plain ? "= bitwise" : "DIFFERS FROM", verdicts.c_str(),
+                hooks_compose ? "= bitwise" : "DIFFERS FROM");
     std::fflush(stdout);
     CHECK(same_as_plain);
     CHECK_MESSAGE(every_impl, "an impl with offload differs from the eager pipeline with offload");
     CHECK(smaller);
+    CHECK(hooks_compose);
 }
