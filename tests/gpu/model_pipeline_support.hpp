@@ -3,6 +3,7 @@
 // on a pipeline communicator (the world's, or a replica's), with the batches a test chooses.
 
 #include <capscope/cuda/graph.hpp>
+#include <capscope/parallel/mpi_bootstrap.hpp>
 #include <capscope/cuda/nccl.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
 #include <capscope/parallel/pipeline_pass_graphs.hpp>
@@ -10,9 +11,32 @@
 
 #include <doctest/doctest.h>
 
+#include <mpi.h>
+
 #include <optional>
+#include <vector>
 
 namespace model_pipeline {
+
+//! Whether `mine` holds on every rank (every rank calls it).
+inline bool all_ranks(bool mine) {
+    int ok = mine ? 1 : 0, all = 0;
+    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    return all == 1;
+}
+
+//! Every chunk's fp32 masters, one after another (synchronizes `s`).
+inline std::vector<float> masters_of(const gpt::pipeline_model<float>& m, cudaStream_t s) {
+    std::vector<float> out;
+    for (int c = 0; c < m.chunks(); ++c) {
+        const gpt::parameter_store<float>& p = m.parameters(c);
+        std::vector<float> chunk(p.total());
+        CAPSCOPE_CHECK(cudaMemcpyAsync(chunk.data(), p.masters(), chunk.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+        out.insert(out.end(), chunk.begin(), chunk.end());
+    }
+    return out;
+}
 
 enum class impl { eager, local, transformer_engine, full_iteration };
 inline constexpr const char* impl_names[] = {"eager", "local", "transformer_engine", "full_iteration"};

@@ -91,11 +91,7 @@ trained train(const gpt::model_config& cfg, const pl::schedule_shape& shape, imp
     return out;
 }
 
-bool all_ranks(bool mine) {
-    int ok = mine ? 1 : 0, all = 0;
-    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    return all == 1;
-}
+using model_pipeline::all_ranks;
 
 //! Every rank's (name, values) on rank 0, in rank order.
 std::vector<std::pair<std::string, std::vector<float>>> gather_named(const std::vector<std::pair<std::string, std::vector<float>>>& mine) {

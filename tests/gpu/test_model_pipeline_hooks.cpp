@@ -82,11 +82,7 @@ struct hooked_run {
     bool cleared_zero = true;   //!< layers 1 and 3's gradients after the last step are all zero, where this rank holds them
 };
 
-bool all_ranks(bool mine) {
-    int ok = mine ? 1 : 0, all = 0;
-    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    return all == 1;
-}
+using model_pipeline::all_ranks;
 
 gpt::model_config hooked_model(int mbs) {
     gpt::model_config cfg = support::small_model("DEMD", gpt::moe_mode::drop_and_pad, 1.25);
@@ -107,12 +103,9 @@ hooked_run result_of(const gpt::pipeline_model<float>& model, const cuda::device
     hooked_run out;
     out.counts.resize(counts.size());
     CAPSCOPE_CHECK(cudaMemcpyAsync(out.counts.data(), counts.data(), counts.bytes(), cudaMemcpyDeviceToHost, s));
+    out.masters = model_pipeline::masters_of(model, s);
     for (int k = 0; k < model.chunks(); ++k) {
         const gpt::parameter_store<float>& p = model.parameters(k);
-        std::vector<float> all(p.total());
-        CAPSCOPE_CHECK(cudaMemcpyAsync(all.data(), p.masters(), all.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-        out.masters.insert(out.masters.end(), all.begin(), all.end());
         for (int cleared : {1, 3}) {
             if (cleared < model.first_layer(k) || cleared >= model.end_layer(k)) continue;
             const tensor_ref g = p.layer_gradients(cleared);

@@ -37,11 +37,7 @@ constexpr int steps = 3, microbatches = 4;
 using model_pipeline::impl;
 using model_pipeline::impl_names;
 
-bool all_ranks(bool mine) {
-    int ok = mine ? 1 : 0, all = 0;
-    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    return all == 1;
-}
+using model_pipeline::all_ranks;
 
 gpt::activation_offload attention_and_mlp_inputs() {
     gpt::activation_offload o;
@@ -80,15 +76,7 @@ offloaded_run train(const pl::schedule_shape& shape, impl how, bool offloading, 
             }
         },
         [](int) {});
-    offloaded_run out{{}, model.activation_device_bytes(), model.activation_host_bytes()};
-    for (int k = 0; k < model.chunks(); ++k) {
-        const gpt::parameter_store<float>& p = model.parameters(k);
-        std::vector<float> all(p.total());
-        CAPSCOPE_CHECK(cudaMemcpyAsync(all.data(), p.masters(), all.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-        out.masters.insert(out.masters.end(), all.begin(), all.end());
-    }
-    return out;
+    return {model_pipeline::masters_of(model, s), model.activation_device_bytes(), model.activation_host_bytes()};
 }
 
 } // namespace

@@ -50,18 +50,7 @@ support::batch batch_of(const gpt::model_config& c, int step, int replica, int m
     return support::random_batch(c.batch, c.seq_len, c.vocab, 9000u + std::uint64_t(step % 2) * 131u + std::uint64_t(replica) * 17u + std::uint64_t(mb));
 }
 
-//! Every chunk's fp32 masters, one after another.
-std::vector<float> masters_of(const gpt::pipeline_model<float>& m, cudaStream_t s) {
-    std::vector<float> out;
-    for (int c = 0; c < m.chunks(); ++c) {
-        const gpt::parameter_store<float>& p = m.parameters(c);
-        std::vector<float> chunk(p.total());
-        CAPSCOPE_CHECK(cudaMemcpyAsync(chunk.data(), p.masters(), chunk.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-        CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-        out.insert(out.end(), chunk.begin(), chunk.end());
-    }
-    return out;
-}
+using model_pipeline::masters_of;
 
 //! `replicated`: this replica's microbatches, averaged over the replicas; else (the reference)
 //! every replica's microbatches in one step, replica after replica, on this replica's pipeline.
@@ -82,11 +71,7 @@ std::vector<float> train(pipeline_grid& grid, const pl::schedule_shape& shape, i
     return masters_of(model, s);
 }
 
-bool all_ranks(bool mine) {
-    int ok = mine ? 1 : 0, all = 0;
-    CAPSCOPE_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    return all == 1;
-}
+using model_pipeline::all_ranks;
 
 void check_replicas(pipeline_grid& grid, const pl::schedule_shape& shape) {
     cuda::stream s;
