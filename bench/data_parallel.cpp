@@ -11,8 +11,10 @@
 // in them) and `full_iteration` (the whole step one graph); and three cuts of what NCCL's kernels
 // take from compute, under the two graphed impls: NCCL's fewest CTAs (data parallel), the
 // all-gathers on copy engines (NCCL 2.28's zero-CTA policy, buffers in symmetric windows;
-// data parallel splits each all-reduce into a reduce-scatter and an all-gather for it) and half
-// the gathers (sharded, each layer's gathered copy kept for its backward). Per variant: device time per step
+// data parallel splits each all-reduce into a reduce-scatter and an all-gather for it, or into an
+// all-to-all, a sum and an all-gather, all of whose bytes move on copy engines) and one gather
+// a step (sharded, each layer's gathered copy kept for the step: a quarter of re-gathering's).
+// Per variant: device time per step
 // (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
@@ -80,7 +82,7 @@ using te_cfg = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>
 using full_cfg = config<impl::whole_iteration, no_nan_check, warmup_steps<1>>;
 using sharded_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward>; // gathers prefetched one layer ahead
 using on_demand_mode = sharded<static_double_buffer, persistent_buffer, regather_for_backward, gather_on_demand>;
-using kept_mode = sharded<static_double_buffer, persistent_buffer, keep_for_backward>; // half the gathers, a buffer per layer
+using kept_mode = sharded<static_double_buffer, persistent_buffer, keep_for_backward>; // one gather a step, a buffer per layer
 
 //! The variants, as `--only` names them (main() adds them in this order).
 const std::vector<std::string> variant_names{"data parallel/none",      "data parallel/transformer_engine",
@@ -92,21 +94,26 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
                                              "sharded (graphs as captured)/transformer_engine",
                                              "data parallel (fewest CTAs)/transformer_engine", "data parallel (fewest CTAs)/full_iteration",
                                              "data parallel (copy-engine gathers)/transformer_engine", "data parallel (copy-engine gathers)/full_iteration",
+                                             "data parallel (copy-engine all-to-all)/transformer_engine", "data parallel (copy-engine all-to-all)/full_iteration",
+                                             "data parallel (all-to-all; optimizer per layer)/transformer_engine", "data parallel (all-to-all; optimizer per layer)/full_iteration",
                                              "data parallel (copy-engine gathers; 8 CTAs)/transformer_engine", "data parallel (copy-engine gathers; 8 CTAs)/full_iteration",
                                              "data parallel (copy-engine gathers; 4 CTAs)/transformer_engine", "data parallel (copy-engine gathers; 4 CTAs)/full_iteration",
                                              "sharded (copy-engine gathers)/transformer_engine", "sharded (copy-engine gathers)/full_iteration",
-                                             "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration"};
+                                             "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration",
+                                             "sharded (kept; copy-engine gathers)/transformer_engine", "sharded (kept; copy-engine gathers)/full_iteration"};
 
 //! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
 //! steps, captures), and measures what it holds.
 template <class Config, class Mode>
 void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
-         const char* impl, int rank, cudaStream_t s, const std::vector<std::string>& only, gpt::collective_buffers buffers = gpt::collective_buffers::device) {
+         const char* impl, int rank, cudaStream_t s, const std::vector<std::string>& only, gpt::collective_buffers buffers = gpt::collective_buffers::device,
+         bool optimizer_per_layer = false) {
     const std::string name = std::string(mode) + "/" + impl;
     if (std::find(variant_names.begin(), variant_names.end(), name) == variant_names.end())
         throw std::logic_error("bench/data_parallel: variant '" + name + "' is missing from variant_names, so --only cannot pick it");
     if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) return;
-    const gpt::model_config c = bench_model();
+    gpt::model_config c = bench_model();
+    c.optimizer_per_layer = optimizer_per_layer;
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
     auto t = std::make_shared<gpt::data_parallel_trainer<T, Config, Mode>>(c, comm, s, watchdog_settings{}, step_watchdog::fault_handler{}, buffers);
@@ -182,7 +189,7 @@ int main(int argc, char** argv) {
     detail::installed_breakage().keep_user_objects = false;
     // Issue 50's cuts of what NCCL's kernels take from compute, each on its own communicator:
     // NCCL's fewest CTAs; all-gathers on copy engines (no CTA, buffers in symmetric windows);
-    // and half the gathers (each layer's gathered copy kept for its backward).
+    // and fewer gathers (each layer's gathered copy kept for the step: one gather a step).
     communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::efficiency})));
     communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero})));
     add<te_cfg, gpt::replicated>(v, keep, *communicators[0], "data parallel (fewest CTAs)", "transformer_engine", r, s, only);
@@ -191,6 +198,16 @@ int main(int argc, char** argv) {
                                  gpt::collective_buffers::nccl_symmetric);
     add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine gathers)", "full_iteration", r, s, only,
                                    gpt::collective_buffers::nccl_symmetric);
+    // ... and the reduce-scatters too, as an all-to-all on copy engines and a sum on each rank.
+    add<te_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine all-to-all)", "transformer_engine", r, s, only,
+                                 gpt::collective_buffers::nccl_symmetric_all_to_all);
+    add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine all-to-all)", "full_iteration", r, s, only,
+                                   gpt::collective_buffers::nccl_symmetric_all_to_all);
+    // ... with each layer's update waiting for that layer's reduction only, not for the last one.
+    add<te_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (all-to-all; optimizer per layer)", "transformer_engine", r, s, only,
+                                 gpt::collective_buffers::nccl_symmetric_all_to_all, true);
+    add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (all-to-all; optimizer per layer)", "full_iteration", r, s, only,
+                                   gpt::collective_buffers::nccl_symmetric_all_to_all, true);
     // ... and the reduce-scatters, which stay on SMs, held to fewer CTAs (ncclConfig_t::maxCTAs).
     if (!only.empty() && std::any_of(only.begin(), only.end(), [](const std::string& n) { return n.find(" CTAs)") != std::string::npos; })) {
         communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero, 8})));
@@ -210,6 +227,11 @@ int main(int argc, char** argv) {
                                 gpt::collective_buffers::nccl_symmetric);
     add<te_cfg, kept_mode>(v, keep, comm, "sharded (kept for backward)", "transformer_engine", r, s, only);
     add<full_cfg, kept_mode>(v, keep, comm, "sharded (kept for backward)", "full_iteration", r, s, only);
+    // Kept, with its one gather a step on copy engines.
+    add<te_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; copy-engine gathers)", "transformer_engine", r, s, only,
+                           gpt::collective_buffers::nccl_symmetric);
+    add<full_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; copy-engine gathers)", "full_iteration", r, s, only,
+                             gpt::collective_buffers::nccl_symmetric);
 
 #if defined(BENCH_WITH_CUPTI)
     // --trace: the timed rounds traced (their times then include the tracing's cost).

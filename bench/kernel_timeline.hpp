@@ -11,6 +11,7 @@
 #include "api_counter.hpp" // BENCH_CUPTI
 
 #include <cupti.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -30,6 +32,7 @@ namespace bench {
 struct kernel_span {
     std::uint64_t start, end;
     bool nccl;
+    std::string name; //!< demangled, without template and function arguments
 };
 
 class kernel_timeline {
@@ -39,6 +42,7 @@ public:
         {
             const std::lock_guard<std::mutex> lock(mutex_);
             kernels_.clear();
+            copies_.clear();
             dropped_ = 0;
         }
         host_.clear();
@@ -47,6 +51,8 @@ public:
         thread_ = std::this_thread::get_id();
         BENCH_CUPTI(cuptiActivityRegisterCallbacks(&kernel_timeline::buffer_requested, &kernel_timeline::buffer_completed));
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+        BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));  // copies on copy engines,
+        BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2)); // peer to peer too (NCCL's)
         BENCH_CUPTI(cuptiSubscribe(&subscriber_, &kernel_timeline::callback, this));
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API));
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API));
@@ -56,6 +62,8 @@ public:
         BENCH_CUPTI(cuptiUnsubscribe(subscriber_));
         BENCH_CUPTI(cuptiActivityFlushAll(1));
         BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+        BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY));
+        BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY2));
         BENCH_CUPTI(cuptiActivityFlushAll(1));
         active().store(nullptr);
     }
@@ -86,6 +94,37 @@ public:
         std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels %.3f ms, of which no compute "
                     "kernel overlaps %.3f ms; no kernel running %.3f ms\n",
                     prefix, steps, span / per, length(compute) / per, nccl_time / per, exposed / per, (span - length(all)) / per);
+        // Copies (copy engines: NCCL's copy-engine collectives among them), and how much of them
+        // no kernel overlaps.
+        const spans copies = merged(copies_);
+        std::uint64_t copies_bare = 0;
+        for (const auto& [s, e] : copies) copies_bare += (e - s) - covered(all, s, e);
+        std::printf("%scopies busy %.3f ms a step, of which no kernel overlaps %.3f ms\n", prefix, length(copies) / per, copies_bare / per);
+        // Where no kernel runs: each gap between kernels, named by the kernel that ended last before
+        // it and the one that starts after it, summed over the steps (with how much copies fill).
+        std::vector<const kernel_span*> order;
+        for (const auto& k : kernels_) order.push_back(&k);
+        std::sort(order.begin(), order.end(), [](const kernel_span* a, const kernel_span* b) { return a->start < b->start; });
+        std::map<std::string, std::tuple<std::uint64_t, std::uint64_t, long>> gaps; // "before -> after": ns, ns filled by copies, count
+        const kernel_span* last = order.front();
+        for (const kernel_span* k : order) {
+            if (k->start > last->end && k->start - last->end >= 2000) { // gaps of 2 us and more
+                auto& [ns, filled, count] = gaps[last->name + " -> " + k->name];
+                ns += k->start - last->end;
+                filled += covered(copies, last->end, k->start);
+                ++count;
+            }
+            if (k->end > last->end) last = k;
+        }
+        std::vector<std::pair<std::uint64_t, std::string>> worst;
+        for (const auto& [pair, t] : gaps) {
+            char line[96];
+            std::snprintf(line, sizeof line, " (x%.1f, copies in %.3f ms)", double(std::get<2>(t)) / steps, std::get<1>(t) / per);
+            worst.emplace_back(std::get<0>(t), pair + line);
+        }
+        std::sort(worst.rbegin(), worst.rend());
+        std::printf("%sno kernel running, per step, the longest gaps of 2 us or more by the kernels around them:\n", prefix);
+        for (std::size_t i = 0; i < worst.size() && i < 8; ++i) std::printf("%s  %.3f ms  %s\n", prefix, worst[i].first / per, worst[i].second.c_str());
         std::map<std::string, std::pair<std::uint64_t, long>> by_name; // the same function may come by two name pointers
         for (const auto& [name, t] : host_) {
             auto& [ns, count] = by_name[name];
@@ -133,6 +172,16 @@ private:
         return t;
     }
 
+    //! "void ns::kernel<...>(args)" -> "ns::kernel": enough to tell the kernels apart.
+    static std::string short_name(const std::string& mangled) {
+        int status = 0;
+        char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+        std::string n = status == 0 && d ? d : mangled;
+        std::free(d);
+        if (n.starts_with("void ")) n.erase(0, 5);
+        n = n.substr(0, n.find_first_of("<("));
+        return n.size() > 48 ? n.substr(0, 48) : n;
+    }
     //! The timeline being filled: CUPTI's buffer callbacks run on a thread of its own.
     static std::atomic<kernel_timeline*>& active() {
         static std::atomic<kernel_timeline*> t{nullptr};
@@ -153,11 +202,24 @@ private:
         }
         CUpti_Activity* record = nullptr;
         while (t && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+            if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY || record->kind == CUPTI_ACTIVITY_KIND_MEMCPY2) {
+                std::uint64_t start, end;
+                if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+                    const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+                    start = c->start, end = c->end;
+                } else {
+                    const auto* c = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(record);
+                    start = c->start, end = c->end;
+                }
+                const std::lock_guard<std::mutex> lock(t->mutex_);
+                t->copies_.emplace_back(start, end);
+                continue;
+            }
             if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
             const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
             const std::string name = k->name ? k->name : "";
             const std::lock_guard<std::mutex> lock(t->mutex_);
-            t->kernels_.push_back({k->start, k->end, name.find("nccl") != std::string::npos});
+            t->kernels_.push_back({k->start, k->end, name.find("nccl") != std::string::npos, short_name(name)});
         }
         std::free(buffer);
     }
@@ -183,6 +245,7 @@ private:
 
     std::mutex mutex_; // kernels_ and dropped_, filled on CUPTI's thread
     std::vector<kernel_span> kernels_;
+    spans copies_;
     std::size_t dropped_ = 0;
     std::unordered_map<const char*, std::pair<std::uint64_t, long>> host_; // the tracing thread's: function -> (ns, calls)
     int depth_ = 0;

@@ -18,6 +18,8 @@
 //   skip_replica_average   gpt::pipeline_model skips averaging its gradients over its pipeline replicas
 //   recompute_forward_hooks  gpt::pipeline_model's recomputed forward runs the forward hooks as well
 //   skip_pass_copy_back    gpt::pipeline_model's backward passes copy no offloaded tensor back to the device
+//   skip_all_to_all_sum    all_reduce_as::all_to_all_then_all_gather sums nothing (each rank gathers its own part)
+//   first_microbatch_as_last  the plan calls first_microbatch_only stages (a kept gather) in the last microbatch
 //   sum_for_average, drop_loss_scale_update, no_watchdog, no_doctor   (tests/gpu, tests/mpi)
 // An unknown name ends the test with exit 99, which Meson reports as an error even where the
 // test must fail: a typo may not pass for a breakage.
@@ -69,6 +71,8 @@ inline void install_from_environment() {
         else if (item == "skip_replica_average") library.skip_replica_average = true;
         else if (item == "recompute_forward_hooks") library.recompute_forward_hooks = true;
         else if (item == "skip_pass_copy_back") library.skip_pass_copy_back = true;
+        else if (item == "skip_all_to_all_sum") library.skip_all_to_all_sum = true;
+        else if (item == "first_microbatch_as_last") library.first_microbatch_as_last = true;
         else {
             known = false;
             for (std::string_view own : test_own)
@@ -76,7 +80,7 @@ inline void install_from_environment() {
         }
         if (!known) {
             std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, skip_in_place_replays, skip_graph_updates, "
-                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, abort_parent_only, skip_replica_average, recompute_forward_hooks, skip_pass_copy_back, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
+                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, abort_parent_only, skip_replica_average, recompute_forward_hooks, skip_pass_copy_back, skip_all_to_all_sum, first_microbatch_as_last, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
             std::exit(99);
         }
     }

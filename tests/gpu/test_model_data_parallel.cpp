@@ -129,6 +129,21 @@ TEST_CASE("the example model, data parallel and sharded: every impl bitwise equa
     check_every_impl<__nv_bfloat16, regather>("sharded (re-gather for backward)");
 }
 
+TEST_CASE("the example model, sharded and kept for backward: one gather a step gives the bits of a gather in every microbatch") {
+    // Kept, each layer's gathered copy has a buffer of its own, so the step's first microbatch
+    // gathers and the second reads the same values; re-gathered, every microbatch gathers again.
+    // (Broken on purpose, CAPSCOPE_BREAK=first_microbatch_as_last: the first microbatch reads the
+    // previous step's parameters.)
+    const gpt::model_config c = model_for_data_parallel("DEMD");
+    const trained<float> every_microbatch = train<float, eager_config, regather>(c);
+    check_identical(train<float, eager_config, keep>(c), every_microbatch, "kept, none");
+    check_identical(train<float, te_config, keep>(c), every_microbatch, "kept, transformer_engine");
+    check_identical(train<float, full_config, keep>(c), every_microbatch, "kept, full_iteration");
+    if (mpi().rank() == 0)
+        std::printf("  example model sharded, kept for backward (one gather a step): %d ranks, none / transformer_engine / full_iteration "
+                    "bitwise equal to a gather in every microbatch\n", mpi().size());
+}
+
 TEST_CASE("the example model, sharded: gathers prefetched one layer ahead give the bits of gathers on demand") {
     const gpt::model_config c = model_for_data_parallel("DEMD");
     const trained<float> on_demand = train<float, eager_config, regather_on_demand>(c);
@@ -230,6 +245,81 @@ TEST_CASE("the example model with its all-gathers on copy engines (sharded gathe
                     "transformer_engine and full_iteration bitwise equal to gathers by NCCL's kernels; data parallel with each all-reduce split "
                     "(its all-gather on copy engines): every impl bitwise equal to eager%s\n",
                     mpi().size(), mpi().size() <= 2 ? ", and to one all-reduce" : "");
+}
+
+TEST_CASE("the example model, data parallel with each all-reduce an all-to-all, a local sum and an all-gather: no kernel moves a byte, "
+          "and the bits of one all-reduce on two ranks") {
+    comm();
+    static cuda::nccl_communicator copy_engines = cuda::communicator_from_mpi(mpi(), {cuda::nccl_cta_policy::zero});
+    cuda::stream s;
+    const gpt::model_config c = model_for_data_parallel("DEMD");
+    if (mpi().size() > 1) {
+        // An all-to-all between symmetric windows: eager first (NCCL sets up its copy-engine state at
+        // the first such collective, which a capture forbids), checked; then captured, as copies
+        // and memory operations, no kernel.
+        const std::size_t n = 1 << 12, ranks = std::size_t(mpi().size()), me = std::size_t(mpi().rank());
+        cuda::nccl_symmetric_buffer<float> from(copy_engines, n * ranks), to(copy_engines, n * ranks);
+        std::vector<float> mine(n * ranks), back(n * ranks);
+        for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = float(1000 * me + i / n); // part r: 1000 * me + r
+        CAPSCOPE_CHECK(cudaMemcpyAsync(from.data(), mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+        CAPSCOPE_CHECK(ncclAlltoAll(from.data(), to.data(), n, ncclFloat32, copy_engines.get(), s));
+        CAPSCOPE_CHECK(cudaMemcpyAsync(back.data(), to.data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+        s.synchronize();
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < back.size(); ++i) wrong += back[i] != float(1000 * (i / n) + me); // from rank i / n, its part me
+        CHECK(wrong == 0);
+        cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { CAPSCOPE_CHECK(ncclAlltoAll(from.data(), to.data(), n, ncclFloat32, copy_engines.get(), on)); });
+        std::size_t count = g.node_count(), kernels = 0, copies = 0;
+        std::vector<cudaGraphNode_t> nodes(count);
+        CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
+        for (cudaGraphNode_t node : nodes) {
+            const cudaGraphNodeType t = cuda::node_type(node);
+            kernels += t == cudaGraphNodeTypeKernel;
+            copies += t == cudaGraphNodeTypeMemcpy;
+        }
+        INFO("a captured all-to-all between symmetric windows: ", count, " nodes, ", kernels, " kernels, ", copies, " copies");
+        CHECK(kernels == 0);
+        CHECK(copies >= std::size_t(mpi().size()) - 1);
+    }
+    // Refused: the sharded modes (their reduce-scatter has no all-to-all form).
+    std::string sharded_refusal = "no error";
+    try {
+        gpt::data_parallel_trainer<float, te_config, regather> t(c, copy_engines, s, {}, {}, gpt::collective_buffers::nccl_symmetric_all_to_all);
+    } catch (const std::invalid_argument& e) {
+        sharded_refusal = e.what();
+    }
+    CHECK_MESSAGE(sharded_refusal.find("the sharded reduce-scatter has no all-to-all form") != std::string::npos, sharded_refusal);
+
+    const auto all_to_all = gpt::collective_buffers::nccl_symmetric_all_to_all;
+    const trained<float> eager = train<float, eager_config, gpt::replicated>(c, &copy_engines, all_to_all);
+    check_identical(train<float, local_config, gpt::replicated>(c, &copy_engines, all_to_all), eager, "all-to-all, local");
+    check_identical(train<float, te_config, gpt::replicated>(c, &copy_engines, all_to_all), eager, "all-to-all, transformer_engine");
+    check_identical(train<float, full_config, gpt::replicated>(c, &copy_engines, all_to_all), eager, "all-to-all, full_iteration");
+    // The optimizer as a stage per layer (each waiting for its layer's reduction only): the same bits.
+    gpt::model_config per_layer = c;
+    per_layer.optimizer_per_layer = true;
+    check_identical(train<float, full_config, gpt::replicated>(per_layer, &copy_engines, all_to_all), eager, "all-to-all, optimizer per layer, full_iteration");
+    check_identical(train<float, te_config, gpt::replicated>(per_layer, &copy_engines, all_to_all), eager, "all-to-all, optimizer per layer, transformer_engine");
+    // Against one ncclAllReduce: on two ranks every element is one sum of two halves, the same
+    // bits; past two, the sum in rank order against NCCL's ring order, within 1e-5 (a part left
+    // out or added twice moves a master by about the learning rate, 1e-3).
+    const trained<float> one_call = train<float, eager_config, gpt::replicated>(c);
+    const bool bitwise = mpi().size() <= 2;
+    double master_error = 0;
+    for (std::size_t a = 0; a < eager.masters.size(); ++a)
+        for (std::size_t i = 0; i < eager.masters[a].size(); ++i)
+            master_error = std::max(master_error, double(std::abs(eager.masters[a][i] - one_call.masters[a][i])));
+    INFO("all-to-all against one all-reduce, rank ", mpi().rank(), ": masters differ by at most ", master_error);
+    if (bitwise) {
+        const bool same_as_one_all_reduce = master_error == 0 && support::same_bits(eager.losses, one_call.losses);
+        CHECK(same_as_one_all_reduce);
+        check_identical(eager, one_call, "all-to-all against one all-reduce");
+    } else CHECK(master_error <= 1e-5);
+    if (mpi().rank() == 0)
+        std::printf("  example model data parallel, each all-reduce an all-to-all on copy engines, a sum on each rank and an all-gather: %d ranks, "
+                    "local / transformer_engine / full_iteration (and with the optimizer per layer) bitwise equal to eager; against one all-reduce: %s "
+                    "(masters within %.2e)\n",
+                    mpi().size(), bitwise ? "bitwise" : "within 1e-5", master_error);
 }
 
 TEST_CASE("sharding changes where the numbers live, not the numbers: each rank's shard is its slice of the replicated run") {

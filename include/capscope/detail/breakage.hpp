@@ -28,6 +28,8 @@ struct breakage {
     bool skip_replica_average = false;  //!< gpt::pipeline_model does not average its gradients over its replicas
     bool recompute_forward_hooks = false; //!< gpt::pipeline_model's recomputed forward runs the forward hooks too
     bool skip_pass_copy_back = false;     //!< gpt::pipeline_model's backward passes copy no offloaded tensor back
+    bool first_microbatch_as_last = false; //!< the plan calls first_microbatch_only stages in the last microbatch instead
+    bool skip_all_to_all_sum = false;     //!< all_reduce_as::all_to_all_then_all_gather sums nothing: each rank gathers its own part
 };
 
 inline breakage installed_breakage_v{};

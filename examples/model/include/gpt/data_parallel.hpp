@@ -28,6 +28,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -52,7 +53,17 @@ enum class collective_buffers {
     //! replicated, each layer's all-reduce is issued as a reduce-scatter and an all-gather
     //! (`capscope::all_reduce_as`), so half of it moves that way.
     nccl_symmetric,
+    //! As `nccl_symmetric`, and replicated, each layer's all-reduce is an all-to-all, a sum on
+    //! this rank and an all-gather (`capscope::all_reduce_as::all_to_all_then_all_gather`): every
+    //! byte moves on copy engines, and only the sum takes SMs, for a scratch window of one layer's
+    //! gradients. Replicated only: the sharded reduce-scatter has no such form here.
+    nccl_symmetric_all_to_all,
 };
+
+//! The name, as the ranks' plans and the errors give it.
+constexpr const char* name_of(collective_buffers b) {
+    return b == collective_buffers::device ? "device" : b == collective_buffers::nccl_symmetric ? "nccl_symmetric" : "nccl_symmetric_all_to_all";
+}
 
 namespace detail {
 template <class Mode>
@@ -80,17 +91,22 @@ constexpr ncclDataType_t nccl_type_of() {
 
 template <class Mode>
 auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::span<const capscope::sharded_layer_buffers> layers,
-                         collective_buffers buffers = collective_buffers::device) {
+                         collective_buffers buffers = collective_buffers::device, std::size_t largest_layer_gradient_bytes = 0) {
     using namespace capscope;
-    // In symmetric windows, the all-reduce is split so that its all-gather can run on copy engines.
-    const all_reduce_as as = buffers == collective_buffers::nccl_symmetric ? all_reduce_as::reduce_scatter_then_all_gather : all_reduce_as::one_call;
-    if constexpr (!is_sharded<Mode>) return hook_pipeline{gradient_all_reduce(comm, ncclFloat32, ncclAvg, std::size_t(40) << 20, as)};
+    // In symmetric windows, the all-reduce is split so that its all-gather (and, as an all-to-all,
+    // its scatter too) can run on copy engines.
+    const all_reduce_as as = buffers == collective_buffers::nccl_symmetric              ? all_reduce_as::reduce_scatter_then_all_gather
+                             : buffers == collective_buffers::nccl_symmetric_all_to_all ? all_reduce_as::all_to_all_then_all_gather
+                                                                                         : all_reduce_as::one_call;
+    if constexpr (!is_sharded<Mode>)
+        return hook_pipeline{gradient_all_reduce(comm, ncclFloat32, ncclAvg, std::size_t(40) << 20, as, largest_layer_gradient_bytes)};
     else {
         using gather = typename Mode::gather; // prefetched while the layer before computes, or on demand
         if constexpr (std::is_same_v<typename Mode::backward, regather_for_backward>)
             return hook_pipeline{parameter_all_gather(comm, layers, gather{}), parameter_regather(comm, layers, gather{}),
                                  gradient_reduce_scatter(comm, layers)};
-        else return hook_pipeline{parameter_all_gather(comm, layers, gather{}), gradient_reduce_scatter(comm, layers)};
+        // Kept for backward, each layer's gathered copy has a buffer of its own: one gather a step.
+        else return hook_pipeline{parameter_all_gather_once_per_step(comm, layers, gather{}), gradient_reduce_scatter(comm, layers)};
     }
 }
 
@@ -109,15 +125,15 @@ std::optional<store_sharding> store_layout(const capscope::cuda::nccl_communicat
 //! all-gather (it is set up at a communicator's first such collective, which a capture forbids).
 inline collective_buffers checked_buffers(const capscope::cuda::nccl_communicator& comm, collective_buffers buffers, cudaStream_t s) {
     try {
-        capscope::cuda::require_same_plan(comm, capscope::cuda::fingerprint(buffers == collective_buffers::device ? "device" : "nccl_symmetric"), s);
+        capscope::cuda::require_same_plan(comm, capscope::cuda::fingerprint(name_of(buffers)), s);
     } catch (const capscope::cuda::plan_mismatch&) {
         throw std::invalid_argument("gpt::data_parallel_trainer: the ranks chose different collective_buffers (rank " + std::to_string(comm.rank()) +
-                                    ": " + (buffers == collective_buffers::device ? "device" : "nccl_symmetric") +
-                                    ") -- fix: the same on every rank");
+                                    ": " + name_of(buffers) + ") -- fix: the same on every rank");
     }
     if (buffers == collective_buffers::device) return buffers;
     if (comm.options().cta_policy != capscope::cuda::nccl_cta_policy::zero)
-        throw std::invalid_argument("gpt::data_parallel_trainer: collective_buffers::nccl_symmetric moves all-gathers to copy engines only on "
+        throw std::invalid_argument(std::string("gpt::data_parallel_trainer: collective_buffers::") + name_of(buffers) +
+                                    " moves all-gathers to copy engines only on "
                                     "a communicator with NCCL's zero-CTA policy; on this one they would run NCCL's kernels, and a data-parallel "
                                     "all-reduce would be split for nothing -- fix: make the communicator with "
                                     "cuda::nccl_options{cuda::nccl_cta_policy::zero}, or collective_buffers::device");
@@ -160,10 +176,10 @@ public:
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
                           capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {},
                           collective_buffers buffers = collective_buffers::device)
-        : collective_(detail::checked_buffers(comm, buffers, s)),
+        : collective_(detail::checked_buffers(comm, refused_for_mode(buffers), s)),
           model_(cfg, s, detail::store_layout<Mode>(comm), {}, detail::collective_memory_of(comm, collective_)),
           tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
-          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_, collective_)),
+          hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_, collective_, largest_bytes(grad_refs_))),
           outside_(comm, model_.parameters().gradients_outside_layers()), runner_(program_of(model_, hooks_, tensors_, outside_)),
           watchdog_(comm, watchdog, std::move(on_fault)) {
         capscope::cuda::require_same_plan(comm, capscope::plan_fingerprint(runner_.plan(), runner_.program()), s);
@@ -179,6 +195,17 @@ public:
     const capscope::runner<Config>& runner() const { return runner_; }
 
 private:
+    static collective_buffers refused_for_mode(collective_buffers b) {
+        if (is_sharded && b == collective_buffers::nccl_symmetric_all_to_all)
+            throw std::invalid_argument("gpt::data_parallel_trainer: collective_buffers::nccl_symmetric_all_to_all changes the replicated mode's "
+                                        "all-reduce; the sharded reduce-scatter has no all-to-all form -- fix: collective_buffers::nccl_symmetric");
+        return b;
+    }
+    static std::size_t largest_bytes(const std::vector<capscope::tensor_ref>& t) {
+        std::size_t most = 0;
+        for (const auto& r : t) most = std::max(most, r.bytes);
+        return most;
+    }
     //! What each layer's hooks touch: its gradients, and under sharding the full parameter buffer
     //! the all-gather writes and the layer reads (so the plan orders the layer after the gather).
     static std::vector<capscope::layer_tensors> layer_tensors_of(const parameter_store<T>& p, int ranks, std::vector<capscope::tensor_ref>& params,
