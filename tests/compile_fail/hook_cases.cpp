@@ -1,8 +1,9 @@
 // Compile-fail cases of the hook rules (capscope/hooks/): H1 (a hook's callable takes another
 // phase's context: a gradient reduction declared forward_pre), H2 (a boundary hook under
 // whole_iteration), H4 (a capturable hook that synchronizes with the host), H5 (what a pipelined
-// pass cannot run: boundary, capture-time, last-microbatch and warmup hooks), H0 (not a hook, two
-// lanes, a boundary hook on a lane, one_layer_ahead on a hook that is not a layer's pre hook); and
+// pass cannot run: boundary, capture-time, first- and last-microbatch and warmup hooks), H0 (not a
+// hook, two lanes, a boundary hook on a lane, first and last microbatch both, one_layer_ahead on a
+// hook that is not a layer's pre hook); and
 // of a sharding policy under per-layer graphs (F1, F2: its gather buffers must be static); and of
 // a composition (C1-C3: each part named once). As
 // is, every valid twin must compile; with -DCASE_<ID>[__variant] the first error must read
@@ -89,6 +90,10 @@ static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce), decltype(onc
 constexpr auto reduce_last = hook<hook_phase::backward, capturable, last_microbatch_only>("grad all-reduce", reduce_gradients);
 static_assert(fits_pipelined_passes<hook_pipeline<decltype(reduce_last)>>);
 #endif
+#ifdef CASE_H5__first_microbatch
+constexpr auto gather_first = hook<hook_phase::forward_pre, capturable, first_microbatch_only>("param all-gather", gather_parameters);
+static_assert(fits_pipelined_passes<hook_pipeline<decltype(gather_first)>>);
+#endif
 #ifdef CASE_H0__fits_pipelined_passes
 static_assert(fits_pipelined_passes<decltype(reduce)>); // a hook, not a pipeline of them
 #endif
@@ -129,6 +134,11 @@ constexpr bare not_hooks{};
 [[maybe_unused]] constexpr auto reduce_on_lane = hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("grad all-reduce", reduce_gradients);
 #ifdef CASE_H0__two_lanes
 constexpr auto reduce_on_two = hook<hook_phase::backward, capturable, on_lane<1>, on_lane<2>>("grad all-reduce", reduce_gradients);
+#endif
+// H0: a hook runs in the first microbatch or in the last (a gather kept for the step; a reduction).
+[[maybe_unused]] constexpr auto gather_once = hook<hook_phase::forward_pre, capturable, on_lane<1>, first_microbatch_only>("param all-gather", gather_parameters);
+#ifdef CASE_H0__first_and_last
+constexpr auto gather_first_and_last = hook<hook_phase::forward_pre, capturable, first_microbatch_only, last_microbatch_only>("param all-gather", gather_parameters);
 #endif
 #ifdef CASE_H0__boundary_on_lane
 constexpr auto log_on_lane = hook<hook_phase::forward, boundary, on_lane<1>>("log", log_step);

@@ -169,6 +169,27 @@ TEST_CASE("a hook on a lane runs in a graph of its own on that side stream; last
     CHECK(shared > 0);
 }
 
+TEST_CASE("first_microbatch_only: a gather whose buffer keeps its values for the step is called in the first microbatch only") {
+    fake::model m;
+    hook_pipeline hooks{hook<hook_phase::forward_pre, capturable, on_lane<1>, first_microbatch_only>("gather", [](forward_pre_context&) {})};
+    char memory[4] = {};
+    const tensor_ref params[2] = {{"layer0.params", &memory[0], 1}, {"layer1.params", &memory[1], 1}};
+    const tensor_ref grads[2] = {{"layer0.grads", &memory[2], 1}, {"layer1.grads", &memory[3], 1}};
+    const layer_tensors tensors[2] = {{{&params[0], 1}, {&grads[0], 1}}, {{&params[1], 1}, {&grads[1], 1}}};
+    const training_program program = with_hooks(m.program("DD", false, 3), hooks, tensors);
+    for (const auto& list : program.microbatches) // in every list, so the lists stay alike
+        CHECK(std::count_if(list.begin(), list.end(), [](const stage& s) { return s.name == "layer1.hook.gather"; }) == 1);
+    for (graph_impl impl : {graph_impl::eager, graph_impl::ahead_of_time_per_layer, graph_impl::whole_iteration}) {
+        const training_plan plan = make_training_plan({impl, region_set{}}, 1, program);
+        int gathers = 0, in_first = 0;
+        for (const stage_call& c : plan.calls)
+            if (stage_of(program, c).name.find(".hook.gather") != std::string::npos) ++gathers, in_first += c.microbatch == 0;
+        CHECK(gathers == 2); // one per layer a step, not one per layer and microbatch
+        CHECK(in_first == 2);
+        CHECK_FALSE(find_order_violation(plan, program));
+    }
+}
+
 TEST_CASE("one_layer_ahead: layer L's gather runs beside the layer before it in the pass, and the plan orders the double buffer") {
     fake::model m;
     hook_pipeline hooks{

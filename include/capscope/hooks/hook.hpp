@@ -37,6 +37,12 @@ concept hook_placement = std::same_as<P, capturable> || std::same_as<P, boundary
 //! alike (plan rule P3); the plan calls it in the last microbatch only.
 struct last_microbatch_only {};
 
+//! Hook option: the hook runs only in the step's first microbatch (an all-gather into a buffer
+//! that keeps what it gathered for the whole step: the later microbatches read the same values,
+//! as nothing changes them before the optimizer). Its stage stays in every microbatch's list, as
+//! with last_microbatch_only; the plan calls it in the first microbatch only.
+struct first_microbatch_only {};
+
 //! Hook option: a pre hook (forward_pre, backward_pre) that brings what its layer reads (an
 //! all-gather of sharded parameters) runs one layer ahead, beside the layer before it in the
 //! pass: layer L's forward_pre hook where layer L - 1's runs (the forward goes up the layers), its
@@ -148,9 +154,13 @@ struct checked_placement {
                   "synchronization invalidates the capture (or would stall every replay) -- fix: declare it "
                   "hook<phase, boundary> (host work around each replay) or hook<phase, capture_time>");
     static_assert(((std::same_as<Options, synchronizes_with_host> || std::same_as<Options, last_microbatch_only> ||
-                    is_of_region<Options> || is_on_lane<Options> || is_of_layers<Options> || is_ahead<Options>) && ...),
+                    std::same_as<Options, first_microbatch_only> || is_of_region<Options> || is_on_lane<Options> || is_of_layers<Options> ||
+                    is_ahead<Options>) && ...),
                   "capscope hook rule H0: a hook's options are synchronizes_with_host, of_region<R>, of_layers<L...>, on_lane<K>, "
-                  "one_layer_ahead and last_microbatch_only -- fix: drop the other options");
+                  "one_layer_ahead, first_microbatch_only and last_microbatch_only -- fix: drop the other options");
+    static_assert(!((std::same_as<Options, first_microbatch_only> || ...) && (std::same_as<Options, last_microbatch_only> || ...)),
+                  "capscope hook rule H0: a hook runs in the step's first microbatch or in its last, and one that asked for both "
+                  "would run only in steps of one microbatch -- fix: keep first_microbatch_only or last_microbatch_only");
     static_assert((int(is_of_layers<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook names its layers once -- fix: keep one of_layers<...>");
     static_assert((int(is_on_lane<Options>) + ... + 0) <= 1, "capscope hook rule H0: a hook runs on one lane -- fix: keep one on_lane<K>");
     static_assert(!std::same_as<Placement, boundary> || !(is_on_lane<Options> || ...),
@@ -192,6 +202,7 @@ public:
     using placement = Placement;
     static constexpr bool synchronizes_host = (std::same_as<Options, synchronizes_with_host> || ...);
     static constexpr bool last_microbatch = (std::same_as<Options, last_microbatch_only> || ...);
+    static constexpr bool first_microbatch = (std::same_as<Options, first_microbatch_only> || ...);
     //! Whether layer L's hook runs beside the layer before L in its pass (one_layer_ahead).
     static constexpr bool ahead = (detail::is_ahead<Options> || ...);
     //! The side stream it runs on; 0: that of the stages it hooks.

@@ -69,6 +69,7 @@ stage hook_stage(const Hook& h, int layer, int microbatch, const layer_tensors* 
     s.synchronizes_with_host = host;
     s.capture_only = at_capture;
     s.last_microbatch_only = Hook::last_microbatch;
+    s.first_microbatch_only = Hook::first_microbatch;
     s.collective_calls = h.collective_calls(layer);
     s.added = true;
     const stream_fn fn = stream_fn::from([hook = &h, tensors, layer, microbatch](stream_handle stream) {

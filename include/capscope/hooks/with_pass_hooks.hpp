@@ -57,6 +57,11 @@ constexpr bool is_last_microbatch_hook() {
     if constexpr (is_layer_hook<H>) return H::last_microbatch;
     else return false;
 }
+template <class H>
+constexpr bool is_first_microbatch_hook() {
+    if constexpr (is_layer_hook<H>) return H::first_microbatch;
+    else return false;
+}
 
 template <class... Hooks>
 struct checked_pass_hooks {
@@ -77,6 +82,10 @@ struct checked_pass_hooks {
                   "device), so no pass knows it holds the last one -- fix: drop last_microbatch_only (the hook then runs every "
                   "microbatch), or use on_step<step_point::before_optimizer, capturable>, which runs once after every backward "
                   "of this rank's layers");
+    static_assert(!(is_first_microbatch_hook<std::remove_cv_t<Hooks>>() || ...),
+                  "capscope hook rule H5: one pipelined pass graph serves every microbatch of its slot (the microbatch is read on the "
+                  "device), so no pass knows it holds the first one -- fix: drop first_microbatch_only (the hook then runs every "
+                  "microbatch)");
     static_assert(!(is_warmup_hook<std::remove_cv_t<Hooks>> || ...),
                   "capscope hook rule H5: a pipelined model has no runner warmup steps to run a warmup hook around -- fix: drop the "
                   "warmup hook and do its work before the first step");

@@ -73,11 +73,11 @@ struct gradient_scatter {
     }
 };
 
-template <hook_phase P, int Lane, class Gather>
+template <hook_phase P, int Lane, class Gather, class... Once>
 auto gather_hook(std::string_view name, const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers) {
     if constexpr (std::is_same_v<Gather, prefetch_next_layer>)
-        return hook<P, capturable, on_lane<Lane>, one_layer_ahead>(name, parameter_gather<P>{comm.get(), layers});
-    else return hook<P, capturable, on_lane<Lane>>(name, parameter_gather<P>{comm.get(), layers});
+        return hook<P, capturable, on_lane<Lane>, one_layer_ahead, Once...>(name, parameter_gather<P>{comm.get(), layers});
+    else return hook<P, capturable, on_lane<Lane>, Once...>(name, parameter_gather<P>{comm.get(), layers});
 }
 } // namespace detail
 
@@ -88,6 +88,14 @@ auto gather_hook(std::string_view name, const cuda::nccl_communicator& comm, std
 template <int Lane = 1, class Gather = gather_on_demand>
 auto parameter_all_gather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
     return detail::gather_hook<hook_phase::forward_pre, Lane, Gather>("param all-gather", comm, layers);
+}
+//! The forward-pre hook of `sharded<..., keep_for_backward>`, where each layer's gathered copy
+//! has a buffer of its own for the step: the step's first microbatch gathers it, and the later
+//! ones read what it gathered (nothing changes the parameters before the optimizer), so a step
+//! gathers once, not once per microbatch. Otherwise as `parameter_all_gather`.
+template <int Lane = 1, class Gather = gather_on_demand>
+auto parameter_all_gather_once_per_step(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
+    return detail::gather_hook<hook_phase::forward_pre, Lane, Gather, first_microbatch_only>("param all-gather (once a step)", comm, layers);
 }
 //! The backward-pre hook of `sharded<..., regather_for_backward>`: gathers them again before the
 //! layer's backward (when the full buffer was reused by another layer in between), on `Lane`;

@@ -313,6 +313,9 @@ inline training_plan make_training_plan(const capture_scope& scope, int warmup_s
                 const stage& st = list[std::size_t(i)];
                 if (!(dir == phase::forward ? st.forward : st.backward)) continue;
                 if (st.last_microbatch_only && part == step_part::microbatch && mb + 1 != plan.microbatches) continue;
+                if (st.first_microbatch_only && part == step_part::microbatch &&
+                    mb != (detail::installed_breakage().first_microbatch_as_last ? plan.microbatches - 1 : 0)) // (a test, broken on purpose)
+                    continue;
                 if (st.capture_only && scope.impl == graph_impl::eager) continue; // nothing is captured: it never runs, and orders nothing
                 plan.calls.push_back({part, mb, i, dir, {}, -1});
             }

@@ -114,6 +114,9 @@ struct stage {
     //! accumulate locally). The stage is in every microbatch's list, so the lists stay alike;
     //! the plan leaves out its calls in the others.
     bool last_microbatch_only = false;
+    //! Runs in the step's first microbatch only (a gather whose buffer keeps what it gathered for
+    //! the step); the plan leaves out its calls in the others.
+    bool first_microbatch_only = false;
     //! Streams the stage forks work onto and joins back before it returns.
     std::vector<stream_handle> forks_to;
     //! What the stage keeps from its forward for its backward, by module input (its facts'
