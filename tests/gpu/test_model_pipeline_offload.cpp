@@ -10,6 +10,9 @@
 // - with a backward hook that clears gradients, offloaded = not offloaded (hooks beside the copies).
 // Broken on purpose (CAPSCOPE_BREAK=skip_pass_copy_back: no copy back) the gradients are computed
 // from the other layer's tensors, and the results differ.
+// And on one GPU, in any run (no sends or receives): a policy under which one virtual stage moves
+// nothing is refused by the constructor of every rank alike, naming that stage, not by that
+// stage's rank only (the others would wait for it forever in their first receive).
 
 #include "model_pipeline_support.hpp"
 #include "mpi_support.hpp"
@@ -116,4 +119,31 @@ TEST_CASE("the example model pipelined with activation offload: every impl bitwi
     CHECK_MESSAGE(every_impl, "an impl with offload differs from the eager pipeline with offload");
     CHECK(smaller);
     CHECK(hooks_compose);
+}
+
+TEST_CASE("the example model pipelined with activation offload: a virtual stage that moves nothing is refused by every rank alike") {
+    comm(); // this rank's GPU, before any stream (mpi_support.hpp); the models below send and receive nothing
+    // Stage 0 (layers 0-1, dense) moves layer 0's tensors through the ring of one slot; stage 1
+    // (layers 2-3, Mamba) keeps nothing the policy offloads. Planned per chunk only, rank 0 would
+    // construct, and then wait for rank 1, which throws, in its first receive.
+    gpt::model_config cfg = support::small_model("DDMM", gpt::moe_mode::drop_and_pad, 1.25);
+    cfg.batch = 2;
+    cfg.microbatches = microbatches;
+    const pl::schedule_shape shape{.kind = pl::schedule_kind::one_f_one_b, .ranks = 2, .layers = 4};
+    cuda::stream s;
+    std::vector<std::string> messages;
+    for (int rank : {0, 1}) {
+        std::string message = "(constructed)";
+        try {
+            gpt::pipeline_model<float> model(cfg, shape, rank, s, gpt::pipeline_slots::planned, attention_and_mlp_inputs());
+        } catch (const std::invalid_argument& e) {
+            message = e.what();
+        }
+        std::printf("rank %d of 2, pattern DDMM, offloading attention and MLP inputs: %s\n", rank, message.c_str());
+        CHECK_MESSAGE(message.find("activation offload refuses virtual stage 1 (layers 2-3, on rank 1)") != std::string::npos, "rank ", rank,
+                      ": ", message);
+        messages.push_back(message);
+    }
+    std::fflush(stdout);
+    CHECK_MESSAGE(messages[0] == messages[1], "the ranks refuse with other messages");
 }

@@ -32,7 +32,15 @@
 //! policy (capscope::with_offload, placed for the whole pass as one graph) go to host after the
 //! recomputed forward writes them and come back before the backward reads them, and the chunk's
 //! device ring holds fewer layers' tensors. The forward pass copies nothing: nothing reads its
-//! kept tensors (the backward recomputes them).
+//! kept tensors (the backward recomputes them). The policy is planned per chunk: the last
+//! `ring.slots` groups of each module input stay in every chunk, and the offload fraction applies
+//! to each chunk's groups. A pass runs its stages in list order on its one stream, so some fields
+//! have no effect here: `delay_until_cuda_graph` (the copies are placed for one graph, where no
+//! copy out is delayed), the overlap `max_inflight` bounds (a copy is done before the next stage
+//! starts), `ring.first_lane` (no copy runs on a side lane; the planner still checks the lanes
+//! exist), and `delta_bytes_across_pp_ranks` (nothing reads it). A policy under which any virtual
+//! stage's chunk would move nothing is refused by every rank alike, naming that stage: each rank
+//! plans every stage before it allocates, so none goes on to wait for a rank that threw.
 //!
 //! Hooks (`set_hooks`, capscope/hooks/with_pass_hooks.hpp): a hook pipeline's layer hooks run in
 //! the passes of the chunk that holds their layer, and its step hooks around AdamW, so every impl
@@ -84,7 +92,11 @@ public:
     //! Throws std::invalid_argument on a shape the rules refuse or a config it cannot run.
     //! With `pipeline_slots::phased`, cfg.microbatches is the most a step may have.
     //! With `offload`, each chunk's kept tensors are planned under its policy (see the file
-    //! comment); a chunk under which nothing would move is refused, as gpt_model refuses it.
+    //! comment). Every virtual stage of the pipeline, this rank's or not, is planned first (a dry
+    //! run on the tensors its layers declare); when any stage's chunk would move nothing, every
+    //! rank throws the same std::invalid_argument ("activation offload refuses virtual stage S
+    //! (layers A-B, on rank R): <the planner's reason> -- fix: ..."), so that no rank waits forever
+    //! for one that threw. Ranks whose chunks would move something are not let run without it.
     pipeline_model(const model_config& cfg, const capscope::pipeline::schedule_shape& shape, int rank, cudaStream_t setup_stream,
                    pipeline_slots slots = pipeline_slots::planned, const activation_offload& offload = {});
     pipeline_model(const pipeline_model&) = delete;
