@@ -95,25 +95,23 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
                                              "data parallel (fewest CTAs)/transformer_engine", "data parallel (fewest CTAs)/full_iteration",
                                              "data parallel (copy-engine gathers)/transformer_engine", "data parallel (copy-engine gathers)/full_iteration",
                                              "data parallel (copy-engine all-to-all)/transformer_engine", "data parallel (copy-engine all-to-all)/full_iteration",
-                                             "data parallel (all-to-all; optimizer per layer)/transformer_engine", "data parallel (all-to-all; optimizer per layer)/full_iteration",
                                              "data parallel (copy-engine gathers; 8 CTAs)/transformer_engine", "data parallel (copy-engine gathers; 8 CTAs)/full_iteration",
                                              "data parallel (copy-engine gathers; 4 CTAs)/transformer_engine", "data parallel (copy-engine gathers; 4 CTAs)/full_iteration",
                                              "sharded (copy-engine gathers)/transformer_engine", "sharded (copy-engine gathers)/full_iteration",
                                              "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration",
-                                             "sharded (kept; copy-engine gathers)/transformer_engine", "sharded (kept; copy-engine gathers)/full_iteration"};
+                                             "sharded (kept; copy-engine gathers)/transformer_engine", "sharded (kept; copy-engine gathers)/full_iteration",
+                                             "sharded (kept; all on copy engines)/transformer_engine", "sharded (kept; all on copy engines)/full_iteration"};
 
 //! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
 //! steps, captures), and measures what it holds.
 template <class Config, class Mode>
 void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, const cuda::nccl_communicator& comm, const char* mode,
-         const char* impl, int rank, cudaStream_t s, const std::vector<std::string>& only, gpt::collective_buffers buffers = gpt::collective_buffers::device,
-         bool optimizer_per_layer = false) {
+         const char* impl, int rank, cudaStream_t s, const std::vector<std::string>& only, gpt::collective_buffers buffers = gpt::collective_buffers::device) {
     const std::string name = std::string(mode) + "/" + impl;
     if (std::find(variant_names.begin(), variant_names.end(), name) == variant_names.end())
         throw std::logic_error("bench/data_parallel: variant '" + name + "' is missing from variant_names, so --only cannot pick it");
     if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) return;
-    gpt::model_config c = bench_model();
-    c.optimizer_per_layer = optimizer_per_layer;
+    const gpt::model_config c = bench_model();
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const std::size_t before = device_used();
     auto t = std::make_shared<gpt::data_parallel_trainer<T, Config, Mode>>(c, comm, s, watchdog_settings{}, step_watchdog::fault_handler{}, buffers);
@@ -203,11 +201,6 @@ int main(int argc, char** argv) {
                                  gpt::collective_buffers::nccl_symmetric_all_to_all);
     add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine all-to-all)", "full_iteration", r, s, only,
                                    gpt::collective_buffers::nccl_symmetric_all_to_all);
-    // ... with each layer's update waiting for that layer's reduction only, not for the last one.
-    add<te_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (all-to-all; optimizer per layer)", "transformer_engine", r, s, only,
-                                 gpt::collective_buffers::nccl_symmetric_all_to_all, true);
-    add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (all-to-all; optimizer per layer)", "full_iteration", r, s, only,
-                                   gpt::collective_buffers::nccl_symmetric_all_to_all, true);
     // ... and the reduce-scatters, which stay on SMs, held to fewer CTAs (ncclConfig_t::maxCTAs).
     if (!only.empty() && std::any_of(only.begin(), only.end(), [](const std::string& n) { return n.find(" CTAs)") != std::string::npos; })) {
         communicators.push_back(std::make_shared<cuda::nccl_communicator>(cuda::communicator_from_mpi(mpi, {cuda::nccl_cta_policy::zero, 8})));
@@ -232,6 +225,11 @@ int main(int argc, char** argv) {
                            gpt::collective_buffers::nccl_symmetric);
     add<full_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; copy-engine gathers)", "full_iteration", r, s, only,
                              gpt::collective_buffers::nccl_symmetric);
+    // ... and its reduce-scatters too, as all-to-alls and sums.
+    add<te_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; all on copy engines)", "transformer_engine", r, s, only,
+                           gpt::collective_buffers::nccl_symmetric_all_to_all);
+    add<full_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; all on copy engines)", "full_iteration", r, s, only,
+                             gpt::collective_buffers::nccl_symmetric_all_to_all);
 
 #if defined(BENCH_WITH_CUPTI)
     // --trace: the timed rounds traced (their times then include the tracing's cost).

@@ -59,9 +59,6 @@ gpt_model<T>::gpt_model(const model_config& cfg, cudaStream_t s, std::optional<s
         throw std::invalid_argument("model_config::check_finite_on_device with sharded parameters: each rank would check only its own "
                                     "shard of the gradients and decide apart, so the ranks would diverge -- fix: check on the device "
                                     "with replicated parameters (their gradients are all-reduced first), or turn the check off");
-    if (sharding && cfg.optimizer_per_layer)
-        throw std::invalid_argument("model_config::optimizer_per_layer with sharded parameters: the shards of every layer are stepped as one "
-                                    "arena -- fix: optimizer_per_layer = false, or replicated parameters");
     if (sharding) params_.allocate_sharded(cfg.seed, s, *sharding, collective_memory);
     else params_.allocate(cfg.seed, s, true, collective_memory);
     arenas_ = params_.optimizer_arenas();
@@ -139,13 +136,6 @@ template <class T> void gpt_model<T>::optimizer_step(cudaStream_t s) {
                        reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s, first, device_inverse_loss_scale());
         first = false;
     }
-}
-
-template <class T> void gpt_model<T>::optimizer_range(cudaStream_t s, std::size_t first, std::size_t count, bool advance) {
-    const optimizer_arena<T>& a = arenas_.front();
-    kernels::adamw(a.master + first, a.value + first, a.grad + first, a.first_moment + first, a.second_moment + first, long(count),
-                   device_step_.data(), reinterpret_cast<const kernels::adamw_hyperparameters*>(hyperparameters_.data()), s, advance,
-                   device_inverse_loss_scale());
 }
 
 template <class T> void gpt_model<T>::check_finite_stage(cudaStream_t s) {
@@ -257,35 +247,7 @@ template <class T> capscope::training_program gpt_model<T>::training_program() c
         p.rerun.after = stream_fn::of<&gpt_model::rerun_after>(self);
         p.rerun.reason = "an expert got more tokens than its static capacity";
     }
-    if (!cfg_.optimizer_per_layer) p.step_end.push_back(std::move(opt));
-    else {
-        // A stage per layer, the last layer's first (its gradients are reduced first), then the
-        // parameters outside the layers (before the first layer and after the last); the first
-        // stage counts the step, and the others, after it on the same lane, read that count.
-        const float* grads = arenas_.front().grad;
-        std::vector<std::pair<std::size_t, std::size_t>> ranges; // [first, end) in parameters
-        for (int l = params_.layers() - 1; l >= 0; --l) {
-            const capscope::tensor_ref g = params_.layer_gradients(l);
-            const std::size_t first = std::size_t(static_cast<const float*>(g.data) - grads);
-            if (!ranges.empty() && first + g.bytes / sizeof(float) != ranges.back().first)
-                throw std::logic_error("gpt_model: optimizer_per_layer needs the layers' parameters one after the other in the store");
-            ranges.emplace_back(first, first + g.bytes / sizeof(float));
-        }
-        const std::size_t layers_first = params_.layers() ? ranges.back().first : 0, layers_end = params_.layers() ? ranges.front().second : 0;
-        if (layers_first > 0) ranges.emplace_back(0, layers_first);
-        if (layers_end < arenas_.front().count) ranges.emplace_back(layers_end, arenas_.front().count);
-        bool first = true;
-        for (const auto& [begin, end] : ranges) {
-            stage part = opt;
-            part.name = "optimizer [" + std::to_string(begin) + ", " + std::to_string(end) + ")";
-            part.inputs = {{"gradients [" + std::to_string(begin) + ", " + std::to_string(end) + ")", const_cast<float*>(grads) + begin,
-                            (end - begin) * sizeof(float)}};
-            if (cfg_.loss_scale.dynamic) part.inputs.push_back(loss_scale_ref());
-            part.forward = stream_fn::from([self, begin, count = end - begin, first](cudaStream_t s) { self->optimizer_range(s, begin, count, first); });
-            first = false;
-            p.step_end.push_back(std::move(part));
-        }
-    }
+    p.step_end.push_back(std::move(opt));
     if (cfg_.loss_scale.dynamic) {
         // After the optimizer, which divided by the scale this step multiplied by; unguarded, as
         // a skipped step is what halves it.

@@ -92,6 +92,23 @@ public:
         });
     }
 
+    //! Reduce-scatters `full` (`ranks` parts of `part` elements, at the same offset of a symmetric
+    //! window on every rank) into this rank's `shard`: the all-to-all into the scratch, then the
+    //! sum. One rank copies its part.
+    void reduce_scatter(const void* full, void* shard, std::size_t part, cudaStream_t s) const {
+        const std::size_t element = type_ == ncclFloat64 ? 8 : 4;
+        if (ranks_ == 1) {
+            if (full != shard) CAPSCOPE_CHECK(cudaMemcpyAsync(shard, full, part * element, cudaMemcpyDeviceToDevice, s));
+            return;
+        }
+        if (part * std::size_t(ranks_) * element > scratch_.bytes())
+            throw std::length_error("capscope gradient reduce-scatter (all-to-all): " + std::to_string(part * std::size_t(ranks_) * element) +
+                                    " bytes do not fit the scratch of " + std::to_string(scratch_.bytes()) +
+                                    " -- fix: make the reduction with the most bytes one layer's full gradients take");
+        CAPSCOPE_CHECK(ncclAlltoAll(full, scratch_.data(), part, type_, comm_, s));
+        if (!installed_breakage().skip_all_to_all_sum) sum_parts(shard, scratch_.data(), part, s);
+    }
+
 private:
     //! out = scale * parts[0] + scale * parts[1] (+ scale * parts[r], one rank at a time), as a
     //! matrix of `rows` by count / rows: cuBLAS tiles geam in two dimensions.

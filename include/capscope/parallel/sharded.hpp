@@ -20,8 +20,11 @@
 #include <capscope/parallel/data_parallel.hpp>
 #include <capscope/parallel/sharding.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -64,12 +67,15 @@ struct gradient_scatter {
     ncclComm_t comm;
     std::span<const sharded_layer_buffers> layers;
     ncclRedOp_t op;
+    std::shared_ptr<const all_to_all_sum> all_to_all = {}; //!< reduce_scatter_as::all_to_all_then_sum: its scratch and cuBLAS handle
     void operator()(backward_context& c) const {
         const sharded_layer_buffers& b = layers[std::size_t(c.layer())];
-        CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.gradient_type, op, comm, c.stream()));
+        if (all_to_all) all_to_all->reduce_scatter(b.gradient_full, b.gradient_shard, b.shard, c.stream());
+        else CAPSCOPE_CHECK(ncclReduceScatter(b.gradient_full, b.gradient_shard, b.shard, b.gradient_type, op, comm, c.stream()));
     }
     std::string collective_calls(int layer) const {
-        return shard_call_words(layers, layer, &sharded_layer_buffers::gradient_type) + ", operation " + std::to_string(int(op));
+        return shard_call_words(layers, layer, &sharded_layer_buffers::gradient_type) + ", operation " + std::to_string(int(op)) +
+               (all_to_all ? ", an all-to-all then a sum" : "");
     }
 };
 
@@ -104,13 +110,36 @@ template <int Lane = 1, class Gather = gather_on_demand>
 auto parameter_regather(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, Gather = {}) {
     return detail::gather_hook<hook_phase::backward_pre, Lane, Gather>("param re-gather", comm, layers);
 }
+//! How the gradients' reduce-scatter is issued.
+enum class reduce_scatter_as {
+    one_call, //!< `ncclReduceScatter`
+    //! `ncclAlltoAll` of the parts into a scratch window, then this rank's part summed by cuBLAS
+    //! (capscope/parallel/all_to_all_reduction.hpp): with the full gradients in symmetric windows
+    //! on a `nccl_cta_policy::zero` communicator, every byte moves on copy engines and only the
+    //! sum takes SMs. Float32 and float64, sum or average; a scratch of the largest layer's full
+    //! gradients, made here on every rank.
+    all_to_all_then_sum,
+};
+
 //! The backward hook: reduce-scatters layer L's gradients into this rank's shard, in the step's
 //! last microbatch (earlier ones accumulate into `gradient_full`), on side stream `Lane` (so it
 //! overlaps the backward of the layers before it; the optimizer waits for it).
 template <int Lane = 1>
-auto gradient_reduce_scatter(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, ncclRedOp_t op = ncclAvg) {
+auto gradient_reduce_scatter(const cuda::nccl_communicator& comm, std::span<const sharded_layer_buffers> layers, ncclRedOp_t op = ncclAvg,
+                             reduce_scatter_as as = reduce_scatter_as::one_call) {
+    std::shared_ptr<const detail::all_to_all_sum> all_to_all;
+    if (as == reduce_scatter_as::all_to_all_then_sum && !layers.empty()) {
+        std::size_t largest = 0;
+        for (const sharded_layer_buffers& b : layers) {
+            if (b.gradient_type != layers.front().gradient_type)
+                throw std::invalid_argument("gradient_reduce_scatter: reduce_scatter_as::all_to_all_then_sum sums one type, and the layers' "
+                                            "gradients differ -- fix: one gradient type, or reduce_scatter_as::one_call");
+            largest = std::max(largest, b.shard * std::size_t(comm.size()) * detail::nccl_type_bytes(b.gradient_type));
+        }
+        all_to_all = std::make_shared<const detail::all_to_all_sum>(comm, layers.front().gradient_type, op, largest);
+    }
     return hook<hook_phase::backward, capturable, on_lane<Lane>, last_microbatch_only>("grad reduce-scatter",
-                                                                                      detail::gradient_scatter{comm.get(), layers, op});
+                                                                                      detail::gradient_scatter{comm.get(), layers, op, std::move(all_to_all)});
 }
 
 } // namespace capscope

@@ -67,12 +67,6 @@ struct model_config {
     //! halves it when the step was not finite (that step was skipped) or doubles it after
     //! growth_interval finite steps. The reported loss is never scaled.
     loss_scaling loss_scale;
-    //! The optimizer as a stage per layer, the last layer's first, and one for the parameters
-    //! outside the layers, each reading only its own gradients: under data parallelism a layer's
-    //! update then waits for its own reduction only, and runs while the reductions of the layers
-    //! before it are in flight (the plan derives the waits). The same bits as one stage (AdamW
-    //! works element by element). Replicated parameters only.
-    bool optimizer_per_layer = false;
 
     int tokens() const { return seq_len * batch; }
     int head_dim() const { return hidden / heads; }

@@ -53,10 +53,11 @@ enum class collective_buffers {
     //! replicated, each layer's all-reduce is issued as a reduce-scatter and an all-gather
     //! (`capscope::all_reduce_as`), so half of it moves that way.
     nccl_symmetric,
-    //! As `nccl_symmetric`, and replicated, each layer's all-reduce is an all-to-all, a sum on
-    //! this rank and an all-gather (`capscope::all_reduce_as::all_to_all_then_all_gather`): every
+    //! As `nccl_symmetric`, and each layer's gradient reduction is an all-to-all and a sum on this
+    //! rank (replicated: then an all-gather, `capscope::all_reduce_as::all_to_all_then_all_gather`;
+    //! sharded: the reduce-scatter, `capscope::reduce_scatter_as::all_to_all_then_sum`): every
     //! byte moves on copy engines, and only the sum takes SMs, for a scratch window of one layer's
-    //! gradients. Replicated only: the sharded reduce-scatter has no such form here.
+    //! gradients.
     nccl_symmetric_all_to_all,
 };
 
@@ -102,11 +103,12 @@ auto data_parallel_hooks(const capscope::cuda::nccl_communicator& comm, std::spa
         return hook_pipeline{gradient_all_reduce(comm, ncclFloat32, ncclAvg, std::size_t(40) << 20, as, largest_layer_gradient_bytes)};
     else {
         using gather = typename Mode::gather; // prefetched while the layer before computes, or on demand
+        const reduce_scatter_as rs = buffers == collective_buffers::nccl_symmetric_all_to_all ? reduce_scatter_as::all_to_all_then_sum : reduce_scatter_as::one_call;
         if constexpr (std::is_same_v<typename Mode::backward, regather_for_backward>)
             return hook_pipeline{parameter_all_gather(comm, layers, gather{}), parameter_regather(comm, layers, gather{}),
-                                 gradient_reduce_scatter(comm, layers)};
+                                 gradient_reduce_scatter(comm, layers, ncclAvg, rs)};
         // Kept for backward, each layer's gathered copy has a buffer of its own: one gather a step.
-        else return hook_pipeline{parameter_all_gather_once_per_step(comm, layers, gather{}), gradient_reduce_scatter(comm, layers)};
+        else return hook_pipeline{parameter_all_gather_once_per_step(comm, layers, gather{}), gradient_reduce_scatter(comm, layers, ncclAvg, rs)};
     }
 }
 
@@ -176,7 +178,7 @@ public:
     data_parallel_trainer(const model_config& cfg, const capscope::cuda::nccl_communicator& comm, cudaStream_t s,
                           capscope::watchdog_settings watchdog = {}, capscope::step_watchdog::fault_handler on_fault = {},
                           collective_buffers buffers = collective_buffers::device)
-        : collective_(detail::checked_buffers(comm, refused_for_mode(buffers), s)),
+        : collective_(detail::checked_buffers(comm, buffers, s)),
           model_(cfg, s, detail::store_layout<Mode>(comm), {}, detail::collective_memory_of(comm, collective_)),
           tensors_(layer_tensors_of(model_.parameters(), comm.size(), param_refs_, grad_refs_, buffers_)),
           hooks_(detail::data_parallel_hooks<Mode>(comm, buffers_, collective_, largest_bytes(grad_refs_))),
@@ -195,12 +197,6 @@ public:
     const capscope::runner<Config>& runner() const { return runner_; }
 
 private:
-    static collective_buffers refused_for_mode(collective_buffers b) {
-        if (is_sharded && b == collective_buffers::nccl_symmetric_all_to_all)
-            throw std::invalid_argument("gpt::data_parallel_trainer: collective_buffers::nccl_symmetric_all_to_all changes the replicated mode's "
-                                        "all-reduce; the sharded reduce-scatter has no all-to-all form -- fix: collective_buffers::nccl_symmetric");
-        return b;
-    }
     static std::size_t largest_bytes(const std::vector<capscope::tensor_ref>& t) {
         std::size_t most = 0;
         for (const auto& r : t) most = std::max(most, r.bytes);

@@ -70,9 +70,6 @@ public:
     //! AdamW over every parameter with the hyperparameters in device memory. The step count (for
     //! the bias corrections) is kept on the device too, so a captured step stays correct on replay.
     void optimizer_step(cudaStream_t s);
-    //! AdamW over parameters [first, first + count) of the replicated store; `advance`: this
-    //! call counts the step (the first of a step's calls).
-    void optimizer_range(cudaStream_t s, std::size_t first, std::size_t count, bool advance);
     void optimizer_step(cudaStream_t s, const adamw_config& opt) {
         set_optimizer(opt, s);
         optimizer_step(s);
