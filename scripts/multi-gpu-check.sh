@@ -50,6 +50,14 @@ if is_part tests; then
   CAPSCOPE_BREAK=skip_pass_copy_back timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*offload*' --no-colors=true >"$OUT/two-ranks-skip-pass-copy-back.log" 2>&1
   r=$?; echo "== two-ranks-skip-pass-copy-back (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-skip-pass-copy-back.log" | head -4
   [ $r -ne 0 ] && grep -q "ERROR: CHECK( same_as_plain )" "$OUT/two-ranks-skip-pass-copy-back.log" || rc=1
+  # Broken on purpose: the all-to-all reduction's sum skipped must differ from one all-reduce.
+  CAPSCOPE_BREAK=skip_all_to_all_sum timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*all-to-all*' --no-colors=true >"$OUT/two-ranks-skip-all-to-all-sum.log" 2>&1
+  r=$?; echo "== two-ranks-skip-all-to-all-sum (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-skip-all-to-all-sum.log" | head -4
+  [ $r -ne 0 ] && grep -q "ERROR: CHECK( same_as_one_all_reduce )" "$OUT/two-ranks-skip-all-to-all-sum.log" || rc=1
+  # Broken on purpose: the kept gather called in the last microbatch, not the first, must differ.
+  CAPSCOPE_BREAK=first_microbatch_as_last timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*one gather a step*' --no-colors=true >"$OUT/two-ranks-first-microbatch-as-last.log" 2>&1
+  r=$?; echo "== two-ranks-first-microbatch-as-last (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-first-microbatch-as-last.log" | head -4
+  [ $r -ne 0 ] && grep -q "ERROR: CHECK" "$OUT/two-ranks-first-microbatch-as-last.log" || rc=1
   # A failing rank ends both, within the bound (no GPU needed, but here on the real launcher too).
   run rank-failure python3 tests/mpi/rank_failure.py ./build-mpi/tests/rank_failure_probe
   # Each fault injected into rank 1 on the GPUs, eager and captured (23 runs; its own time limit).
