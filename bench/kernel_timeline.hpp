@@ -179,6 +179,8 @@ private:
         std::string n = status == 0 && d ? d : mangled;
         std::free(d);
         if (n.starts_with("void ")) n.erase(0, 5);
+        // The example model's kernels sit in an anonymous namespace: its "(" is not the arguments'.
+        for (std::size_t at; (at = n.find("(anonymous namespace)::")) != std::string::npos;) n.erase(at, 23);
         n = n.substr(0, n.find_first_of("<("));
         return n.size() > 48 ? n.substr(0, 48) : n;
     }

@@ -20,10 +20,13 @@
 #include <capscope/detail/breakage.hpp>
 #include <capscope/parallel/reduction_buckets.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace capscope::detail {
 
@@ -49,6 +52,11 @@ public:
         if (op != ncclSum && op != ncclAvg)
             throw std::invalid_argument("all_reduce_as::all_to_all_then_all_gather sums or averages -- fix: ncclSum or ncclAvg, or "
                                         "all_reduce_as::reduce_scatter_then_all_gather for other operations");
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+        throw std::invalid_argument("all_reduce_as::all_to_all_then_all_gather and reduce_scatter_as::all_to_all_then_sum need ncclAlltoAll, "
+                                    "NCCL 2.28 or later (this is " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) +
+                                    ") -- fix: all_reduce_as::reduce_scatter_then_all_gather / reduce_scatter_as::one_call, or a newer NCCL");
+#endif
         if (comm.size() > 1 && largest_layer_bytes == 0)
             throw std::invalid_argument("all_reduce_as::all_to_all_then_all_gather needs a scratch of one layer's gradients -- fix: pass the "
                                         "most bytes one layer's gradients take");
@@ -75,7 +83,7 @@ public:
             std::size_t offset = 0;
             in_one_group(first, last, [&](std::size_t i) {
                 const std::size_t count = tensors[i].bytes / element, part = part_of(i), split = part * ranks;
-                if (part) CAPSCOPE_CHECK(ncclAlltoAll(tensors[i].data, scratch_.data() + offset, part, type_, comm_, s));
+                if (part) all_to_all(tensors[i].data, scratch_.data() + offset, part, s);
                 if (split < count) CAPSCOPE_CHECK(ncclAllReduce(at(i, split), at(i, split), count - split, type_, op_, comm_, s));
                 offset += split * element;
             });
@@ -105,34 +113,44 @@ public:
             throw std::length_error("capscope gradient reduce-scatter (all-to-all): " + std::to_string(part * std::size_t(ranks_) * element) +
                                     " bytes do not fit the scratch of " + std::to_string(scratch_.bytes()) +
                                     " -- fix: make the reduction with the most bytes one layer's full gradients take");
-        CAPSCOPE_CHECK(ncclAlltoAll(full, scratch_.data(), part, type_, comm_, s));
+        all_to_all(full, scratch_.data(), part, s);
         if (!installed_breakage().skip_all_to_all_sum) sum_parts(shard, scratch_.data(), part, s);
     }
 
 private:
+    void all_to_all([[maybe_unused]] const void* from, [[maybe_unused]] void* to, [[maybe_unused]] std::size_t part,
+                    [[maybe_unused]] cudaStream_t s) const {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+        CAPSCOPE_CHECK(ncclAlltoAll(from, to, part, type_, comm_, s));
+#endif // (older: the constructor refused)
+    }
     //! out = scale * parts[0] + scale * parts[1] (+ scale * parts[r], one rank at a time), as a
-    //! matrix of `rows` by count / rows: cuBLAS tiles geam in two dimensions.
+    //! matrix of `rows` by count / rows (cuBLAS tiles geam in two dimensions), in slices of at most
+    //! INT_MAX columns (geam's sizes are ints).
     void sum_parts(void* out, const std::byte* parts, std::size_t count, cudaStream_t s) const {
         std::size_t rows = 4096;
         while (count % rows) rows /= 2;
-        const int m = int(rows), n = int(count / rows);
+        const std::size_t columns = count / rows, most = std::size_t(std::numeric_limits<int>::max());
         const cublasHandle_t h = blas_.on(s);
         const std::size_t element = type_ == ncclFloat64 ? 8 : 4, bytes = count * element;
-        if (type_ == ncclFloat32) {
-            const float scale = op_ == ncclAvg ? 1.f / float(ranks_) : 1.f, one = 1.f;
-            auto part = [&](int r) { return reinterpret_cast<const float*>(parts + std::size_t(r) * bytes); };
-            CAPSCOPE_CHECK(cublasSgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, &scale, part(0), m, &scale, part(1), m, static_cast<float*>(out), m));
-            for (int r = 2; r < ranks_; ++r)
-                CAPSCOPE_CHECK(cublasSgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, &one, static_cast<float*>(out), m, &scale, part(r), m,
-                                           static_cast<float*>(out), m));
-        } else {
-            const double scale = op_ == ncclAvg ? 1.0 / double(ranks_) : 1.0, one = 1.0;
-            auto part = [&](int r) { return reinterpret_cast<const double*>(parts + std::size_t(r) * bytes); };
-            CAPSCOPE_CHECK(cublasDgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, &scale, part(0), m, &scale, part(1), m, static_cast<double*>(out), m));
-            for (int r = 2; r < ranks_; ++r)
-                CAPSCOPE_CHECK(cublasDgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, &one, static_cast<double*>(out), m, &scale, part(r), m,
-                                           static_cast<double*>(out), m));
+        for (std::size_t first = 0; first < columns; first += most) {
+            const int m = int(rows), n = int(std::min(most, columns - first));
+            const std::size_t at = first * rows * element; // bytes into each part and into out
+            auto part = [&](int r) { return parts + std::size_t(r) * bytes + at; };
+            std::byte* to = static_cast<std::byte*>(out) + at;
+            if (type_ == ncclFloat32) sum_slice<float>(h, m, n, part, reinterpret_cast<float*>(to));
+            else sum_slice<double>(h, m, n, part, reinterpret_cast<double*>(to));
         }
+    }
+    template <class F, class Part>
+    void sum_slice(cublasHandle_t h, int m, int n, const Part& part, F* out) const {
+        const F scale = op_ == ncclAvg ? F(1) / F(ranks_) : F(1), one = F(1);
+        auto geam = [&](const F* alpha, const F* a, const F* beta, const F* b) {
+            if constexpr (std::is_same_v<F, float>) CAPSCOPE_CHECK(cublasSgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, alpha, a, m, beta, b, m, out, m));
+            else CAPSCOPE_CHECK(cublasDgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, alpha, a, m, beta, b, m, out, m));
+        };
+        geam(&scale, reinterpret_cast<const F*>(part(0)), &scale, reinterpret_cast<const F*>(part(1)));
+        for (int r = 2; r < ranks_; ++r) geam(&one, out, &scale, reinterpret_cast<const F*>(part(r)));
     }
 
     ncclComm_t comm_;
