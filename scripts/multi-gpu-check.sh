@@ -36,28 +36,25 @@ is_part() { [ ${#parts[@]} -eq 0 ] || [[ " ${parts[*]} " == *" $1 "* ]]; }
 if is_part tests; then
   run one-rank ./build-mpi/tests/gpu_test_data_parallel
   run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel
-  # Broken on purpose (tests/gpu/breakage.hpp): a sum where the average is expected must fail on two ranks.
+  # Broken on purpose (tests/gpu/breakage.hpp), each must fail on two ranks by a check (the
+  # pattern), not by a hang or a crash: must_fail NAME BREAKAGE TEST-CASES PATTERN.
   # --no-colors: Open MPI gives each rank a terminal, so doctest would colour 'ERROR:' and the grep miss it.
-  CAPSCOPE_BREAK=sum_for_average timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*average*' --no-colors=true >"$OUT/two-ranks-sum-for-average.log" 2>&1
-  r=$?; echo "== two-ranks-sum-for-average (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-sum-for-average.log" | head -6
-  # Failed by a check, not by a hang or a crash.
-  [ $r -ne 0 ] && grep -q "ERROR: CHECK" "$OUT/two-ranks-sum-for-average.log" || rc=1
-  # Broken on purpose: the pipelined model's recomputed forward running the forward hooks too must fail.
-  CAPSCOPE_BREAK=recompute_forward_hooks timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*hooks*' --no-colors=true >"$OUT/two-ranks-recompute-forward-hooks.log" 2>&1
-  r=$?; echo "== two-ranks-recompute-forward-hooks (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-recompute-forward-hooks.log" | head -4
-  [ $r -ne 0 ] && grep -q "ERROR: CHECK( counts_right )" "$OUT/two-ranks-recompute-forward-hooks.log" || rc=1
-  # Broken on purpose: the pipelined model's backward passes copying no offloaded tensor back must fail.
-  CAPSCOPE_BREAK=skip_pass_copy_back timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*offload*' --no-colors=true >"$OUT/two-ranks-skip-pass-copy-back.log" 2>&1
-  r=$?; echo "== two-ranks-skip-pass-copy-back (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-skip-pass-copy-back.log" | head -4
-  [ $r -ne 0 ] && grep -q "ERROR: CHECK( same_as_plain )" "$OUT/two-ranks-skip-pass-copy-back.log" || rc=1
-  # Broken on purpose: the all-to-all reduction's sum skipped must differ from one all-reduce.
-  CAPSCOPE_BREAK=skip_all_to_all_sum timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*all-to-all*' --no-colors=true >"$OUT/two-ranks-skip-all-to-all-sum.log" 2>&1
-  r=$?; echo "== two-ranks-skip-all-to-all-sum (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-skip-all-to-all-sum.log" | head -4
-  [ $r -ne 0 ] && grep -q "ERROR: CHECK( same_as_one_all_reduce )" "$OUT/two-ranks-skip-all-to-all-sum.log" || rc=1
-  # Broken on purpose: the kept gather called in the last microbatch, not the first, must differ.
-  CAPSCOPE_BREAK=first_microbatch_as_last timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc='*one gather a step*' --no-colors=true >"$OUT/two-ranks-first-microbatch-as-last.log" 2>&1
-  r=$?; echo "== two-ranks-first-microbatch-as-last (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$OUT/two-ranks-first-microbatch-as-last.log" | head -4
-  [ $r -ne 0 ] && grep -q "ERROR: CHECK" "$OUT/two-ranks-first-microbatch-as-last.log" || rc=1
+  must_fail() {
+    local log="$OUT/two-ranks-$1.log"
+    CAPSCOPE_BREAK=$2 timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc="$3" --no-colors=true >"$log" 2>&1
+    local r=$?; echo "== two-ranks-$1 (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$log" | head -6
+    [ $r -ne 0 ] && grep -qF "$4" "$log" || rc=1
+  }
+  # A sum where the average is expected.
+  must_fail sum-for-average sum_for_average '*average*' "ERROR: CHECK"
+  # The pipelined model's recomputed forward running the forward hooks too.
+  must_fail recompute-forward-hooks recompute_forward_hooks '*hooks*' "ERROR: CHECK( counts_right )"
+  # The pipelined model's backward passes copying no offloaded tensor back.
+  must_fail skip-pass-copy-back skip_pass_copy_back '*offload*' "ERROR: CHECK( same_as_plain )"
+  # The all-to-all reduction's sum skipped: it must differ from one all-reduce.
+  must_fail skip-all-to-all-sum skip_all_to_all_sum '*all-to-all*' "ERROR: CHECK( same_as_one_all_reduce )"
+  # The kept gather called in the last microbatch, not the first.
+  must_fail first-microbatch-as-last first_microbatch_as_last '*one gather a step*' "ERROR: CHECK"
   # A failing rank ends both, within the bound (no GPU needed, but here on the real launcher too).
   run rank-failure python3 tests/mpi/rank_failure.py ./build-mpi/tests/rank_failure_probe
   # Each fault injected into rank 1 on the GPUs, eager and captured (23 runs; its own time limit).

@@ -85,6 +85,32 @@ trained<T> train(const gpt::model_config& c, const cuda::nccl_communicator* on =
     return state_after(trainer.model(), std::move(losses), s);
 }
 
+//! The largest difference between two runs' master weights.
+template <class T>
+double largest_master_difference(const trained<T>& a, const trained<T>& b) {
+    double most = 0;
+    for (std::size_t k = 0; k < a.masters.size(); ++k)
+        for (std::size_t i = 0; i < a.masters[k].size(); ++i) most = std::max(most, double(std::abs(a.masters[k][i] - b.masters[k][i])));
+    return most;
+}
+
+//! A captured graph's nodes, its kernel nodes and its copy nodes (cuda::node_type asks the driver:
+//! the runtime's query fails on memory-operation nodes).
+struct node_counts {
+    std::size_t nodes = 0, kernels = 0, copies = 0;
+};
+node_counts count_nodes(const cuda::graph& g) {
+    node_counts c{g.node_count()};
+    std::vector<cudaGraphNode_t> nodes(c.nodes);
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &c.nodes));
+    for (cudaGraphNode_t node : nodes) {
+        const cudaGraphNodeType t = cuda::node_type(node);
+        c.kernels += t == cudaGraphNodeTypeKernel;
+        c.copies += t == cudaGraphNodeTypeMemcpy;
+    }
+    return c;
+}
+
 template <class T>
 void check_identical(const trained<T>& got, const trained<T>& want, const char* what) {
     INFO(what, ", rank ", mpi().rank());
@@ -178,17 +204,10 @@ TEST_CASE("the example model with its all-gathers on copy engines (sharded gathe
         cuda::graph g = cuda::capture(s, [&](cudaStream_t on) {
             CAPSCOPE_CHECK(ncclAllGather(part.data(), whole.data(), n, ncclFloat32, copy_engines.get(), on));
         });
-        std::size_t count = g.node_count(), kernels = 0, copies = 0;
-        std::vector<cudaGraphNode_t> nodes(count);
-        CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
-        for (cudaGraphNode_t node : nodes) {
-            const cudaGraphNodeType t = cuda::node_type(node); // (the runtime's query fails on memory-operation nodes)
-            kernels += t == cudaGraphNodeTypeKernel;
-            copies += t == cudaGraphNodeTypeMemcpy;
-        }
-        INFO("a captured all-gather between symmetric windows: ", count, " nodes, ", kernels, " kernels, ", copies, " copies");
-        CHECK(kernels == 0);
-        CHECK(copies >= std::size_t(mpi().size()) - 1);
+        const node_counts gathered = count_nodes(g);
+        INFO("a captured all-gather between symmetric windows: ", gathered.nodes, " nodes, ", gathered.kernels, " kernels, ", gathered.copies, " copies");
+        CHECK(gathered.kernels == 0);
+        CHECK(gathered.copies >= std::size_t(mpi().size()) - 1);
         // Replayed from its copy without NCCL's user object (cuda/graph_copy.hpp takes the memory operations too).
         cuda::copy_result copied = cuda::without_user_objects(std::move(g));
         INFO("refused: ", copied.refused);
@@ -269,17 +288,10 @@ TEST_CASE("the example model, data parallel with each all-reduce an all-to-all, 
         for (std::size_t i = 0; i < back.size(); ++i) wrong += back[i] != float(1000 * (i / n) + me); // from rank i / n, its part me
         CHECK(wrong == 0);
         cuda::graph g = cuda::capture(s, [&](cudaStream_t on) { CAPSCOPE_CHECK(ncclAlltoAll(from.data(), to.data(), n, ncclFloat32, copy_engines.get(), on)); });
-        std::size_t count = g.node_count(), kernels = 0, copies = 0;
-        std::vector<cudaGraphNode_t> nodes(count);
-        CAPSCOPE_CHECK(cudaGraphGetNodes(g.get(), nodes.data(), &count));
-        for (cudaGraphNode_t node : nodes) {
-            const cudaGraphNodeType t = cuda::node_type(node);
-            kernels += t == cudaGraphNodeTypeKernel;
-            copies += t == cudaGraphNodeTypeMemcpy;
-        }
-        INFO("a captured all-to-all between symmetric windows: ", count, " nodes, ", kernels, " kernels, ", copies, " copies");
-        CHECK(kernels == 0);
-        CHECK(copies >= std::size_t(mpi().size()) - 1);
+        const node_counts scattered = count_nodes(g);
+        INFO("a captured all-to-all between symmetric windows: ", scattered.nodes, " nodes, ", scattered.kernels, " kernels, ", scattered.copies, " copies");
+        CHECK(scattered.kernels == 0);
+        CHECK(scattered.copies >= std::size_t(mpi().size()) - 1);
     }
     const auto all_to_all = gpt::collective_buffers::nccl_symmetric_all_to_all;
     const trained<float> eager = train<float, eager_config, gpt::replicated>(c, &copy_engines, all_to_all);
@@ -291,10 +303,7 @@ TEST_CASE("the example model, data parallel with each all-reduce an all-to-all, 
     // out or added twice moves a master by about the learning rate, 1e-3).
     const trained<float> one_call = train<float, eager_config, gpt::replicated>(c);
     const bool bitwise = mpi().size() <= 2;
-    double master_error = 0;
-    for (std::size_t a = 0; a < eager.masters.size(); ++a)
-        for (std::size_t i = 0; i < eager.masters[a].size(); ++i)
-            master_error = std::max(master_error, double(std::abs(eager.masters[a][i] - one_call.masters[a][i])));
+    const double master_error = largest_master_difference(eager, one_call);
     INFO("all-to-all against one all-reduce, rank ", mpi().rank(), ": masters differ by at most ", master_error);
     if (bitwise) {
         const bool same_as_one_all_reduce = master_error == 0 && support::same_bits(eager.losses, one_call.losses);
@@ -308,9 +317,7 @@ TEST_CASE("the example model, data parallel with each all-reduce an all-to-all, 
     for (const auto& [impl, got] : {std::pair{"transformer_engine", train<float, te_config, keep>(c, &copy_engines, all_to_all)},
                                     std::pair{"full_iteration", train<float, full_config, keep>(c, &copy_engines, all_to_all)}}) {
         if (bitwise) check_identical(got, sharded_by_nccl, impl);
-        for (std::size_t a = 0; a < got.masters.size(); ++a)
-            for (std::size_t i = 0; i < got.masters[a].size(); ++i)
-                sharded_error = std::max(sharded_error, double(std::abs(got.masters[a][i] - sharded_by_nccl.masters[a][i])));
+        sharded_error = std::max(sharded_error, largest_master_difference(got, sharded_by_nccl));
     }
     if (!bitwise) CHECK(sharded_error <= 1e-5);
     if (mpi().rank() == 0)

@@ -68,7 +68,7 @@ public:
     //! all-to-alls, the sums, then one group of all-gathers (which need the sums).
     void run(std::span<const tensor_ref> tensors, std::size_t bucket_bytes, cudaStream_t s) const {
         if (ranks_ == 1) return; // one rank: its sum and its average are its own tensors
-        const std::size_t element = type_ == ncclFloat64 ? 8 : 4, ranks = std::size_t(ranks_);
+        const std::size_t element = element_bytes(), ranks = std::size_t(ranks_);
         require_whole_elements(tensors, element, "capscope gradient all-reduce (all-to-all)");
         for_each_reduction_bucket(tensors, bucket_bytes, [&](std::size_t first, std::size_t last) {
             auto part_of = [&](std::size_t i) { return tensors[i].bytes / element / ranks; };
@@ -104,7 +104,7 @@ public:
     //! window on every rank) into this rank's `shard`: the all-to-all into the scratch, then the
     //! sum. One rank copies its part.
     void reduce_scatter(const void* full, void* shard, std::size_t part, cudaStream_t s) const {
-        const std::size_t element = type_ == ncclFloat64 ? 8 : 4;
+        const std::size_t element = element_bytes();
         if (ranks_ == 1) {
             if (full != shard) CAPSCOPE_CHECK(cudaMemcpyAsync(shard, full, part * element, cudaMemcpyDeviceToDevice, s));
             return;
@@ -118,6 +118,7 @@ public:
     }
 
 private:
+    std::size_t element_bytes() const { return type_ == ncclFloat64 ? 8 : 4; } // (the constructor takes float32 and float64 only)
     void all_to_all([[maybe_unused]] const void* from, [[maybe_unused]] void* to, [[maybe_unused]] std::size_t part,
                     [[maybe_unused]] cudaStream_t s) const {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -132,7 +133,7 @@ private:
         while (count % rows) rows /= 2;
         const std::size_t columns = count / rows, most = std::size_t(std::numeric_limits<int>::max());
         const cublasHandle_t h = blas_.on(s);
-        const std::size_t element = type_ == ncclFloat64 ? 8 : 4, bytes = count * element;
+        const std::size_t element = element_bytes(), bytes = count * element;
         for (std::size_t first = 0; first < columns; first += most) {
             const int m = int(rows), n = int(std::min(most, columns - first));
             const std::size_t at = first * rows * element; // bytes into each part and into out
