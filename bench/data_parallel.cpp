@@ -13,7 +13,9 @@
 // all-gathers on copy engines (NCCL 2.28's zero-CTA policy, buffers in symmetric windows;
 // data parallel splits each all-reduce into a reduce-scatter and an all-gather for it, or into an
 // all-to-all, a sum and an all-gather, all of whose bytes move on copy engines) and one gather
-// a step (sharded, each layer's gathered copy kept for the step: a quarter of re-gathering's).
+// a step (sharded, each layer's gathered copy kept for the step: a quarter of re-gathering's);
+// two copy-engine variants also with their memory operations left as graph nodes, for the launch
+// cost that cuda/mem_op_kernel.hpp removes.
 // Per variant: device time per step
 // (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
@@ -100,7 +102,11 @@ const std::vector<std::string> variant_names{"data parallel/none",      "data pa
                                              "sharded (copy-engine gathers)/transformer_engine", "sharded (copy-engine gathers)/full_iteration",
                                              "sharded (kept for backward)/transformer_engine", "sharded (kept for backward)/full_iteration",
                                              "sharded (kept; copy-engine gathers)/transformer_engine", "sharded (kept; copy-engine gathers)/full_iteration",
-                                             "sharded (kept; all on copy engines)/transformer_engine", "sharded (kept; all on copy engines)/full_iteration"};
+                                             "sharded (kept; all on copy engines)/transformer_engine", "sharded (kept; all on copy engines)/full_iteration",
+                                             "data parallel (copy-engine all-to-all; memory operations as nodes)/transformer_engine",
+                                             "data parallel (copy-engine all-to-all; memory operations as nodes)/full_iteration",
+                                             "sharded (kept; copy-engine gathers; memory operations as nodes)/transformer_engine",
+                                             "sharded (kept; copy-engine gathers; memory operations as nodes)/full_iteration"};
 
 //! Builds a trainer, feeds it a fixed batch (random tokens, this rank's), warms it up (warmup
 //! steps, captures), and measures what it holds.
@@ -230,6 +236,19 @@ int main(int argc, char** argv) {
                            gpt::collective_buffers::nccl_symmetric_all_to_all);
     add<full_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; all on copy engines)", "full_iteration", r, s, only,
                              gpt::collective_buffers::nccl_symmetric_all_to_all);
+    // Copy-engine collectives with their memory operations (which order the ranks' copies) left
+    // as memory-operation nodes in the copied graphs, as before cuda/mem_op_kernel.hpp: CUDA does
+    // their work on the host at every launch. The seam is read at capture, in add()'s warmup.
+    detail::installed_breakage().keep_mem_op_nodes = true;
+    add<te_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine all-to-all; memory operations as nodes)", "transformer_engine",
+                                 r, s, only, gpt::collective_buffers::nccl_symmetric_all_to_all);
+    add<full_cfg, gpt::replicated>(v, keep, *communicators[1], "data parallel (copy-engine all-to-all; memory operations as nodes)", "full_iteration",
+                                   r, s, only, gpt::collective_buffers::nccl_symmetric_all_to_all);
+    add<te_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; copy-engine gathers; memory operations as nodes)", "transformer_engine", r, s,
+                           only, gpt::collective_buffers::nccl_symmetric);
+    add<full_cfg, kept_mode>(v, keep, *communicators[1], "sharded (kept; copy-engine gathers; memory operations as nodes)", "full_iteration", r, s,
+                             only, gpt::collective_buffers::nccl_symmetric);
+    detail::installed_breakage().keep_mem_op_nodes = false;
 
 #if defined(BENCH_WITH_CUPTI)
     // --trace: the timed rounds traced (their times then include the tracing's cost).

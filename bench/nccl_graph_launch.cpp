@@ -19,7 +19,8 @@
 //                        (cuda::without_user_objects, the fix); its all-gather is checked after
 //   copy engines         the all-gather on copy engines (a zero-CTA communicator, buffers in
 //                        NCCL symmetric windows: memcpy and memory-operation nodes, no kernel),
-//                        as captured; and copied, checked after
+//                        as captured; and copied (each memory-operation node a one-thread kernel,
+//                        cuda/mem_op_kernel.hpp), and copied with those nodes kept; checked after
 //
 // With --strip-events, NCCL's event record and wait nodes are removed from the captured graphs
 // (their order kept) before they are instantiated.
@@ -172,14 +173,19 @@ int main(int argc, char** argv) {
     if (rank == 0) std::printf("on copy engines, captured: %s\n", node_census(gce).c_str());
     cuda::copy_result ce_copied = cuda::without_user_objects(cuda::capture(s, gather_ce));
     if (!ce_copied.refused.empty()) return std::fprintf(stderr, "the copy-engine graph was not copied: %s\n", ce_copied.refused.c_str()), 1;
-    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone), ecopy(copied.copy), ece(gce), ecec(ce_copied.copy);
+    if (rank == 0) std::printf("on copy engines, copied: %s\n", node_census(ce_copied.copy).c_str());
+    capscope::detail::installed_breakage().keep_mem_op_nodes = true; // the copy as before cuda/mem_op_kernel.hpp
+    cuda::copy_result ce_kept = cuda::without_user_objects(cuda::capture(s, gather_ce));
+    capscope::detail::installed_breakage().keep_mem_op_nodes = false;
+    if (!ce_kept.refused.empty()) return std::fprintf(stderr, "the copy-engine graph was not copied: %s\n", ce_kept.refused.c_str()), 1;
+    const cuda::graph_exec e1(g1), e2(g2), ek(k), eu(u), ep(parent), ecl(clone), ecopy(copied.copy), ece(gce), ecec(ce_copied.copy), ecek(ce_kept.copy);
 
     struct plan {
         const char* name;
         std::vector<const cuda::graph_exec*> cycle;
     };
     const std::vector<plan> plans{{"kernel only", {&ek}}, {"user object", {&eu}}, {"NCCL as a child", {&ep}}, {"NCCL cloned", {&ecl}}, {"one NCCL graph", {&e1}}, {"two NCCL graphs", {&e1, &e2}}, {"NCCL and kernel", {&e1, &ek}}, {"NCCL, copied", {&ecopy}},
-                                  {"copy engines", {&ece}}, {"copy engines, copied", {&ecec}}};
+                                  {"copy engines", {&ece}}, {"copy engines, copied", {&ecec}}, {"CE, copied, memory-operation nodes kept", {&ecek}}};
     for (const plan& p : plans) {
         std::vector<double> us;
         CAPSCOPE_CHECK(cudaMemsetAsync(gathered.data(), 0, gathered.bytes(), s));
@@ -201,7 +207,7 @@ int main(int argc, char** argv) {
         const std::string ahead = first_wait == us.end() ? "none waited" : "launch " + std::to_string(first_wait - us.begin()) + " waited first";
         std::printf("rank %d, %-16s %d launches: host %.1f us a launch (median; %.1f over the second half), enqueue %.1f ms of %.1f ms; %s\n",
                     rank, p.name, launches, bench::median(us), bench::median(late), enqueue_ms, total_ms, ahead.c_str());
-        if (p.cycle[0] == &ecopy || p.cycle[0] == &ecec) { // the copy gathers what the source does: rank r's part all r + 1
+        if (p.cycle[0] == &ecopy || p.cycle[0] == &ecec || p.cycle[0] == &ecek) { // the copy gathers what the source does: rank r's part all r + 1
             std::vector<unsigned char> back(gathered.bytes());
             CAPSCOPE_CHECK(cudaMemcpy(back.data(), p.cycle[0] == &ecopy ? static_cast<void*>(gathered.data()) : ce_gathered.data(), back.size(),
                                       cudaMemcpyDeviceToHost));

@@ -9,7 +9,8 @@
 #   compile    bench/compile_time.py: a TU with capscope.hpp and one config against an empty one, g++ and nvcc
 #   runner     bench/runner_overhead: the runner against hand-written graph code, dense and mixed;
 #              bench/composed_overhead: the same, composed (hooks on lanes and offload, tutorial 11's model);
-#              bench/graph_update: four ways to update a host-valued stage in a graph; and
+#              bench/graph_update: four ways to update a host-valued stage in a graph;
+#              bench/graph_mem_ops: memory-operation nodes at launch, as captured and as kernels; and
 #              examples/14_existing_trainer_bench: tutorial 14's trainer, its own loop against graphs
 #   inference  bench/inference: exec update against instantiation, and one forward by scope
 #   peer       bench/same_model beside bench/peers/gpt_peer.py at each size of SIZES, dense and
@@ -61,6 +62,7 @@ want compile && step compile_time python3 bench/compile_time.py --csv "$OUT/comp
 want runner && step runner_overhead "$BUILD/bench/runner_overhead" --csv "$OUT/runner_overhead.csv" --markdown "$OUT/runner_overhead.md"
 want runner && step composed_overhead "$BUILD/bench/composed_overhead" --csv "$OUT/composed_overhead.csv" --markdown "$OUT/composed_overhead.md"
 want runner && step graph_update "$BUILD/bench/graph_update"
+want runner && step graph_mem_ops "$BUILD/bench/graph_mem_ops"
 want runner && step existing_trainer "$BUILD/examples/14_existing_trainer_bench"
 want inference && step inference "$BUILD/bench/inference" --csv "$OUT/inference.csv" --markdown "$OUT/inference.md"
 

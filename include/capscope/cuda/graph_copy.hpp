@@ -21,8 +21,10 @@
 //!
 //! Copied: kernel nodes (through the driver API, which also answers for kernels that libraries
 //! such as NCCL add with it, with their launch attributes: clusters, priority, memory sync
-//! domain), batch memory operations (waits on and writes of 32-bit values, which NCCL's
-//! copy-engine collectives capture), memcpy, memset, host, empty, event record and wait nodes,
+//! domain), batch memory operations (waits on and writes of 32- and 64-bit values, which NCCL's
+//! copy-engine collectives capture; each as a one-thread kernel that does the same,
+//! mem_op_kernel.hpp, since CUDA does such a node's work on the host at every launch, or as it
+//! was where it holds another operation), memcpy, memset, host, empty, event record and wait nodes,
 //! and child graphs, recursively; edges with their data (programmatic launch ports). Not copied,
 //! and the source returned as it was with `copy_result::refused` saying why (its launches still
 //! wait past 28): a graph with any other node (a conditional node, graph memory, external
@@ -30,8 +32,10 @@
 //! adds the other nodes in the current device's context), and any node CUDA refuses to copy
 //! (device-updatable kernels, whose attributes cannot be copied).
 
+#include <capscope/cuda/driver_api.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/mem_op_kernel.hpp>
 #include <capscope/detail/breakage.hpp>
 
 #include <cuda.h>
@@ -48,10 +52,6 @@
 namespace capscope::cuda {
 
 namespace detail {
-
-inline void check_status(CUresult status, const char* call, const char* file, int line) {
-    if (status != CUDA_SUCCESS) raise(library::cuda_driver, static_cast<int>(status), "a CUDA driver error (CUresult)", call, file, line);
-}
 
 //! The driver calls the copies of kernel and memory-operation nodes need, found through the runtime so that nothing
 //! links libcuda directly.
@@ -71,19 +71,13 @@ struct driver_node_calls {
 inline const driver_node_calls& driver_nodes() {
     static const driver_node_calls calls = [] {
         driver_node_calls c;
-        auto find = [](const char* name, void** fn, unsigned version) {
-            cudaDriverEntryPointQueryResult found{};
-            CAPSCOPE_CHECK(cudaGetDriverEntryPointByVersion(name, fn, version, cudaEnableDefault, &found));
-            if (found != cudaDriverEntryPointSuccess || !*fn)
-                throw std::runtime_error(std::string("capscope: the CUDA driver has no ") + name + " -- fix: a driver of CUDA 12 or later");
-        };
-        find("cuGraphKernelNodeGetParams", reinterpret_cast<void**>(&c.get_params), 12000);
-        find("cuGraphAddKernelNode", reinterpret_cast<void**>(&c.add), 12000);
-        find("cuGraphKernelNodeCopyAttributes", reinterpret_cast<void**>(&c.copy_attributes), 11000);
-        find("cuCtxGetCurrent", reinterpret_cast<void**>(&c.current_context), 4000);
-        find("cuGraphBatchMemOpNodeGetParams", reinterpret_cast<void**>(&c.batch_mem_op_params), 11070);
-        find("cuGraphAddBatchMemOpNode", reinterpret_cast<void**>(&c.add_batch_mem_op), 11070);
-        find("cuGraphNodeGetType", reinterpret_cast<void**>(&c.node_type), 10000);
+        c.get_params = driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
+        c.add = driver_entry<PFN_cuGraphAddKernelNode_v12000>("cuGraphAddKernelNode", 12000);
+        c.copy_attributes = driver_entry<PFN_cuGraphKernelNodeCopyAttributes_v11000>("cuGraphKernelNodeCopyAttributes", 11000);
+        c.current_context = driver_entry<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 4000);
+        c.batch_mem_op_params = driver_entry<PFN_cuGraphBatchMemOpNodeGetParams_v11070>("cuGraphBatchMemOpNodeGetParams", 11070);
+        c.add_batch_mem_op = driver_entry<PFN_cuGraphAddBatchMemOpNode_v11070>("cuGraphAddBatchMemOpNode", 11070);
+        c.node_type = driver_entry<PFN_cuGraphNodeGetType_v10000>("cuGraphNodeGetType", 10000);
         return c;
     }();
     return calls;
@@ -158,7 +152,12 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
             CUcontext current = nullptr;
             CAPSCOPE_CHECK(drv.current_context(&current));
             if (p.ctx && p.ctx != current) return "a memory operation of another context than the current one (make its device current first)";
-            CAPSCOPE_CHECK(drv.add_batch_mem_op(&copies[i], to, nullptr, 0, &p));
+            // As a kernel (mem_op_kernel.hpp: CUDA does a memory-operation node's work on the host
+            // at every launch), unless it holds what the kernel does not do.
+            mem_op_batch batch;
+            if (!capscope::detail::installed_breakage().keep_mem_op_nodes && as_kernel_batch(p.paramArray, p.count, batch).empty())
+                copies[i] = add_mem_op_kernel_node(to, batch, current);
+            else CAPSCOPE_CHECK(drv.add_batch_mem_op(&copies[i], to, nullptr, 0, &p));
             continue;
         }
         switch (t) {

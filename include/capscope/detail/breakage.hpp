@@ -24,6 +24,8 @@ struct breakage {
     bool pass_graph_per_chunk = false;  //!< pipeline_pass_graphs keys a pass by chunk and direction only (one slot's graph for every microbatch)
     bool keep_user_objects = false;     //!< runners instantiate their graphs as captured, user objects and all (launches wait past 28)
     bool copy_kernels_as_empty = false; //!< without_user_objects copies each kernel node as an empty node (the copy computes nothing)
+    bool keep_mem_op_nodes = false;     //!< without_user_objects copies memory-operation nodes as they are (a comparison: their launch cost)
+    bool mem_op_waits_skipped = false;  //!< the kernel that replaces a memory-operation node leaves out its waits
     bool abort_parent_only = false;     //!< nccl_communicator::abort leaves the communicators split from it running
     bool skip_replica_average = false;  //!< gpt::pipeline_model does not average its gradients over its replicas
     bool recompute_forward_hooks = false; //!< gpt::pipeline_model's recomputed forward runs the forward hooks too

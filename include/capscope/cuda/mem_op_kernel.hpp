@@ -1,0 +1,207 @@
+#pragma once
+//! @file
+//! A kernel node that does what a batch memory-operation node does: waits on, and writes of,
+//! 32- and 64-bit values, in order. `cuda::without_user_objects` (graph_copy.hpp) puts one in
+//! place of each such node it copies.
+//!
+//! Why: NCCL's copy-engine collectives order the ranks' copies with stream memory operations,
+//! captured as batch memory-operation nodes, two per collective. CUDA does the work of those nodes
+//! on the host at every launch of the graph: measured on an H200 (CUDA 13.0, docs/performance.md),
+//! a graph of 1,000 kernels launched in 4 µs, 88 µs with 40 batch nodes added (one wait and two
+//! writes each, as NCCL's), and with 200 the launch waited for the device (102 ms). On the device
+//! each such node took 3.7 µs, a one-thread kernel doing the same 1.4 µs, and the launch with 40
+//! of those kernels 2.8 µs.
+//!
+//! The kernel is PTX that the driver compiles at its first use (the library holds no code built by
+//! nvcc). One thread runs the operations in order, as the stream would:
+//! - a wait polls its address (volatile loads, which the peer's copy-engine writes reach) until its
+//!   condition holds, as `cuStreamWaitValue32/64` states it: GEQ `(int32_t)(*addr - value) >= 0`
+//!   (`int64_t` for 64 bits), EQ, AND `(*addr & value) != 0`, NOR `~(*addr | value) != 0`; then a
+//!   system-wide fence, so nothing after it is seen before it;
+//! - a write is preceded by a system-wide fence unless `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`,
+//!   as the driver's is.
+//! The graph orders the kernel with its neighbours as it ordered the node. While a wait's condition
+//! does not hold, the kernel keeps one thread of one SM polling, where the node held the stream's
+//! front end; neither can be cancelled (a rank that stops is the watchdog's, parallel/nccl_watchdog.hpp).
+//! Other operations (barriers, flushes of remote writes, atomic reductions), other flags (a wait's
+//! `CU_STREAM_WAIT_VALUE_FLUSH`, which an H200 refuses, so it could not be compared), and batches
+//! of more than `mem_op_batch::capacity` operations are not converted: the copy keeps such a node
+//! as it is.
+
+#include <capscope/cuda/driver_api.hpp>
+#include <capscope/detail/breakage.hpp>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace capscope::cuda::detail {
+
+//! One operation as the kernel reads it (24 bytes; the PTX below reads these offsets).
+struct mem_op {
+    std::uint64_t address;
+    std::uint64_t value; //!< a 32-bit operation's value in the low half
+    std::uint32_t kind;  //!< 0 wait 32, 1 wait 64, 2 write 32, 3 write 64 (bit 0: 64 bits; below 2: a wait)
+    std::uint32_t flags; //!< a wait's CU_STREAM_WAIT_VALUE_* in bits 0-1; a write's CU_STREAM_WRITE_VALUE_* in bit 0
+};
+
+//! The kernel's one parameter: the operations, then their count at byte 768.
+struct mem_op_batch {
+    static constexpr unsigned capacity = 32;
+    mem_op op[capacity];
+    std::uint32_t count;
+};
+static_assert(sizeof(mem_op) == 24 && offsetof(mem_op_batch, count) == 768 && sizeof(mem_op_batch) == 776,
+              "the PTX reads mem_op_batch at these offsets");
+
+// Registers: %at (this operation's parameter bytes), %seen (the value read), %x (the condition's
+// operand: shifted into the high half for 32-bit operations, so that one 64-bit compare serves both
+// widths and GEQ wraps as (int32_t) does).
+inline constexpr char mem_op_ptx[] = R"(
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry capscope_mem_ops(.param .align 8 .b8 batch[776])
+{
+    .reg .pred  %done, %wide, %wait, %holds, %fence, %not_how;
+    .reg .b32   %i, %count, %kind, %flags, %how, %bit, %shift, %word;
+    .reg .b64   %base, %at, %address, %value, %seen, %x;
+
+    mov.u64         %base, batch;
+    ld.param.u32    %count, [batch+768];
+    mov.u32         %i, 0;
+$next:
+    setp.ge.u32     %done, %i, %count;
+    @%done bra      $end;
+    mul.wide.u32    %at, %i, 24;
+    add.u64         %at, %base, %at;
+    ld.param.u64    %address, [%at];
+    ld.param.u64    %value, [%at+8];
+    ld.param.u32    %kind, [%at+16];
+    ld.param.u32    %flags, [%at+20];
+    and.b32         %bit, %kind, 1;
+    setp.eq.u32     %wide, %bit, 1;
+    selp.u32        %shift, 0, 32, %wide;
+    setp.lt.u32     %wait, %kind, 2;
+    @!%wait bra     $write;
+    and.b32         %how, %flags, 3;
+$poll:
+    @%wide  ld.volatile.u64 %seen, [%address];
+    @!%wide ld.volatile.u32 %word, [%address];
+    @!%wide cvt.u64.u32     %seen, %word;
+    setp.ne.u32     %not_how, %how, 0;
+    @%not_how bra   $eq;
+    sub.s64         %x, %seen, %value;
+    shl.b64         %x, %x, %shift;
+    setp.ge.s64     %holds, %x, 0;
+    bra.uni         $check;
+$eq:
+    setp.ne.u32     %not_how, %how, 1;
+    @%not_how bra   $and;
+    sub.s64         %x, %seen, %value;
+    shl.b64         %x, %x, %shift;
+    setp.eq.s64     %holds, %x, 0;
+    bra.uni         $check;
+$and:
+    setp.ne.u32     %not_how, %how, 2;
+    @%not_how bra   $nor;
+    and.b64         %x, %seen, %value;
+    shl.b64         %x, %x, %shift;
+    setp.ne.s64     %holds, %x, 0;
+    bra.uni         $check;
+$nor:
+    or.b64          %x, %seen, %value;
+    not.b64         %x, %x;
+    shl.b64         %x, %x, %shift;
+    setp.ne.s64     %holds, %x, 0;
+$check:
+    @!%holds bra    $poll;
+    membar.sys;
+    bra.uni         $after;
+$write:
+    and.b32         %bit, %flags, 1;
+    setp.eq.u32     %fence, %bit, 0;
+    @%fence membar.sys;
+    cvt.u32.u64     %word, %value;
+    @%wide  st.volatile.u64 [%address], %value;
+    @!%wide st.volatile.u32 [%address], %word;
+$after:
+    add.u32         %i, %i, 1;
+    bra.uni         $next;
+$end:
+    ret;
+}
+)";
+
+//! `ops` as the kernel's batch, or why not (an operation or flag it does not take, too many).
+//! Broken on purpose (`mem_op_waits_skipped`), the waits are left out.
+inline std::string as_kernel_batch(const CUstreamBatchMemOpParams* ops, unsigned count, mem_op_batch& out) {
+    if (count > mem_op_batch::capacity)
+        return "a batch of " + std::to_string(count) + " memory operations (the kernel takes " + std::to_string(mem_op_batch::capacity) + ")";
+    out = {};
+    const bool skip_waits = capscope::detail::installed_breakage().mem_op_waits_skipped; // a test, broken on purpose
+    constexpr unsigned wait_flags = 3u; // the condition
+    for (unsigned i = 0; i < count; ++i) {
+        const CUstreamBatchMemOpParams& p = ops[i];
+        mem_op op{};
+        switch (p.operation) {
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64: {
+            const bool wide = p.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+            if (p.waitValue.flags & ~wait_flags) return "a wait on a value with flags " + std::to_string(p.waitValue.flags);
+            op = {std::uint64_t(p.waitValue.address), wide ? std::uint64_t(p.waitValue.value64) : std::uint64_t(p.waitValue.value), wide ? 1u : 0u,
+                  p.waitValue.flags & 3u};
+            if (skip_waits) continue;
+            break;
+        }
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64: {
+            const bool wide = p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_64;
+            if (p.writeValue.flags & ~unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
+                return "a write of a value with flags " + std::to_string(p.writeValue.flags);
+            op = {std::uint64_t(p.writeValue.address), wide ? std::uint64_t(p.writeValue.value64) : std::uint64_t(p.writeValue.value), wide ? 3u : 2u,
+                  p.writeValue.flags};
+            break;
+        }
+        default: return "a memory operation of kind " + std::to_string(int(p.operation)) + " (the kernel waits and writes only)";
+        }
+        out.op[out.count++] = op;
+    }
+    return {};
+}
+
+//! The kernel, loaded once for the process (a library the driver compiles for each device at its
+//! first use there).
+inline CUkernel mem_op_kernel() {
+    static const CUkernel kernel = [] {
+        const auto load = driver_entry<PFN_cuLibraryLoadData_v12000>("cuLibraryLoadData", 12000);
+        const auto get = driver_entry<PFN_cuLibraryGetKernel_v12000>("cuLibraryGetKernel", 12000);
+        CUlibrary library = nullptr;
+        CAPSCOPE_CHECK(load(&library, mem_op_ptx, nullptr, nullptr, 0, nullptr, nullptr, 0));
+        CUkernel k = nullptr;
+        CAPSCOPE_CHECK(get(&k, library, "capscope_mem_ops"));
+        return k; // the library stays loaded: its kernel may be in graphs until the process ends
+    }();
+    return kernel;
+}
+
+//! Adds to `g` a kernel node of one thread that runs `batch` in context `ctx`, with no edges.
+inline cudaGraphNode_t add_mem_op_kernel_node(cudaGraph_t g, const mem_op_batch& batch, CUcontext ctx) {
+    static const auto add = driver_entry<PFN_cuGraphAddKernelNode_v12000>("cuGraphAddKernelNode", 12000);
+    void* params[] = {const_cast<mem_op_batch*>(&batch)}; // copied by the add
+    CUDA_KERNEL_NODE_PARAMS_v2 p{};
+    p.kern = mem_op_kernel();
+    p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+    p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+    p.kernelParams = params;
+    p.ctx = ctx;
+    CUgraphNode node = nullptr;
+    CAPSCOPE_CHECK(add(&node, g, nullptr, 0, &p));
+    return node;
+}
+
+} // namespace capscope::cuda::detail
