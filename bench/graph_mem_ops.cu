@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
         const std::size_t comma = std::min(batches_text.find(',', at), batches_text.size());
         const std::string item = batches_text.substr(at, comma - at);
         if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos || std::stoi(item) < 1)
-            args.refuse("--batches takes counts of 1 or more separated by commas, not '" + item + "'");
+            args.refuse("--batches takes positive numbers separated by commas (batches per graph), not '" + item + "'");
         batch_counts.push_back(std::stoi(item));
         at = comma + 1;
     }
