@@ -169,6 +169,9 @@ int main(int argc, char** argv) {
     }
     cuda::mpi_session mpi;
     const cuda::nccl_communicator comm = cuda::communicator_from_mpi(mpi);
+    // Graph copies run NCCL's copy-engine memory operations as a kernel (opt-in for now,
+    // cuda/mem_op_kernel.hpp); the "memory operations as nodes" rows keep them.
+    cuda::prepare_mem_op_kernel();
     cuda::stream s;
     std::vector<std::shared_ptr<cuda::nccl_communicator>> communicators; // outlive the trainers below
     std::vector<variant> v;

@@ -4,7 +4,7 @@
 //   as captured                     the batches as memory-operation nodes
 //   copied, nodes kept              cuda::without_user_objects with the seam keep_mem_op_nodes
 //   copied                          cuda::without_user_objects: each batch a one-thread kernel
-//                                   (cuda/mem_op_kernel.hpp)
+//                                   (cuda/mem_op_kernel.hpp, loaded by cuda::prepare_mem_op_kernel)
 // It reports the host's time per cudaGraphLaunch (median of --launches back to back, the device
 // behind), the device's time per graph (CUDA events around --launches), round-robin over
 // --rounds, and the same without batches for reference.
@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
     const std::string device = bench::device_or_skip();
     std::printf("%s: 1000 kernels of %d ns and N batches of memory operations (write, wait, reset) in one graph; %d launches, %d rounds\n",
                 device.c_str(), kernel_ns, launches, rounds);
+    if (!cuda::prepare_mem_op_kernel()) return std::fprintf(stderr, "graph_mem_ops: no CUDA context to load the kernel into\n"), 1;
     cuda::stream s;
     cuda::device_buffer<unsigned> flag(1);
     flag.fill_bytes(0, s);

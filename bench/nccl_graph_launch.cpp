@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     const cuda::graph gce = cuda::capture(s, gather_ce);
     if (rank == 0) std::printf("on copy engines, captured: %s\n", node_census(gce).c_str());
+    cuda::prepare_mem_op_kernel(); // the copy's memory operations as a kernel (opt-in for now, cuda/mem_op_kernel.hpp)
     cuda::copy_result ce_copied = cuda::without_user_objects(cuda::capture(s, gather_ce));
     if (!ce_copied.refused.empty()) return std::fprintf(stderr, "the copy-engine graph was not copied: %s\n", ce_copied.refused.c_str()), 1;
     if (rank == 0) std::printf("on copy engines, copied: %s\n", node_census(ce_copied.copy).c_str());

@@ -60,12 +60,14 @@ struct driver_node_calls {
     PFN_cuGraphAddKernelNode_v12000 add = nullptr;
     PFN_cuGraphKernelNodeCopyAttributes_v11000 copy_attributes = nullptr;
     PFN_cuCtxGetCurrent_v4000 current_context = nullptr;
-    //! Stream memory operations (wait on and write 32-bit values), which NCCL's copy-engine
+    //! Stream memory operations (waits on and writes of values), which NCCL's copy-engine
     //! collectives capture to order the ranks' copies.
     PFN_cuGraphBatchMemOpNodeGetParams_v11070 batch_mem_op_params = nullptr;
     PFN_cuGraphAddBatchMemOpNode_v11070 add_batch_mem_op = nullptr;
     //! The runtime's cudaGraphNodeGetType fails ("unknown error") on a batch memory operation node.
     PFN_cuGraphNodeGetType_v10000 node_type = nullptr;
+    //! A kernel node's launch attribute (whether it is cooperative), for NCCL's nodes too.
+    PFN_cuGraphKernelNodeGetAttribute_v11000 kernel_attribute = nullptr;
 };
 
 inline const driver_node_calls& driver_nodes() {
@@ -78,6 +80,7 @@ inline const driver_node_calls& driver_nodes() {
         c.batch_mem_op_params = driver_entry<PFN_cuGraphBatchMemOpNodeGetParams_v11070>("cuGraphBatchMemOpNodeGetParams", 11070);
         c.add_batch_mem_op = driver_entry<PFN_cuGraphAddBatchMemOpNode_v11070>("cuGraphAddBatchMemOpNode", 11070);
         c.node_type = driver_entry<PFN_cuGraphNodeGetType_v10000>("cuGraphNodeGetType", 10000);
+        c.kernel_attribute = driver_entry<PFN_cuGraphKernelNodeGetAttribute_v11000>("cuGraphKernelNodeGetAttribute", 11000);
         return c;
     }();
     return calls;
@@ -128,9 +131,38 @@ struct raw_graph { // a graph being built here, destroyed unless handed on
     raw_graph& operator=(const raw_graph&) = delete;
 };
 
-//! Copies `from`'s nodes and edges into the empty graph `to`. Returns why not (a node it does not
-//! copy), or "" when copied; `to` is then as `from`, less user objects.
-inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
+//! What the copy did with memory-operation nodes.
+struct mem_op_counts {
+    std::size_t kernels = 0; //!< nodes run as the kernel of mem_op_kernel.hpp
+    std::size_t kept = 0;    //!< nodes kept as they were (see mem_op_kernel.hpp for when)
+};
+
+//! Whether any kernel node of `g` or of its child graphs is a cooperative launch, which needs
+//! every SM at once (a memory-operation kernel polling on one would hold it back).
+inline bool holds_cooperative_kernel(cudaGraph_t g) {
+    std::size_t count = 0;
+    CAPSCOPE_CHECK(cudaGraphGetNodes(g, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (count) CAPSCOPE_CHECK(cudaGraphGetNodes(g, nodes.data(), &count));
+    for (cudaGraphNode_t n : nodes) {
+        const cudaGraphNodeType t = node_type(n);
+        if (t == cudaGraphNodeTypeKernel) {
+            CUkernelNodeAttrValue v{};
+            if (driver_nodes().kernel_attribute(n, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v) != CUDA_SUCCESS || v.cooperative)
+                return true; // (a kernel that cannot say counts as one)
+        } else if (t == cudaGraphNodeTypeGraph) {
+            cudaGraph_t child = nullptr;
+            CAPSCOPE_CHECK(cudaGraphChildGraphNodeGetGraph(n, &child));
+            if (holds_cooperative_kernel(child)) return true;
+        }
+    }
+    return false;
+}
+
+//! Copies `from`'s nodes and edges into the empty graph `to`, each memory-operation node as a
+//! kernel where `mem_op_kernel` (the kernel's function here) is given. Returns why not (a node it
+//! does not copy), or "" when copied; `to` is then as `from`, less user objects.
+inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_op_kernel, mem_op_counts& mem_ops) {
     std::size_t count = 0;
     CAPSCOPE_CHECK(cudaGraphGetNodes(from, nullptr, &count));
     std::vector<cudaGraphNode_t> nodes(count), copies(count, nullptr);
@@ -153,11 +185,19 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
             CAPSCOPE_CHECK(drv.current_context(&current));
             if (p.ctx && p.ctx != current) return "a memory operation of another context than the current one (make its device current first)";
             // As a kernel (mem_op_kernel.hpp: CUDA does a memory-operation node's work on the host
-            // at every launch), unless it holds what the kernel does not do.
+            // at every launch), unless it holds what the kernel does not do; kept if CUDA will not
+            // add the kernel, as that only costs the launch time the kernel saves.
             mem_op_batch batch;
-            if (!capscope::detail::installed_breakage().keep_mem_op_nodes && as_kernel_batch(p.paramArray, p.count, batch).empty())
-                copies[i] = add_mem_op_kernel_node(to, batch, current);
-            else CAPSCOPE_CHECK(drv.add_batch_mem_op(&copies[i], to, nullptr, 0, &p));
+            if (mem_op_kernel && as_kernel_batch(p.paramArray, p.count, batch).empty()) {
+                try {
+                    copies[i] = add_mem_op_kernel_node(to, batch, mem_op_kernel);
+                    ++mem_ops.kernels;
+                    continue;
+                } catch (const error&) {
+                }
+            }
+            CAPSCOPE_CHECK(drv.add_batch_mem_op(&copies[i], to, nullptr, 0, &p));
+            ++mem_ops.kept;
             continue;
         }
         switch (t) {
@@ -211,7 +251,7 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to) {
             cudaGraph_t child = nullptr;
             CAPSCOPE_CHECK(cudaGraphChildGraphNodeGetGraph(n, &child));
             raw_graph copy;
-            if (std::string why = copy_nodes(child, copy.g); !why.empty()) return why + ", in a child graph";
+            if (std::string why = copy_nodes(child, copy.g, mem_op_kernel, mem_ops); !why.empty()) return why + ", in a child graph";
             CAPSCOPE_CHECK(cudaGraphAddChildGraphNode(&copies[i], to, nullptr, 0, copy.g)); // CUDA clones it
             break;
         }
@@ -275,14 +315,22 @@ struct kept_source {
 struct copy_result {
     graph copy;           //!< the copy; the source itself when `refused` says why not
     std::string refused;  //!< empty when copied: the node the copy would not take
+    std::size_t mem_op_kernels = 0;    //!< memory-operation nodes the copy runs as kernels (mem_op_kernel.hpp)
+    std::size_t mem_op_nodes_kept = 0; //!< memory-operation nodes it keeps as they were (whose work CUDA does on the host at each launch)
 };
 
 //! `source`'s nodes and edges in a new graph without its user objects, holding `source` alive
-//! (see the file's comment). Set-up work: one driver query and one add per node.
+//! (see the file's comment). Set-up work: one driver query and one add per node; no wait for the
+//! device (memory-operation nodes become kernels only where `prepare_mem_op_kernel` has loaded it).
 inline copy_result without_user_objects(graph source) {
     try {
         detail::raw_graph copy;
-        if (std::string why = detail::copy_nodes(source.get(), copy.g); !why.empty()) return {std::move(source), std::move(why)};
+        detail::mem_op_counts mem_ops;
+        // (Broken on purpose, or for a bench's comparison, keep_mem_op_nodes keeps them all.)
+        const CUfunction mem_op_kernel = capscope::detail::installed_breakage().keep_mem_op_nodes || detail::holds_cooperative_kernel(source.get())
+                                             ? nullptr
+                                             : detail::mem_op_function_here();
+        if (std::string why = detail::copy_nodes(source.get(), copy.g, mem_op_kernel, mem_ops); !why.empty()) return {std::move(source), std::move(why)};
         cudaEvent_t done = nullptr;
         CAPSCOPE_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
         try {
@@ -293,9 +341,9 @@ inline copy_result without_user_objects(graph source) {
         }
         graph copied(std::exchange(copy.g, nullptr));
         copied.keep_alive(std::make_shared<const detail::kept_source>(std::move(source), done));
-        return {std::move(copied), {}};
+        return {std::move(copied), {}, mem_ops.kernels, mem_ops.kept};
     } catch (const error& e) { // CUDA would not copy a node: the source still works as it is
-        return {std::move(source), std::string("a node CUDA would not copy: ") + e.what()};
+        return {std::move(source), std::string("a node CUDA would not copy: ") + e.what(), 0, 0};
     }
 }
 

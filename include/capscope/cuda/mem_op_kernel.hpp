@@ -6,11 +6,10 @@
 //!
 //! Why: NCCL's copy-engine collectives order the ranks' copies with stream memory operations,
 //! captured as batch memory-operation nodes, two per collective. CUDA does the work of those nodes
-//! on the host at every launch of the graph: measured on an H200 (CUDA 13.0, docs/performance.md),
-//! a graph of 1,000 kernels launched in 4 µs, 88 µs with 40 batch nodes added (one wait and two
-//! writes each, as NCCL's), and with 200 the launch waited for the device (102 ms). On the device
-//! each such node took 3.7 µs, a one-thread kernel doing the same 1.4 µs, and the launch with 40
-//! of those kernels 2.8 µs.
+//! on the host at every launch of the graph: on an H200 (CUDA 13.0, bench/graph_mem_ops), a graph
+//! of 1,000 kernels launched in 3.5 µs, in 109 µs with 40 batches as NCCL's (a write, a wait, a
+//! reset), and with 200 the launch waited for the device (3.2 ms). As kernels, the same launched in
+//! 4.3 µs, and the device took 2.5 µs a batch instead of 3.8.
 //!
 //! The kernel is PTX that the driver compiles at its first use (the library holds no code built by
 //! nvcc). One thread runs the operations in order, as the stream would:
@@ -20,13 +19,28 @@
 //!   system-wide fence, so nothing after it is seen before it;
 //! - a write is preceded by a system-wide fence unless `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`,
 //!   as the driver's is.
-//! The graph orders the kernel with its neighbours as it ordered the node. While a wait's condition
-//! does not hold, the kernel keeps one thread of one SM polling, where the node held the stream's
-//! front end; neither can be cancelled (a rank that stops is the watchdog's, parallel/nccl_watchdog.hpp).
+//! The graph orders the kernel with its neighbours as it ordered the node: it starts once the nodes
+//! before it have completed, copies included, and what comes after starts once it has. What differs:
+//! - while a wait's condition does not hold, the kernel keeps one thread of one SM polling, where
+//!   the node held the stream's front end. A kernel that needs every SM at once (a cooperative
+//!   launch) could then not start until the wait ends, so a graph that holds one keeps its nodes;
+//!   other kernels only lose that one thread's place. Neither wait can be cancelled (a rank that
+//!   stops is the watchdog's, parallel/nccl_watchdog.hpp);
+//! - the driver loads the kernel into a context at its first use there, and that load waits for the
+//!   context's queued work. So it is loaded ahead (`prepare_mem_op_kernel`), and a copy made where
+//!   it is not loaded keeps the nodes rather than wait;
+//! - a write's fence is this thread's (`membar.sys`), where the driver's is the stream's. The
+//!   nodes before the kernel have completed when it starts, so their writes are done; NCCL's
+//!   writes are resets of its own flags after its waits.
 //! Other operations (barriers, flushes of remote writes, atomic reductions), other flags (a wait's
 //! `CU_STREAM_WAIT_VALUE_FLUSH`, which an H200 refuses, so it could not be compared), and batches
 //! of more than `mem_op_batch::capacity` operations are not converted: the copy keeps such a node
-//! as it is.
+//! as it is, and says how many it kept (`copy_result::mem_op_nodes_kept`).
+//!
+//! For now a program opts in, calling `prepare_mem_op_kernel` once per device before its first
+//! collective (bench/data_parallel and the data-parallel tests do): the kernel has been held to
+//! CUDA's nodes on one GPU (tests/gpu/test_graph_copy.cpp), and has not yet run where it matters,
+//! with NCCL's copy-engine collectives between GPUs.
 
 #include <capscope/cuda/driver_api.hpp>
 #include <capscope/detail/breakage.hpp>
@@ -36,7 +50,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace capscope::cuda::detail {
 
@@ -48,13 +65,14 @@ struct mem_op {
     std::uint32_t flags; //!< a wait's CU_STREAM_WAIT_VALUE_* in bits 0-1; a write's CU_STREAM_WRITE_VALUE_* in bit 0
 };
 
-//! The kernel's one parameter: the operations, then their count at byte 768.
+//! The kernel's one parameter: the operations, then their count at byte 3840. NCCL's batch holds
+//! 2n - 1 operations for n ranks in an NVLink domain (its waits for the others, its resets).
 struct mem_op_batch {
-    static constexpr unsigned capacity = 32;
+    static constexpr unsigned capacity = 160; // within the 4 KB that kernel parameters had before CUDA 12.1
     mem_op op[capacity];
     std::uint32_t count;
 };
-static_assert(sizeof(mem_op) == 24 && offsetof(mem_op_batch, count) == 768 && sizeof(mem_op_batch) == 776,
+static_assert(sizeof(mem_op) == 24 && offsetof(mem_op_batch, count) == 3840 && sizeof(mem_op_batch) == 3848,
               "the PTX reads mem_op_batch at these offsets");
 
 // Registers: %at (this operation's parameter bytes), %seen (the value read), %x (the condition's
@@ -65,14 +83,14 @@ inline constexpr char mem_op_ptx[] = R"(
 .target sm_70
 .address_size 64
 
-.visible .entry capscope_mem_ops(.param .align 8 .b8 batch[776])
+.visible .entry capscope_mem_ops(.param .align 8 .b8 batch[3848])
 {
     .reg .pred  %done, %wide, %wait, %holds, %fence, %not_how;
     .reg .b32   %i, %count, %kind, %flags, %how, %bit, %shift, %word;
     .reg .b64   %base, %at, %address, %value, %seen, %x;
 
     mov.u64         %base, batch;
-    ld.param.u32    %count, [batch+768];
+    ld.param.u32    %count, [batch+3840];
     mov.u32         %i, 0;
 $next:
     setp.ge.u32     %done, %i, %count;
@@ -174,8 +192,7 @@ inline std::string as_kernel_batch(const CUstreamBatchMemOpParams* ops, unsigned
     return {};
 }
 
-//! The kernel, loaded once for the process (a library the driver compiles for each device at its
-//! first use there).
+//! The kernel, as a library the driver loads into each context at its first use there.
 inline CUkernel mem_op_kernel() {
     static const CUkernel kernel = [] {
         const auto load = driver_entry<PFN_cuLibraryLoadData_v12000>("cuLibraryLoadData", 12000);
@@ -189,19 +206,74 @@ inline CUkernel mem_op_kernel() {
     return kernel;
 }
 
-//! Adds to `g` a kernel node of one thread that runs `batch` in context `ctx`, with no edges.
-inline cudaGraphNode_t add_mem_op_kernel_node(cudaGraph_t g, const mem_op_batch& batch, CUcontext ctx) {
+//! The contexts the kernel is loaded into, with its function there.
+struct mem_op_functions {
+    std::mutex mutex;
+    std::vector<std::pair<CUcontext, CUfunction>> loaded;
+};
+inline mem_op_functions& mem_op_functions_loaded() {
+    static mem_op_functions f;
+    return f;
+}
+
+inline CUcontext current_context() {
+    static const auto get = driver_entry<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 4000);
+    CUcontext c = nullptr;
+    CAPSCOPE_CHECK(get(&c));
+    return c;
+}
+
+//! The kernel's function in the current context, or null where it is not loaded (the copy then
+//! keeps memory-operation nodes: loading there now could wait for the device).
+inline CUfunction mem_op_function_here() {
+    const CUcontext c = current_context();
+    mem_op_functions& f = mem_op_functions_loaded();
+    const std::lock_guard<std::mutex> lock(f.mutex);
+    for (const auto& [context, function] : f.loaded)
+        if (context == c) return function;
+    return nullptr;
+}
+
+//! Adds to `g` a kernel node of one thread that runs `batch` with `function` (the kernel's in the
+//! graph's context), with no edges.
+inline cudaGraphNode_t add_mem_op_kernel_node(cudaGraph_t g, const mem_op_batch& batch, CUfunction function) {
     static const auto add = driver_entry<PFN_cuGraphAddKernelNode_v12000>("cuGraphAddKernelNode", 12000);
     void* params[] = {const_cast<mem_op_batch*>(&batch)}; // copied by the add
     CUDA_KERNEL_NODE_PARAMS_v2 p{};
-    p.kern = mem_op_kernel();
+    p.func = function;
     p.gridDimX = p.gridDimY = p.gridDimZ = 1;
     p.blockDimX = p.blockDimY = p.blockDimZ = 1;
     p.kernelParams = params;
-    p.ctx = ctx;
     CUgraphNode node = nullptr;
     CAPSCOPE_CHECK(add(&node, g, nullptr, 0, &p));
     return node;
 }
 
 } // namespace capscope::cuda::detail
+
+namespace capscope::cuda {
+
+//! Loads the kernel that graph copies run for memory-operation nodes (`without_user_objects`) into
+//! the current device's context; copies made where it is not loaded keep the nodes. The driver's
+//! load waits for the work queued in that context, so call it where waiting is harmless: before
+//! the first collective, not while a capture or queued collectives wait for another rank. The current device's
+//! runtime context is made here if it is not yet. False where there is still none; once loaded, a
+//! call costs a lookup.
+inline bool prepare_mem_op_kernel() {
+    CUcontext c = detail::current_context();
+    if (!c) {
+        CAPSCOPE_CHECK(cudaFree(nullptr)); // the runtime makes the device's primary context current
+        c = detail::current_context();
+    }
+    if (!c) return false;
+    if (detail::mem_op_function_here()) return true;
+    static const auto get_function = detail::driver_entry<PFN_cuKernelGetFunction_v12000>("cuKernelGetFunction", 12000);
+    CUfunction function = nullptr;
+    CAPSCOPE_CHECK(get_function(&function, detail::mem_op_kernel())); // loads it here
+    detail::mem_op_functions& f = detail::mem_op_functions_loaded();
+    const std::lock_guard<std::mutex> lock(f.mutex);
+    f.loaded.emplace_back(c, function);
+    return true;
+}
+
+} // namespace capscope::cuda

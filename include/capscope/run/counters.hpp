@@ -25,6 +25,8 @@ struct runner_counters {
     long update_fallbacks = 0; //!< replays whose update the graph could not take, run eagerly instead (capture_failure::run_eagerly)
     long user_object_copies = 0; //!< graphs copied without their user objects before instantiation (cuda/graph_copy.hpp), so that launches of graphs holding NCCL do not wait
     long copies_refused = 0;     //!< graphs kept as captured, holding a node the copy does not take (a conditional node): their launches may wait past 28 in flight
+    long mem_op_kernels = 0;     //!< memory-operation nodes (NCCL's copy-engine collectives) that copied graphs run as a kernel (cuda/mem_op_kernel.hpp)
+    long mem_op_nodes_kept = 0;  //!< memory-operation nodes copied graphs keep, whose work CUDA does on the host at every launch
     // Start-up, in host microseconds (set-up only: never on the replay path).
     long capture_us = 0;             //!< capturing segments into graphs, all of them
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them

@@ -317,6 +317,8 @@ public:
         if (has_updated_calls || detail::installed_breakage().keep_user_objects) return g; // (the latter: a test, broken on purpose)
         cuda::copy_result r = cuda::without_user_objects(std::move(g));
         detail::count_one(r.refused.empty() ? counters_.user_object_copies : counters_.copies_refused);
+        counters_.mem_op_kernels += long(r.mem_op_kernels);
+        counters_.mem_op_nodes_kept += long(r.mem_op_nodes_kept);
         return std::move(r.copy);
     }
 
