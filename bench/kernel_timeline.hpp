@@ -31,7 +31,7 @@ namespace bench {
 
 struct kernel_span {
     std::uint64_t start, end;
-    bool nccl;
+    bool nccl; //!< communication: NCCL's kernels and capscope_mem_ops (its copy-engine collectives' waits)
     std::string name; //!< demangled, without template and function arguments
 };
 
@@ -91,7 +91,7 @@ public:
             nccl_time += e - s;
             exposed += (e - s) - covered(compute, s, e);
         }
-        std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels %.3f ms, of which no compute "
+        std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels (and capscope_mem_ops) %.3f ms, of which no compute "
                     "kernel overlaps %.3f ms; no kernel running %.3f ms\n",
                     prefix, steps, span / per, length(compute) / per, nccl_time / per, exposed / per, (span - length(all)) / per);
         // Copies (copy engines: NCCL's copy-engine collectives among them), and how much of them
@@ -221,7 +221,10 @@ private:
             const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
             const std::string name = k->name ? k->name : "";
             const std::lock_guard<std::mutex> lock(t->mutex_);
-            t->kernels_.push_back({k->start, k->end, name.find("nccl") != std::string::npos, short_name(name)});
+            // NCCL's, and the kernels that run its copy-engine collectives' ordering waits in graph
+            // copies (cuda/mem_op_kernel.hpp): time a rank waits for its peers.
+            const bool communication = name.find("nccl") != std::string::npos || name == "capscope_mem_ops";
+            t->kernels_.push_back({k->start, k->end, communication, short_name(name)});
         }
         std::free(buffer);
     }
