@@ -21,7 +21,10 @@
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
 // parameter and optimizer-state bytes per rank. All variants are built first and run
-// round-robin, so drift hits them alike. `--only MODE/IMPL[,MODE/IMPL...]` builds and times those
+// round-robin, so drift hits them alike. Built with CUPTI, each variant then runs 10 steps traced on
+// its own, and the CSV gets where their time went (the rank with the longest traced step: compute
+// kernels busy, communication busy and with no compute beside it, no kernel running), which
+// bench/data_parallel_table.py sets against one GPU without collectives. `--only MODE/IMPL[,MODE/IMPL...]` builds and times those
 // (still round-robin); with `--trace` and one variant, it also prints where the step's time goes
 // (bench/kernel_timeline.hpp, CUPTI). Exits 77 without a GPU.
 
@@ -42,6 +45,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -61,6 +65,9 @@ struct variant {
     std::function<void(cudaStream_t)> step;
     double device_bytes = 0, state_bytes = 0;
     std::vector<float> device_ms, host_us;
+    //! Where a traced step's time went (bench/kernel_timeline.hpp), ms: span, compute kernels busy,
+    //! communication busy, communication with no compute beside it, no kernel running. NaN untraced.
+    double traced[5] = {NAN, NAN, NAN, NAN, NAN};
 };
 
 using bench::device_used;
@@ -260,6 +267,22 @@ int main(int argc, char** argv) {
 #endif
     bench::time_round_robin(v, rounds, steps_per_round, s);
 #if defined(BENCH_WITH_CUPTI)
+    // The breakdown for the table, after the timed rounds: each variant's steps traced on their
+    // own (tracing slows them, so the times above are untraced).
+    if (!trace)
+        for (variant& x : v) {
+            constexpr int traced_steps = 10;
+            CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+            bench::kernel_timeline steps_traced;
+            steps_traced.start(false); // kernels and copies only: tracing the host's calls slows it more
+            for (int i = 0; i < traced_steps; ++i) x.step(s);
+            CAPSCOPE_CHECK(cudaStreamSynchronize(s));
+            steps_traced.stop();
+            const auto b = steps_traced.breakdown(traced_steps);
+            const double mine[5] = {b.span, b.compute, b.communication, b.exposed, b.idle};
+            std::copy(std::begin(mine), std::end(mine), std::begin(x.traced));
+        }
     if (trace) {
         timeline.stop();
         const std::string prefix = std::to_string(mpi.size()) + " GPU(s), rank " + std::to_string(r) + ", " + only.front() + ": ";
@@ -283,7 +306,9 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "data_parallel: cannot write %s\n", csv.c_str());
             return 1;
         }
-        if (fresh) std::fprintf(out, "gpus,mode,impl,step_ms,host_us,device_mib_per_rank,state_mib_per_rank,tokens_per_s,device\n");
+        if (fresh)
+            std::fprintf(out, "gpus,mode,impl,step_ms,host_us,device_mib_per_rank,state_mib_per_rank,tokens_per_s,device,"
+                              "traced_span_ms,compute_ms,communication_ms,exposed_ms,idle_ms\n");
     }
     const gpt::model_config c = bench_model();
     for (auto& x : v) {
@@ -291,12 +316,27 @@ int main(int argc, char** argv) {
         double per[4] = {median(x.device_ms), median(x.host_us), x.device_bytes / 1048576.0, x.state_bytes / 1048576.0};
         CAPSCOPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, per, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
         const double tokens_per_s = double(c.tokens()) * c.microbatches * mpi.size() / (per[0] / 1000.0);
+        // The breakdown of the rank whose traced step was longest (its five figures together).
+        struct {
+            double span;
+            int rank;
+        } longest{std::isnan(x.traced[0]) ? -1.0 : x.traced[0], r};
+        CAPSCOPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &longest, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD));
+        double traced[5];
+        std::copy(std::begin(x.traced), std::end(x.traced), std::begin(traced));
+        CAPSCOPE_MPI_CHECK(MPI_Bcast(traced, 5, MPI_DOUBLE, longest.rank, MPI_COMM_WORLD));
         if (r != 0) continue;
         std::printf("%d GPU(s) %-14s %-19s step %8.3f ms  host %8.1f us  device %8.1f MiB/rank  state %7.1f MiB/rank  %9.0f tokens/s\n",
                     mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3], tokens_per_s);
-        if (out)
-            std::fprintf(out, "%d,%s,%s,%.4f,%.2f,%.1f,%.1f,%.0f,%s\n", mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3],
+        if (!std::isnan(traced[0]))
+            std::printf("%d GPU(s) %-14s %-19s traced (rank %d): span %.3f ms, compute %.3f, communication %.3f (%.3f with no compute beside it), "
+                        "no kernel %.3f\n", mpi.size(), x.mode.c_str(), x.impl.c_str(), longest.rank, traced[0], traced[1], traced[2], traced[3], traced[4]);
+        if (out) {
+            std::fprintf(out, "%d,%s,%s,%.4f,%.2f,%.1f,%.1f,%.0f,%s", mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3],
                          tokens_per_s, prop.name);
+            for (double t : traced) std::isnan(t) ? std::fprintf(out, ",") : std::fprintf(out, ",%.4f", t);
+            std::fprintf(out, "\n");
+        }
     }
     if (out) std::fclose(out);
     return 0;

@@ -10,6 +10,14 @@ data-parallel variants' 1-GPU steps under the same impl is the model's step alon
 variant's own 1-GPU step still copies its shards to and from the full buffers, which flatters its
 first efficiency; the second is what the collectives cost against training on one GPU.
 
+A second table says where the time went, from each variant's steps traced after the timed ones
+(CUPTI, the rank with the longest traced step; tracing slows steps, so its spans exceed the table's
+step times): compute kernels busy, and how much more than one GPU without collectives (compute
+slowed: the sums of a reduction, and kernels sharing SMs and memory with the collectives);
+communication (NCCL's kernels, and the kernels that order its copy-engine collectives) with no
+compute beside it (exposed); and time with no kernel running, and how much more than on one GPU
+(idle: copies alone, waits, gaps).
+
     python3 bench/data_parallel_table.py data_parallel.csv > table.md
 """
 import csv
@@ -51,6 +59,32 @@ def main(path):
                   f"| {float(a['host_us']):.0f} → {float(b['host_us']):.0f} "
                   f"| {float(a['device_mib_per_rank']):.0f} → {float(b['device_mib_per_rank']):.0f} "
                   f"| {float(a['state_mib_per_rank']):.0f} → {float(b['state_mib_per_rank']):.0f} | {float(b['tokens_per_s']):.0f} |")
+
+    traced = [r for r in rows if r.get("traced_span_ms")]
+    if not traced:
+        return
+    alone_traced = {}
+    for impl in {r["impl"] for r in traced}:
+        ones = sorted((float(r["compute_ms"]), float(r["idle_ms"])) for r in traced
+                      if int(r["gpus"]) == 1 and r["impl"] == impl and r["mode"].startswith("data parallel"))
+        if ones:
+            alone_traced[impl] = ones[len(ones) // 2]
+    print(f"\nWhere a traced step's time goes (ms per step; the rank with the longest traced step; against one GPU without "
+          f"collectives, the median of the data-parallel variants' 1-GPU traces under the same impl):\n")
+    print("| mode | impl | GPUs | traced span | compute busy | compute slowed | communication | exposed communication | no kernel running | idle added |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, impl in keys:
+        for n in gpus:
+            r = by.get((mode, impl, n))
+            if not r or not r.get("traced_span_ms"):
+                continue
+            compute, idle = float(r["compute_ms"]), float(r["idle_ms"])
+            ref = alone_traced.get(impl)
+            slowed = f"{compute - ref[0]:+.3f}" if ref and n > 1 else "-"
+            added = f"{idle - ref[1]:+.3f}" if ref and n > 1 else "-"
+            print(f"| {mode} | {impl} | {n} | {float(r['traced_span_ms']):.3f} | {compute:.3f} | {slowed} | {float(r['communication_ms']):.3f} "
+                  f"| {float(r['exposed_ms']):.3f} | {idle:.3f} | {added} |")
+
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

@@ -37,8 +37,9 @@ struct kernel_span {
 
 class kernel_timeline {
 public:
-    //! Starts tracing kernels, and the calling thread's CUDA calls. One timeline at a time.
-    void start() {
+    //! Starts tracing kernels and copies, and with `host_calls` the calling thread's CUDA calls
+    //! (which slows the host more). One timeline at a time.
+    void start(bool host_calls = true) {
         {
             const std::lock_guard<std::mutex> lock(mutex_);
             kernels_.clear();
@@ -53,19 +54,36 @@ public:
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));  // copies on copy engines,
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2)); // peer to peer too (NCCL's)
+        subscribed_ = host_calls;
+        if (!host_calls) return;
         BENCH_CUPTI(cuptiSubscribe(&subscriber_, &kernel_timeline::callback, this));
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API));
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API));
     }
     //! Stops tracing; every kernel record is in once this returns.
     void stop() {
-        BENCH_CUPTI(cuptiUnsubscribe(subscriber_));
+        if (subscribed_) BENCH_CUPTI(cuptiUnsubscribe(subscriber_));
+        subscribed_ = false;
         BENCH_CUPTI(cuptiActivityFlushAll(1));
         BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
         BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY));
         BENCH_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY2));
         BENCH_CUPTI(cuptiActivityFlushAll(1));
         active().store(nullptr);
+    }
+
+    //! Where a step's time went, in ms per step (the traced steps run slower than untraced ones).
+    struct step_breakdown {
+        double span = 0;          //!< from the first kernel's start to the last one's end, per step
+        double compute = 0;       //!< compute kernels busy
+        double communication = 0; //!< NCCL's kernels and capscope_mem_ops busy
+        double exposed = 0;       //!< communication with no compute kernel beside it
+        double idle = 0;          //!< no kernel running (copies alone, waits, launch gaps)
+    };
+    //! The breakdown over `steps` traced steps (zeros when nothing was traced).
+    step_breakdown breakdown(int steps) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        return breakdown_locked(steps);
     }
 
     //! The breakdown per step, over `steps` traced steps, as lines prefixed by `prefix`.
@@ -76,24 +94,14 @@ public:
             std::printf("%sno kernels traced\n", prefix);
             return;
         }
-        std::vector<std::pair<std::uint64_t, std::uint64_t>> compute, nccl, all;
-        for (const auto& k : kernels_) {
-            (k.nccl ? nccl : compute).emplace_back(k.start, k.end);
-            all.emplace_back(k.start, k.end);
-        }
-        compute = merged(std::move(compute));
-        nccl = merged(std::move(nccl));
-        all = merged(std::move(all));
-        const double per = 1e6 * steps; // ns in all steps -> ms per step
-        const std::uint64_t span = all.back().second - all.front().first;
-        std::uint64_t nccl_time = 0, exposed = 0;
-        for (const auto& [s, e] : nccl) {
-            nccl_time += e - s;
-            exposed += (e - s) - covered(compute, s, e);
-        }
+        const step_breakdown b = breakdown_locked(steps);
         std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels (and capscope_mem_ops) %.3f ms, of which no compute "
                     "kernel overlaps %.3f ms; no kernel running %.3f ms\n",
-                    prefix, steps, span / per, length(compute) / per, nccl_time / per, exposed / per, (span - length(all)) / per);
+                    prefix, steps, b.span, b.compute, b.communication, b.exposed, b.idle);
+        spans all;
+        for (const auto& k : kernels_) all.emplace_back(k.start, k.end);
+        all = merged(std::move(all));
+        const double per = 1e6 * steps; // ns in all steps -> ms per step
         // Copies (copy engines: NCCL's copy-engine collectives among them), and how much of them
         // no kernel overlaps.
         const spans copies = merged(copies_);
@@ -144,6 +152,32 @@ public:
     }
 
 private:
+    step_breakdown breakdown_locked(int steps) const {
+        step_breakdown b;
+        if (kernels_.empty() || steps <= 0) return b;
+        spans compute, communication, all;
+        for (const auto& k : kernels_) {
+            (k.nccl ? communication : compute).emplace_back(k.start, k.end);
+            all.emplace_back(k.start, k.end);
+        }
+        compute = merged(std::move(compute));
+        communication = merged(std::move(communication));
+        all = merged(std::move(all));
+        const double per = 1e6 * steps; // ns in all steps -> ms per step
+        const std::uint64_t span = all.back().second - all.front().first;
+        std::uint64_t busy = 0, exposed = 0;
+        for (const auto& [s, e] : communication) {
+            busy += e - s;
+            exposed += (e - s) - covered(compute, s, e);
+        }
+        b.span = span / per;
+        b.compute = length(compute) / per;
+        b.communication = busy / per;
+        b.exposed = exposed / per;
+        b.idle = (span - length(all)) / per;
+        return b;
+    }
+    bool subscribed_ = false; //!< the host calls are traced (start(true))
     using spans = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
     static spans merged(spans v) {
         std::sort(v.begin(), v.end());
