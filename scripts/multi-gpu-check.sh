@@ -7,10 +7,12 @@
 # one GPU and on two (table: $OUT/bench-data-parallel.md), and the fork-launcher experiment of
 # docs/multi_gpu.md with NCCL_DEBUG=INFO; `profile` traces three variants on 1 and 2 GPUs with
 # CUPTI (bench/data_parallel --trace); `launch` times the host's enqueue of one variant on 1 and 2
-# GPUs under settings that might make cudaGraphLaunch block (issue 50). The bench part also runs
+# GPUs under settings that might make cudaGraphLaunch block (issue 50); `cuts` times issue 50's
+# copy-engine variants alone (all on copy engines, one gather a step, memory operations as kernels
+# and as nodes) on 1, 2 (and 4) GPUs into one table with its breakdown ($OUT/bench-cuts.md). The bench part also runs
 # bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once) and
 # bench/pipeline_model (the example model pipelined, 1F1B). Logs go to $OUT.
-#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [fork]     (default: all but launch)
+#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [cuts] [fork]     (default: all but launch and cuts)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -127,6 +129,21 @@ if is_part bench; then
     r=$?; echo "== bench-pipeline --work $work: exit $r"; grep -E "^\||1f1b" "$OUT/bench-pipeline-work$work.log"
     [ $r -eq 0 ] || rc=1
   done
+fi
+if is_part cuts && [ ${#parts[@]} -gt 0 ]; then
+  cuts="data parallel (copy-engine all-to-all)/transformer_engine,data parallel (copy-engine all-to-all)/full_iteration"
+  cuts+=",sharded (kept; copy-engine gathers)/transformer_engine,sharded (kept; copy-engine gathers)/full_iteration"
+  cuts+=",sharded (kept; all on copy engines)/transformer_engine,sharded (kept; all on copy engines)/full_iteration"
+  cuts+=",data parallel (copy-engine all-to-all; memory operations as nodes)/transformer_engine"
+  cuts+=",data parallel (copy-engine all-to-all; memory operations as nodes)/full_iteration"
+  cuts+=",sharded (kept; copy-engine gathers; memory operations as nodes)/transformer_engine"
+  cuts+=",sharded (kept; copy-engine gathers; memory operations as nodes)/full_iteration"
+  rm -f "$OUT/bench-cuts.csv"
+  for np in 1 2 $([ "$(nvidia-smi -L | wc -l)" -ge 4 ] && echo 4); do
+    run "bench-cuts-np$np" mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --only "$cuts" \
+      --rounds "${CUTS_ROUNDS:-8}" --csv "$OUT/bench-cuts.csv"
+  done
+  python3 bench/data_parallel_table.py "$OUT/bench-cuts.csv" >"$OUT/bench-cuts.md" && cat "$OUT/bench-cuts.md"
 fi
 if is_part launch && [ ${#parts[@]} -gt 0 ]; then
   # Host microseconds per step (the enqueueing call) of one variant, 1 and 2 GPUs, per setting.
