@@ -15,16 +15,17 @@
 // all-to-all, a sum and an all-gather, all of whose bytes move on copy engines) and one gather
 // a step (sharded, each layer's gathered copy kept for the step: a quarter of re-gathering's);
 // two copy-engine variants also with their memory operations left as graph nodes, for the launch
-// cost that cuda/mem_op_kernel.hpp removes.
+// cost that cuda/mem_op_kernel.hpp is to remove (measured on one GPU so far).
 // Per variant: device time per step
 // (CUDA events, median over rounds; the slowest rank's), host time per step (the enqueueing
 // call, median), device memory the trainer holds per rank (cudaMemGetInfo before it is built and
 // after its warmup and captures: parameters, optimizer state, activations, graphs), and the
 // parameter and optimizer-state bytes per rank. All variants are built first and run
-// round-robin, so drift hits them alike. Built with CUPTI, each variant then runs 10 steps traced on
-// its own, and the CSV gets where their time went (the rank with the longest traced step: compute
-// kernels busy, communication busy and with no compute beside it, no kernel running), which
-// bench/data_parallel_table.py sets against one GPU without collectives. `--only MODE/IMPL[,MODE/IMPL...]` builds and times those
+// round-robin, so drift hits them alike. Built with CUPTI and given --csv, each variant then runs
+// 10 steps traced on its own, and the CSV gets where their time went (the rank with the longest
+// traced step: compute kernels busy, communication busy and with no compute beside it, no kernel
+// running, copies busy and alone), which bench/data_parallel_table.py sets against one GPU
+// without collectives. `--only MODE/IMPL[,MODE/IMPL...]` builds and times those
 // (still round-robin); with `--trace` and one variant, it also prints where the step's time goes
 // (bench/kernel_timeline.hpp, CUPTI). Exits 77 without a GPU.
 
@@ -66,8 +67,10 @@ struct variant {
     double device_bytes = 0, state_bytes = 0;
     std::vector<float> device_ms, host_us;
     //! Where a traced step's time went (bench/kernel_timeline.hpp), ms: span, compute kernels busy,
-    //! communication busy, communication with no compute beside it, no kernel running. NaN untraced.
-    double traced[5] = {NAN, NAN, NAN, NAN, NAN};
+    //! communication busy, communication with no compute beside it, no kernel running, copies
+    //! busy, copies with no kernel beside them. NaN untraced.
+    double traced[7] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+    long mem_op_kernels = 0, mem_op_nodes_kept = 0; //!< the runner's, after the warmup and captures
 };
 
 using bench::device_used;
@@ -140,6 +143,8 @@ void add(std::vector<variant>& out, std::vector<std::shared_ptr<void>>& keep, co
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));
     variant v{mode, impl, [p = t.get()](cudaStream_t st) { p->step(st); }, double(device_used() - before),
               double(t->model().parameters().device_bytes()), {}, {}};
+    v.mem_op_kernels = t->runner().counters().mem_op_kernels;
+    v.mem_op_nodes_kept = t->runner().counters().mem_op_nodes_kept;
     out.push_back(std::move(v));
     keep.push_back(std::move(t));
 }
@@ -267,20 +272,21 @@ int main(int argc, char** argv) {
 #endif
     bench::time_round_robin(v, rounds, steps_per_round, s);
 #if defined(BENCH_WITH_CUPTI)
-    // The breakdown for the table, after the timed rounds: each variant's steps traced on their
-    // own (tracing slows them, so the times above are untraced).
-    if (!trace)
+    // The breakdown for the table (--csv), after the timed rounds: each variant's steps traced on
+    // their own (tracing slows them, so the times above are untraced). Tracing starts before the
+    // barrier, so that no rank's set-up of it shows as another's wait in a collective.
+    if (!trace && !csv.empty())
         for (variant& x : v) {
             constexpr int traced_steps = 10;
             CAPSCOPE_CHECK(cudaStreamSynchronize(s));
-            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
             bench::kernel_timeline steps_traced;
             steps_traced.start(false); // kernels and copies only: tracing the host's calls slows it more
+            CAPSCOPE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
             for (int i = 0; i < traced_steps; ++i) x.step(s);
             CAPSCOPE_CHECK(cudaStreamSynchronize(s));
             steps_traced.stop();
             const auto b = steps_traced.breakdown(traced_steps);
-            const double mine[5] = {b.span, b.compute, b.communication, b.exposed, b.idle};
+            const double mine[7] = {b.span, b.compute, b.communication, b.exposed, b.idle, b.copies, b.copies_alone};
             std::copy(std::begin(mine), std::end(mine), std::begin(x.traced));
         }
     if (trace) {
@@ -296,20 +302,30 @@ int main(int argc, char** argv) {
 
     cudaDeviceProp prop{};
     CAPSCOPE_CHECK(cudaGetDeviceProperties(&prop, 0));
+    // Rank 0 writes the CSV; every rank learns whether it could (so none waits alone in a collective).
+    static constexpr char header[] = "gpus,mode,impl,step_ms,host_us,device_mib_per_rank,state_mib_per_rank,tokens_per_s,device,"
+                                     "traced_span_ms,compute_ms,communication_ms,exposed_ms,idle_ms,copies_ms,copies_alone_ms";
     std::FILE* out = nullptr;
+    int csv_refused = 0;
     if (r == 0 && !csv.empty()) {
-        std::FILE* existing = std::fopen(csv.c_str(), "r");
-        const bool fresh = existing == nullptr;
-        if (existing) std::fclose(existing);
-        out = std::fopen(csv.c_str(), "a");
-        if (!out) {
-            std::fprintf(stderr, "data_parallel: cannot write %s\n", csv.c_str());
-            return 1;
+        std::string first;
+        if (std::FILE* existing = std::fopen(csv.c_str(), "r")) {
+            char line[512] = {};
+            if (std::fgets(line, sizeof line, existing)) first = line;
+            std::fclose(existing);
+            while (!first.empty() && (first.back() == '\n' || first.back() == '\r')) first.pop_back();
         }
-        if (fresh)
-            std::fprintf(out, "gpus,mode,impl,step_ms,host_us,device_mib_per_rank,state_mib_per_rank,tokens_per_s,device,"
-                              "traced_span_ms,compute_ms,communication_ms,exposed_ms,idle_ms\n");
+        if (!first.empty() && first != header) {
+            std::fprintf(stderr, "data_parallel: %s has other columns (an older bench's) -- fix: another file, or remove it\n", csv.c_str());
+            csv_refused = 1;
+        } else if (!(out = std::fopen(csv.c_str(), "a"))) {
+            std::fprintf(stderr, "data_parallel: cannot write %s\n", csv.c_str());
+            csv_refused = 1;
+        } else if (first.empty())
+            std::fprintf(out, "%s\n", header);
     }
+    CAPSCOPE_MPI_CHECK(MPI_Bcast(&csv_refused, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    if (csv_refused) return 1;
     const gpt::model_config c = bench_model();
     for (auto& x : v) {
         // The slowest rank's median step, the largest memory of any rank.
@@ -322,15 +338,19 @@ int main(int argc, char** argv) {
             int rank;
         } longest{std::isnan(x.traced[0]) ? -1.0 : x.traced[0], r};
         CAPSCOPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &longest, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD));
-        double traced[5];
+        double traced[7];
         std::copy(std::begin(x.traced), std::end(x.traced), std::begin(traced));
-        CAPSCOPE_MPI_CHECK(MPI_Bcast(traced, 5, MPI_DOUBLE, longest.rank, MPI_COMM_WORLD));
+        CAPSCOPE_MPI_CHECK(MPI_Bcast(traced, 7, MPI_DOUBLE, longest.rank, MPI_COMM_WORLD));
         if (r != 0) continue;
         std::printf("%d GPU(s) %-14s %-19s step %8.3f ms  host %8.1f us  device %8.1f MiB/rank  state %7.1f MiB/rank  %9.0f tokens/s\n",
                     mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3], tokens_per_s);
+        if (x.mem_op_kernels || x.mem_op_nodes_kept)
+            std::printf("%d GPU(s) %-14s %-19s memory-operation nodes (rank 0): %ld run as kernels, %ld kept\n", mpi.size(), x.mode.c_str(),
+                        x.impl.c_str(), x.mem_op_kernels, x.mem_op_nodes_kept);
         if (!std::isnan(traced[0]))
             std::printf("%d GPU(s) %-14s %-19s traced (rank %d): span %.3f ms, compute %.3f, communication %.3f (%.3f with no compute beside it), "
-                        "no kernel %.3f\n", mpi.size(), x.mode.c_str(), x.impl.c_str(), longest.rank, traced[0], traced[1], traced[2], traced[3], traced[4]);
+                        "no kernel %.3f, copies %.3f (%.3f with no kernel beside them)\n", mpi.size(), x.mode.c_str(), x.impl.c_str(), longest.rank,
+                        traced[0], traced[1], traced[2], traced[3], traced[4], traced[5], traced[6]);
         if (out) {
             std::fprintf(out, "%d,%s,%s,%.4f,%.2f,%.1f,%.1f,%.0f,%s", mpi.size(), x.mode.c_str(), x.impl.c_str(), per[0], per[1], per[2], per[3],
                          tokens_per_s, prop.name);

@@ -14,13 +14,17 @@ A second table says where the time went, from each variant's steps traced after 
 (CUPTI, the rank with the longest traced step; tracing slows steps, so its spans exceed the table's
 step times): compute kernels busy, and how much more than one GPU without collectives (compute
 slowed: the sums of a reduction, and kernels sharing SMs and memory with the collectives);
-communication (NCCL's kernels, and the kernels that order its copy-engine collectives) with no
-compute beside it (exposed); and time with no kernel running, and how much more than on one GPU
-(idle: copies alone, waits, gaps).
+communication kernels (NCCL's, and capscope_mem_ops, which runs the waits that order its
+copy-engine collectives in graph copies) with no compute beside them (exposed); time with no kernel
+running, and how much more than on one GPU (idle); and copies (copy-engine collectives among them),
+with how much of them no kernel overlaps. A wait left as a memory-operation node is not traced: it
+shows as idle where the same wait run as capscope_mem_ops shows as communication. The references
+are the medians of the data-parallel variants' 1-GPU traces under the same impl, each on its own.
 
     python3 bench/data_parallel_table.py data_parallel.csv > table.md
 """
 import csv
+import statistics
 import sys
 
 
@@ -65,14 +69,15 @@ def main(path):
         return
     alone_traced = {}
     for impl in {r["impl"] for r in traced}:
-        ones = sorted((float(r["compute_ms"]), float(r["idle_ms"])) for r in traced
-                      if int(r["gpus"]) == 1 and r["impl"] == impl and r["mode"].startswith("data parallel"))
+        ones = [r for r in traced if int(r["gpus"]) == 1 and r["impl"] == impl and r["mode"].startswith("data parallel")]
         if ones:
-            alone_traced[impl] = ones[len(ones) // 2]
+            alone_traced[impl] = (statistics.median(float(r["compute_ms"]) for r in ones),
+                                  statistics.median(float(r["idle_ms"]) for r in ones))
     print(f"\nWhere a traced step's time goes (ms per step; the rank with the longest traced step; against one GPU without "
           f"collectives, the median of the data-parallel variants' 1-GPU traces under the same impl):\n")
-    print("| mode | impl | GPUs | traced span | compute busy | compute slowed | communication | exposed communication | no kernel running | idle added |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| mode | impl | GPUs | traced span | compute busy | compute slowed | communication kernels | exposed | no kernel running | idle added "
+          "| copies | copies, no kernel beside |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode, impl in keys:
         for n in gpus:
             r = by.get((mode, impl, n))
@@ -83,7 +88,7 @@ def main(path):
             slowed = f"{compute - ref[0]:+.3f}" if ref and n > 1 else "-"
             added = f"{idle - ref[1]:+.3f}" if ref and n > 1 else "-"
             print(f"| {mode} | {impl} | {n} | {float(r['traced_span_ms']):.3f} | {compute:.3f} | {slowed} | {float(r['communication_ms']):.3f} "
-                  f"| {float(r['exposed_ms']):.3f} | {idle:.3f} | {added} |")
+                  f"| {float(r['exposed_ms']):.3f} | {idle:.3f} | {added} | {float(r['copies_ms']):.3f} | {float(r['copies_alone_ms']):.3f} |")
 
 
 if __name__ == "__main__":

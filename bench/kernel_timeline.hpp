@@ -1,11 +1,13 @@
 #pragma once
-// Where a step's time goes, from CUPTI while tracing is on (bench/data_parallel --trace): every
-// kernel's start and end on the device (activity API), NCCL's told from the compute kernels by
-// name, and the host's time in each CUDA call made on the tracing thread (callback API; driver
-// calls made inside a runtime call are the runtime's own and are not counted again). The summary
-// says how much of NCCL's time no compute kernel overlaps (what a step waits for the link or the
-// other rank), how long no kernel runs (copies and memsets are not traced: they count there),
-// and which calls the host spent the step in.
+// Where a step's time goes, from CUPTI while tracing is on (bench/data_parallel): every kernel's
+// and copy's start and end on the device (activity API), communication told from the compute
+// kernels by name (NCCL's kernels, and capscope_mem_ops, which runs the waits that order its
+// copy-engine collectives in graph copies: cuda/mem_op_kernel.hpp), and optionally the host's time
+// in each CUDA call made on the tracing thread (callback API; driver calls made inside a runtime
+// call are the runtime's own and are not counted again). The summary says how much of the
+// communication no compute kernel overlaps (what a step waits for the link or the other rank),
+// how long no kernel runs (memsets and memory-operation nodes are not traced: they count there),
+// how much of the copies no kernel overlaps, and which calls the host spent the step in.
 // Tracing costs time itself: use it for the breakdown, and time the steps without it.
 
 #include "api_counter.hpp" // BENCH_CUPTI
@@ -14,6 +16,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -54,11 +57,24 @@ public:
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));  // copies on copy engines,
         BENCH_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2)); // peer to peer too (NCCL's)
-        subscribed_ = host_calls;
         if (!host_calls) return;
         BENCH_CUPTI(cuptiSubscribe(&subscriber_, &kernel_timeline::callback, this));
+        subscribed_ = true;
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API));
         BENCH_CUPTI(cuptiEnableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API));
+    }
+    kernel_timeline() = default;
+    kernel_timeline(const kernel_timeline&) = delete;
+    kernel_timeline& operator=(const kernel_timeline&) = delete;
+    //! Left while tracing (a step threw): tracing stops, so CUPTI's buffers never reach a timeline that is gone.
+    ~kernel_timeline() {
+        if (active().load() != this) return;
+        if (subscribed_) (void)cuptiUnsubscribe(subscriber_);
+        (void)cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+        (void)cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
+        (void)cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY2);
+        (void)cuptiActivityFlushAll(1);
+        active().store(nullptr);
     }
     //! Stops tracing; every kernel record is in once this returns.
     void stop() {
@@ -73,14 +89,17 @@ public:
     }
 
     //! Where a step's time went, in ms per step (the traced steps run slower than untraced ones).
+    //! NaN where nothing was traced, or CUPTI dropped records.
     struct step_breakdown {
-        double span = 0;          //!< from the first kernel's start to the last one's end, per step
-        double compute = 0;       //!< compute kernels busy
-        double communication = 0; //!< NCCL's kernels and capscope_mem_ops busy
-        double exposed = 0;       //!< communication with no compute kernel beside it
-        double idle = 0;          //!< no kernel running (copies alone, waits, launch gaps)
+        double span = NAN;          //!< from the first kernel's start to the last one's end, per step
+        double compute = NAN;       //!< compute kernels busy
+        double communication = NAN; //!< NCCL's kernels and capscope_mem_ops busy
+        double exposed = NAN;       //!< communication with no compute kernel beside it
+        double idle = NAN;          //!< no kernel running (copies alone, waits, launch gaps)
+        double copies = NAN;        //!< copies busy (copy-engine collectives among them)
+        double copies_alone = NAN;  //!< copies with no kernel beside them
     };
-    //! The breakdown over `steps` traced steps (zeros when nothing was traced).
+    //! The breakdown over `steps` traced steps.
     step_breakdown breakdown(int steps) {
         const std::lock_guard<std::mutex> lock(mutex_);
         return breakdown_locked(steps);
@@ -154,7 +173,7 @@ public:
 private:
     step_breakdown breakdown_locked(int steps) const {
         step_breakdown b;
-        if (kernels_.empty() || steps <= 0) return b;
+        if (kernels_.empty() || steps <= 0 || dropped_ > 0) return b;
         spans compute, communication, all;
         for (const auto& k : kernels_) {
             (k.nccl ? communication : compute).emplace_back(k.start, k.end);
@@ -175,6 +194,11 @@ private:
         b.communication = busy / per;
         b.exposed = exposed / per;
         b.idle = (span - length(all)) / per;
+        const spans copies = merged(copies_);
+        std::uint64_t alone = 0;
+        for (const auto& [s, e] : copies) alone += (e - s) - covered(all, s, e);
+        b.copies = length(copies) / per;
+        b.copies_alone = alone / per;
         return b;
     }
     bool subscribed_ = false; //!< the host calls are traced (start(true))

@@ -30,7 +30,7 @@ rc=0
 run() { # name, command...
   local name=$1; shift
   timeout 240 "$@" >"$OUT/$name.log" 2>&1; local r=$?
-  echo "== $name: exit $r"; grep -E "data parallel|sharded|example model|ranks x|planned different|test cases|assertions|Status|ERROR SUMMARY|RACECHECK|error|step time|counters|weights" "$OUT/$name.log" | head -24
+  echo "== $name: exit $r"; grep -E "data parallel|sharded|example model|ranks x|planned different|test cases|assertions|Status|ERROR SUMMARY|RACECHECK|error|step time|counters|weights" "$OUT/$name.log" | head -60
   [ $r -eq 0 ] || rc=1
 }
 mpi2=(mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE)

@@ -81,6 +81,12 @@ trained<T> train(const gpt::model_config& c, const cuda::nccl_communicator* on =
     if constexpr (Config::impl != graph_impl::eager) {
         CHECK(trainer.runner().counters().replays > 0);
         CHECK(trainer.runner().counters().copies_refused == 0); // every graph launched without NCCL's user objects
+        // Copy-engine collectives on several ranks, with the kernel loaded (the tests that ask for
+        // these buffers do): every memory-operation node of theirs runs as the kernel.
+        if (mpi().size() > 1 && buffers != gpt::collective_buffers::device && cuda::detail::mem_op_function_here()) {
+            CHECK(trainer.runner().counters().mem_op_kernels > 0);
+            CHECK(trainer.runner().counters().mem_op_nodes_kept == 0);
+        }
     }
     return state_after(trainer.model(), std::move(losses), s);
 }
@@ -215,6 +221,8 @@ TEST_CASE("the example model with its all-gathers on copy engines (sharded gathe
         cuda::copy_result copied = cuda::without_user_objects(std::move(g));
         INFO("refused: ", copied.refused);
         CHECK(copied.refused.empty());
+        CHECK(copied.mem_op_kernels > 0); // NCCL's ordering of the copies, run as the kernel (cuda/mem_op_kernel.hpp)
+        CHECK(copied.mem_op_nodes_kept == 0);
         const cuda::graph_exec exec(copied.copy);
         for (int replay = 1; replay <= 3; ++replay) {
             std::fill(mine.begin(), mine.end(), float(10 * replay + mpi().rank()));

@@ -11,8 +11,8 @@
 //! reset), and with 200 the launch waited for the device (3.2 ms). As kernels, the same launched in
 //! 4.3 µs, and the device took 2.5 µs a batch instead of 3.8.
 //!
-//! The kernel is PTX that the driver compiles at its first use (the library holds no code built by
-//! nvcc). One thread runs the operations in order, as the stream would:
+//! The kernel is PTX that the driver compiles when it is loaded (the library holds no code built
+//! by nvcc). One thread runs the operations in order, as the stream would:
 //! - a wait polls its address (volatile loads, which the peer's copy-engine writes reach) until its
 //!   condition holds, as `cuStreamWaitValue32/64` states it: GEQ `(int32_t)(*addr - value) >= 0`
 //!   (`int64_t` for 64 bits), EQ, AND `(*addr & value) != 0`, NOR `~(*addr | value) != 0`; then a
@@ -270,6 +270,14 @@ inline bool prepare_mem_op_kernel() {
     static const auto get_function = detail::driver_entry<PFN_cuKernelGetFunction_v12000>("cuKernelGetFunction", 12000);
     CUfunction function = nullptr;
     CAPSCOPE_CHECK(get_function(&function, detail::mem_op_kernel())); // loads it here
+    // Under lazy loading a function may be loaded in part, the rest at its first launch (which
+    // would wait for the device then): loaded whole now, where the driver can (CUDA 12.4).
+    void* load = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuFuncLoad", &load, 12040, cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess && load)
+        CAPSCOPE_CHECK(reinterpret_cast<PFN_cuFuncLoad_v12040>(load)(function));
+    else (void)cudaGetLastError(); // (an older driver: the query's error is not the caller's)
     detail::mem_op_functions& f = detail::mem_op_functions_loaded();
     const std::lock_guard<std::mutex> lock(f.mutex);
     f.loaded.emplace_back(c, function);
