@@ -39,8 +39,8 @@
 //!
 //! For now a program opts in, calling `prepare_mem_op_kernel` once per device before its first
 //! collective (bench/data_parallel and the data-parallel tests do): the kernel has been held to
-//! CUDA's nodes on one GPU (tests/gpu/test_graph_copy.cpp), and has not yet run where it matters,
-//! with NCCL's copy-engine collectives between GPUs.
+//! CUDA's nodes on one GPU (tests/gpu/test_mem_op_kernel.cpp), and has not yet run where it
+//! matters, with NCCL's copy-engine collectives between GPUs.
 
 #include <capscope/cuda/driver_api.hpp>
 #include <capscope/detail/breakage.hpp>
