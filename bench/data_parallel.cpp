@@ -46,8 +46,8 @@
 #endif
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
         double per[4] = {median(x.device_ms), median(x.host_us), x.device_bytes / 1048576.0, x.state_bytes / 1048576.0};
         CAPSCOPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, per, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
         const double tokens_per_s = double(c.tokens()) * c.microbatches * mpi.size() / (per[0] / 1000.0);
-        // The breakdown of the rank whose traced step was longest (its five figures together).
+        // The breakdown of the rank whose traced step was longest (its seven figures together).
         struct {
             double span;
             int rank;
