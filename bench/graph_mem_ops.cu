@@ -14,7 +14,8 @@
 #include "arguments.hpp"
 #include "round_robin.hpp"
 
-#include <capscope/cuda/driver_api.hpp>
+#include "../tests/gpu/mem_ops.hpp"
+
 #include <capscope/cuda/event.hpp>
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/graph.hpp>
@@ -41,19 +42,7 @@ __global__ void spin(long long ns) {
 //! A flag written, waited for and reset, in one batch (one graph node), as NCCL orders two ranks'
 //! copies (src/ce_coll.cc: the peer's flag by a copy, the wait and the reset as memory operations).
 void flag_batch(unsigned* flag, cudaStream_t s) {
-    static const auto batch = cuda::detail::driver_entry<PFN_cuStreamBatchMemOp_v11070>("cuStreamBatchMemOp", 11070);
-    CUstreamBatchMemOpParams ops[3] = {};
-    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(flag);
-    ops[0].writeValue.value = 1;
-    ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(flag);
-    ops[1].waitValue.value = 1;
-    ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
-    ops[2].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[2].writeValue.address = reinterpret_cast<CUdeviceptr>(flag);
-    ops[2].writeValue.value = 0;
-    CAPSCOPE_CHECK(batch(reinterpret_cast<CUstream>(s), 3, ops, 0));
+    mem_ops::issue_batch({mem_ops::write_op(flag, false, 1), mem_ops::wait_op(flag, false, 1, CU_STREAM_WAIT_VALUE_EQ), mem_ops::write_op(flag, false, 0)}, s);
 }
 
 struct variant {

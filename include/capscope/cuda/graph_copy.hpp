@@ -59,7 +59,6 @@ struct driver_node_calls {
     PFN_cuGraphKernelNodeGetParams_v12000 get_params = nullptr;
     PFN_cuGraphAddKernelNode_v12000 add = nullptr;
     PFN_cuGraphKernelNodeCopyAttributes_v11000 copy_attributes = nullptr;
-    PFN_cuCtxGetCurrent_v4000 current_context = nullptr;
     //! Stream memory operations (waits on and writes of values), which NCCL's copy-engine
     //! collectives capture to order the ranks' copies.
     PFN_cuGraphBatchMemOpNodeGetParams_v11070 batch_mem_op_params = nullptr;
@@ -76,7 +75,6 @@ inline const driver_node_calls& driver_nodes() {
         c.get_params = driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
         c.add = driver_entry<PFN_cuGraphAddKernelNode_v12000>("cuGraphAddKernelNode", 12000);
         c.copy_attributes = driver_entry<PFN_cuGraphKernelNodeCopyAttributes_v11000>("cuGraphKernelNodeCopyAttributes", 11000);
-        c.current_context = driver_entry<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 4000);
         c.batch_mem_op_params = driver_entry<PFN_cuGraphBatchMemOpNodeGetParams_v11070>("cuGraphBatchMemOpNodeGetParams", 11070);
         c.add_batch_mem_op = driver_entry<PFN_cuGraphAddBatchMemOpNode_v11070>("cuGraphAddBatchMemOpNode", 11070);
         c.node_type = driver_entry<PFN_cuGraphNodeGetType_v10000>("cuGraphNodeGetType", 10000);
@@ -181,8 +179,7 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
             const driver_node_calls& drv = driver_nodes();
             CUDA_BATCH_MEM_OP_NODE_PARAMS p{}; // its array is the node's, read before `from` changes
             CAPSCOPE_CHECK(drv.batch_mem_op_params(n, &p));
-            CUcontext current = nullptr;
-            CAPSCOPE_CHECK(drv.current_context(&current));
+            const CUcontext current = current_context();
             if (p.ctx && p.ctx != current) return "a memory operation of another context than the current one (make its device current first)";
             // As a kernel (mem_op_kernel.hpp: CUDA does a memory-operation node's work on the host
             // at every launch), unless it holds what the kernel does not do; kept if CUDA will not
@@ -209,8 +206,7 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
             const driver_node_calls& drv = driver_nodes();
             CUDA_KERNEL_NODE_PARAMS_v2 p{};
             CAPSCOPE_CHECK(drv.get_params(n, &p));
-            CUcontext current = nullptr;
-            CAPSCOPE_CHECK(drv.current_context(&current));
+            const CUcontext current = current_context();
             if (p.ctx && p.ctx != current) return "a kernel of another context than the current one (make its device current first)";
             CAPSCOPE_CHECK(drv.add(&copies[i], to, nullptr, 0, &p));
             CAPSCOPE_CHECK(drv.copy_attributes(copies[i], n));
