@@ -1,7 +1,8 @@
 // The kernel that graph copies run for memory-operation nodes (cuda/mem_op_kernel.hpp): held to
-// CUDA's own nodes for every wait condition, NCCL's shape of waits and resets, and a copy seen
-// whole before the kernel's flag; loaded ahead, so that neither a copy nor its instantiation waits
-// for the device; kept as a node beside a cooperative kernel.
+// CUDA's own nodes for every wait condition, NCCL's shape of waits and resets, two streams that
+// synchronise as NCCL 2.28's ranks do, and a copy seen whole before the kernel's flag; loaded
+// ahead, so that neither a copy nor its instantiation waits for the device; kept as a node beside
+// a cooperative kernel.
 
 #include <capscope/cuda.hpp>
 #include <capscope/cuda/graph_copy.hpp>
@@ -198,6 +199,98 @@ TEST_CASE("memory operations as NCCL orders two ranks: waits on several flags, t
     CHECK(wrong_rounds == 0);
     std::printf("  memory operations as NCCL's: %d flags waited for one by one and reset, as captured and copied; a 16 MiB copy seen whole "
                 "with the kernel's flag after it, 100 of 100 rounds\n", others);
+}
+
+TEST_CASE("memory operations as NCCL 2.28 orders two ranks: each writes its flag into the other's window, waits for the other's, resets its own") {
+    // NCCL 2.28's batch for a copy-engine collective captured on n ranks (src/ce_coll.cc,
+    // ncclPrepUCSync): a write of this rank's flag into each peer's window, a wait (EQ) for each
+    // peer's flag in its own, then a reset of its own flags; once before the ranks' copies
+    // ("ready": the peer's buffer is free) and once after ("complete": the copies have landed).
+    // Two ranks here are two streams of one GPU, each launching its graph 50 times back to back,
+    // with nothing from the host in between: rank 0 pushes its step count, rank 1 its count + 1000
+    // after a 1 ms spin, and each adds what it received to a sum. A wait let through too early
+    // adds what was there before, or a rank that outran the other loses a flag to a reset and
+    // hangs (caught below). As captured (CUDA's nodes), copied (kernels), and one of each.
+    REQUIRE(cuda::prepare_mem_op_kernel());
+    constexpr int n = 1 << 20, steps = 50;
+    constexpr unsigned sync_value = 0x600d; // NCCL's GRAPH_SYNC_VALUE's role: the flag a captured sync writes
+    cuda::device_buffer<unsigned> windows(8); // rank, ready or complete, from whom
+    auto flag = [&](int rank, int which, int from) { return windows.data() + rank * 4 + which * 2 + from; };
+    cuda::device_buffer<int> counter(2), staging(n), send0(n), send1(n), recv0(n), recv1(n), sum0(n), sum1(n);
+    int* send[2] = {send0.data(), send1.data()};
+    int* recv[2] = {recv0.data(), recv1.data()};
+    int* sum[2] = {sum0.data(), sum1.data()};
+    auto sync = [&](int me, int which, cudaStream_t on) {
+        const int peer = 1 - me;
+        issue_batch({write_op(flag(peer, which, me), false, sync_value), wait_op(flag(me, which, peer), false, sync_value, CU_STREAM_WAIT_VALUE_EQ),
+                     write_op(flag(me, which, 0), false, 0), write_op(flag(me, which, 1), false, 0)},
+                    on);
+    };
+    auto step = [&](int me) {
+        return [&, me](cudaStream_t on) {
+            engine_kernels::add_one(counter.data() + me, on);
+            if (me == 0) engine_kernels::fill_from(send[0], counter.data(), 0, n, on);
+            else {
+                engine_kernels::fill_from(staging.data(), counter.data() + 1, 1000, n, on);
+                engine_kernels::slow_copy(send[1], staging.data(), n, 1'000'000, on); // the slower rank
+            }
+            sync(me, 0, on);
+            CAPSCOPE_CHECK(cudaMemcpyAsync(recv[1 - me], send[me], n * sizeof(int), cudaMemcpyDeviceToDevice, on)); // pushed to the peer
+            sync(me, 1, on);
+            engine_kernels::add(sum[me], sum[me], recv[me], n, on);
+        };
+    };
+    cuda::stream s0, s1, side;
+    const cuda::stream* streams[2] = {&s0, &s1};
+    const long expected[2] = {long(steps) * (steps + 1) / 2 + 1000L * steps, long(steps) * (steps + 1) / 2}; // what each receives, summed
+    struct pairing {
+        const char* name;
+        bool kernels[2];
+    };
+    for (const pairing& p : {pairing{"both as captured", {false, false}}, pairing{"both copied, kernels", {true, true}},
+                             pairing{"rank 0 as captured, rank 1 copied", {false, true}}}) {
+        INFO(p.name);
+        std::vector<cuda::graph_exec> execs;
+        for (int me = 0; me < 2; ++me) {
+            cuda::graph g = cuda::capture(s0, step(me));
+            if (!p.kernels[me]) {
+                execs.emplace_back(g);
+                continue;
+            }
+            const cuda::copy_result c = cuda::without_user_objects(std::move(g));
+            REQUIRE(c.refused.empty());
+            CHECK(c.mem_op_kernels == 2);
+            execs.emplace_back(c.copy);
+        }
+        windows.fill_bytes(0, side);
+        counter.fill_bytes(0, side);
+        sum0.fill_bytes(0, side);
+        sum1.fill_bytes(0, side);
+        side.synchronize();
+        for (int k = 0; k < steps; ++k)
+            for (int me = 0; me < 2; ++me) execs[std::size_t(me)].launch(*streams[me]);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while ((cudaStreamQuery(s0.get()) == cudaErrorNotReady || cudaStreamQuery(s1.get()) == cudaErrorNotReady) &&
+               std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (cudaStreamQuery(s0.get()) == cudaErrorNotReady || cudaStreamQuery(s1.get()) == cudaErrorNotReady) {
+            std::fprintf(stderr, "memory operations as NCCL 2.28's, %s: the two ranks still wait for each other after 20 s\n", p.name);
+            std::abort(); // a held stream cannot be let go from here
+        }
+        for (int me = 0; me < 2; ++me) {
+            std::vector<int> got(n);
+            CAPSCOPE_CHECK(cudaMemcpy(got.data(), sum[me], n * sizeof(int), cudaMemcpyDeviceToHost));
+            const long wrong = long(std::count_if(got.begin(), got.end(), [&](int v) { return long(v) != expected[me]; }));
+            INFO("rank ", me, ": ", wrong, " of ", n, " sums wrong (element 0: ", got[0], ", expected ", expected[me], ")");
+            CHECK(wrong == 0);
+        }
+        std::vector<unsigned> left(8);
+        windows.copy_to_host(left, side);
+        side.synchronize();
+        CHECK(std::count(left.begin(), left.end(), 0u) == 8); // every flag reset
+    }
+    std::printf("  memory operations as NCCL 2.28's between two ranks (two streams): %d steps of flags written to the peer, waited for and reset, "
+                "with 4 MiB pushed between them, summed right as captured, copied and mixed\n", steps);
 }
 
 TEST_CASE("a copy and its instantiation do not wait for the device, and a graph with a cooperative kernel keeps its memory operations") {

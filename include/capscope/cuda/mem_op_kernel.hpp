@@ -30,8 +30,10 @@
 //!   context's queued work. So it is loaded ahead (`prepare_mem_op_kernel`), and a copy made where
 //!   it is not loaded keeps the nodes rather than wait;
 //! - a write's fence is this thread's (`membar.sys`), where the driver's is the stream's. The
-//!   nodes before the kernel have completed when it starts, so their writes are done; NCCL's
-//!   writes are resets of its own flags after its waits.
+//!   nodes before the kernel have completed when it starts, so their writes, the copies' included,
+//!   are done before it writes a flag: NCCL 2.28 writes this rank's flag into each peer's window
+//!   (an NVLink store to a peer's memory, where the kernel does it) after the copies before it, and
+//!   resets its own flags after its waits.
 //! Other operations (barriers, flushes of remote writes, atomic reductions), other flags (a wait's
 //! `CU_STREAM_WAIT_VALUE_FLUSH`, which an H200 refuses, so it could not be compared), and batches
 //! of more than `mem_op_batch::capacity` operations are not converted: the copy keeps such a node
@@ -65,8 +67,9 @@ struct mem_op {
     std::uint32_t flags; //!< a wait's CU_STREAM_WAIT_VALUE_* in bits 0-1; a write's CU_STREAM_WRITE_VALUE_* in bit 0
 };
 
-//! The kernel's one parameter: the operations, then their count at byte 3840. NCCL's batch holds
-//! 2n - 1 operations for n ranks in an NVLink domain (its waits for the others, its resets).
+//! The kernel's one parameter: the operations, then their count at byte 3840. NCCL 2.28's batch
+//! holds 3n - 2 operations for n ranks in an NVLink domain (its flag written to each other rank,
+//! its waits for theirs, its resets); later releases copy the flag instead, and hold 2n - 1.
 struct mem_op_batch {
     static constexpr unsigned capacity = 160; // within the 4 KB that kernel parameters had before CUDA 12.1
     mem_op op[capacity];
