@@ -1,5 +1,5 @@
 // The kernel that graph copies run for memory-operation nodes (cuda/mem_op_kernel.hpp): held to
-// CUDA's own nodes for every wait condition, NCCL's shape of waits and resets, two streams that
+// CUDA's own nodes for every wait condition, later NCCL's shape of waits and resets, two streams that
 // synchronise as NCCL 2.28's ranks do, and a copy seen whole before the kernel's flag; loaded
 // ahead, so that neither a copy nor its instantiation waits for the device; kept as a node beside
 // a cooperative kernel.
@@ -134,8 +134,8 @@ TEST_CASE("memory operations in a copied graph run as a kernel that waits and wr
 TEST_CASE("memory operations as NCCL orders two ranks: waits on several flags, then their resets, and the data before a flag seen with it") {
     REQUIRE(cuda::prepare_mem_op_kernel());
     cuda::stream s, side;
-    // NCCL's batch for n ranks: a wait (EQ) for each other rank's flag, then a reset of every flag
-    // (src/ce_coll.cc). Released one flag at a time, the stream must hold until the last.
+    // NCCL's batch for n ranks after 2.28 (the flag itself sent by a copy): a wait (EQ) for each
+    // other rank's flag, then a reset of every flag (src/ce_coll.cc). Released one flag at a time, the stream must hold until the last.
     constexpr int others = 3;
     cuda::device_buffer<unsigned> flags(others), marks(1);
     auto nccl_like = [&](cudaStream_t on) {
