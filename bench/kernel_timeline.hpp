@@ -102,7 +102,7 @@ public:
     //! The breakdown over `steps` traced steps.
     step_breakdown breakdown(int steps) {
         const std::lock_guard<std::mutex> lock(mutex_);
-        return breakdown_locked(steps);
+        return dropped_ > 0 ? step_breakdown{} : breakdown_locked(steps);
     }
 
     //! The breakdown per step, over `steps` traced steps, as lines prefixed by `prefix`.
@@ -117,16 +117,11 @@ public:
         std::printf("%sper step, over %d steps: span %.3f ms; compute kernels busy %.3f ms; NCCL kernels (and capscope_mem_ops) %.3f ms, of which no compute "
                     "kernel overlaps %.3f ms; no kernel running %.3f ms\n",
                     prefix, steps, b.span, b.compute, b.communication, b.exposed, b.idle);
-        spans all;
-        for (const auto& k : kernels_) all.emplace_back(k.start, k.end);
-        all = merged(std::move(all));
-        const double per = 1e6 * steps; // ns in all steps -> ms per step
         // Copies (copy engines: NCCL's copy-engine collectives among them), and how much of them
         // no kernel overlaps.
+        std::printf("%scopies busy %.3f ms a step, of which no kernel overlaps %.3f ms\n", prefix, b.copies, b.copies_alone);
+        const double per = 1e6 * steps; // ns in all steps -> ms per step
         const spans copies = merged(copies_);
-        std::uint64_t copies_bare = 0;
-        for (const auto& [s, e] : copies) copies_bare += (e - s) - covered(all, s, e);
-        std::printf("%scopies busy %.3f ms a step, of which no kernel overlaps %.3f ms\n", prefix, length(copies) / per, copies_bare / per);
         // Where no kernel runs: each gap between kernels, named by the kernel that ended last before
         // it and the one that starts after it, summed over the steps (with how much copies fill).
         std::vector<const kernel_span*> order;
@@ -171,9 +166,10 @@ public:
     }
 
 private:
+    //! (With records dropped, what was traced: print warns, breakdown gives NaN.)
     step_breakdown breakdown_locked(int steps) const {
         step_breakdown b;
-        if (kernels_.empty() || steps <= 0 || dropped_ > 0) return b;
+        if (kernels_.empty() || steps <= 0) return b;
         spans compute, communication, all;
         for (const auto& k : kernels_) {
             (k.nccl ? communication : compute).emplace_back(k.start, k.end);

@@ -18,15 +18,20 @@ inline void check_status(CUresult status, const char* call, const char* file, in
 }
 
 //! The driver's function `name` at ABI `version`, the number in its `PFN_<name>_v<version>`
-//! type (`Fn`); refused by name where the driver has none.
+//! type (`Fn`), or null where the driver has none (an older driver).
 template <class Fn>
-Fn driver_entry(const char* name, unsigned version) {
+Fn driver_entry_if_any(const char* name, unsigned version) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
     CAPSCOPE_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || !fn)
-        throw std::runtime_error(std::string("capscope: the CUDA driver has no ") + name + " -- fix: a driver of CUDA 12 or later");
-    return reinterpret_cast<Fn>(fn);
+    return found == cudaDriverEntryPointSuccess && fn ? reinterpret_cast<Fn>(fn) : nullptr;
+}
+
+//! The same, refused by name where the driver has none.
+template <class Fn>
+Fn driver_entry(const char* name, unsigned version) {
+    if (const Fn fn = driver_entry_if_any<Fn>(name, version)) return fn;
+    throw std::runtime_error(std::string("capscope: the CUDA driver has no ") + name + " -- fix: a driver of CUDA 12 or later");
 }
 
 } // namespace capscope::cuda::detail

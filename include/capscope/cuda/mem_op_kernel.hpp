@@ -275,12 +275,8 @@ inline bool prepare_mem_op_kernel() {
     CAPSCOPE_CHECK(get_function(&function, detail::mem_op_kernel())); // loads it here
     // Under lazy loading a function may be loaded in part, the rest at its first launch (which
     // would wait for the device then): loaded whole now, where the driver can (CUDA 12.4).
-    void* load = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuFuncLoad", &load, 12040, cudaEnableDefault, &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess && load)
-        CAPSCOPE_CHECK(reinterpret_cast<PFN_cuFuncLoad_v12040>(load)(function));
-    else (void)cudaGetLastError(); // (an older driver: the query's error is not the caller's)
+    static const auto load = detail::driver_entry_if_any<PFN_cuFuncLoad_v12040>("cuFuncLoad", 12040);
+    if (load) CAPSCOPE_CHECK(load(function));
     detail::mem_op_functions& f = detail::mem_op_functions_loaded();
     const std::lock_guard<std::mutex> lock(f.mutex);
     f.loaded.emplace_back(c, function);
