@@ -55,6 +55,8 @@ if is_part tests; then
   must_fail skip-pass-copy-back skip_pass_copy_back '*offload*' "ERROR: CHECK( same_as_plain )"
   # The all-to-all reduction's sum skipped: it must differ from one all-reduce.
   must_fail skip-all-to-all-sum skip_all_to_all_sum '*all-to-all*' "ERROR: CHECK( same_as_one_all_reduce )"
+  # The memory operations that order NCCL's copy-engine collectives, run as kernels that do not wait.
+  must_fail mem-op-waits-skipped mem_op_waits_skipped '*copy-engine all-gather and all-to-all*' "sums wrong"
   # The kept gather called in the last microbatch, not the first.
   must_fail first-microbatch-as-last first_microbatch_as_last '*one gather a step*' "ERROR: CHECK"
   # A failing rank ends both, within the bound (no GPU needed, but here on the real launcher too).

@@ -134,8 +134,9 @@ TEST_CASE("memory operations in a copied graph run as a kernel that waits and wr
 TEST_CASE("memory operations as NCCL orders two ranks: waits on several flags, then their resets, and the data before a flag seen with it") {
     REQUIRE(cuda::prepare_mem_op_kernel());
     cuda::stream s, side;
-    // NCCL's batch for n ranks after 2.28 (the flag itself sent by a copy): a wait (EQ) for each
-    // other rank's flag, then a reset of every flag (src/ce_coll.cc). Released one flag at a time, the stream must hold until the last.
+    // NCCL's batch for n ranks after 2.28, and 2.28's with NVLink multicast (the flag itself sent
+    // by a copy): a wait (EQ) for each other rank's flag, then a reset of every flag
+    // (src/ce_coll.cc). Released one flag at a time, the stream must hold until the last.
     constexpr int others = 3;
     cuda::device_buffer<unsigned> flags(others), marks(1);
     auto nccl_like = [&](cudaStream_t on) {

@@ -23,8 +23,11 @@
 //! before it have completed, copies included, and what comes after starts once it has. What differs:
 //! - while a wait's condition does not hold, the kernel keeps one thread of one SM polling, where
 //!   the node held the stream's front end. A kernel that needs every SM at once (a cooperative
-//!   launch) could then not start until the wait ends, so a graph that holds one keeps its nodes;
-//!   other kernels only lose that one thread's place. Neither wait can be cancelled (a rank that
+//!   launch) could then not start until the wait ends, so a graph that holds one keeps its nodes
+//!   (one launched elsewhere at the same time, on another stream or graph, is not seen: if the
+//!   peer's flag waited for it, the two would wait for each other; call no such kernel beside
+//!   copied collectives, or skip `prepare_mem_op_kernel`); other kernels only lose that one
+//!   thread's place. Neither wait can be cancelled (a rank that
 //!   stops is the watchdog's, parallel/nccl_watchdog.hpp);
 //! - the driver loads the kernel into a context at its first use there, and that load waits for the
 //!   context's queued work. So it is loaded ahead (`prepare_mem_op_kernel`), and a copy made where
@@ -33,7 +36,10 @@
 //!   nodes before the kernel have completed when it starts, so their writes, the copies' included,
 //!   are done before it writes a flag: NCCL 2.28 writes this rank's flag into each peer's window
 //!   (an NVLink store to a peer's memory, where the kernel does it) after the copies before it, and
-//!   resets its own flags after its waits.
+//!   resets its own flags after its waits. (With NVLink multicast, on more than two GPUs unless
+//!   `NCCL_NVLS_ENABLE=0`, 2.28 copies the flag to a multicast address instead, and the batch
+//!   holds only waits and resets of this GPU's flags: the shape of NCCL's later releases, held to
+//!   the nodes on one GPU, and not run across GPUs here, where NVLS is kept off.)
 //! Other operations (barriers, flushes of remote writes, atomic reductions), other flags (a wait's
 //! `CU_STREAM_WAIT_VALUE_FLUSH`, which an H200 refuses, so it could not be compared), and batches
 //! of more than `mem_op_batch::capacity` operations are not converted: the copy keeps such a node
@@ -69,7 +75,8 @@ struct mem_op {
 
 //! The kernel's one parameter: the operations, then their count at byte 3840. NCCL 2.28's batch
 //! holds 3n - 2 operations for n ranks in an NVLink domain (its flag written to each other rank,
-//! its waits for theirs, its resets); later releases copy the flag instead, and hold 2n - 1.
+//! its waits for theirs, its resets); with NVLink multicast, and in later releases, the flag is
+//! copied instead, and the batch holds 2n - 1.
 struct mem_op_batch {
     static constexpr unsigned capacity = 160; // within the 4 KB that kernel parameters had before CUDA 12.1
     mem_op op[capacity];

@@ -1,0 +1,131 @@
+// NCCL's copy-engine collectives across ranks, with the memory operations that order them run as
+// kernels (cuda/mem_op_kernel.hpp) where a graph copy put them: one process per GPU
+// (`mpirun -np 2` or more; alone it is one rank, whose collectives NCCL orders with nothing).
+// What the one-GPU tests of the kernel (test_mem_op_kernel.cpp) cannot show, this does: the
+// kernel's flag stored into a peer GPU's window after the copy engines' writes to that peer, and
+// seen there with them; and a rank that runs ahead of a slow one without a flag lost to a reset.
+
+#include "engine_kernels.hpp"
+#include "mpi_support.hpp"
+
+#include <capscope/cuda.hpp>
+#include <capscope/cuda/graph_copy.hpp>
+#include <capscope/cuda/mem_op_kernel.hpp>
+#include <capscope/cuda/nccl_window.hpp>
+
+#include <doctest/doctest.h>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using namespace capscope;
+using support::comm;
+using support::mpi;
+namespace k = engine_kernels;
+
+TEST_CASE("NCCL's copy-engine all-gather and all-to-all with their memory operations as kernels: 100 steps back to back, "
+          "the last rank late, every element exact on every rank") {
+    // Each step, rank r sends its step count + 1000 r: all-gathered from a part of n, and
+    // all-to-all from n to each rank; each rank adds what it received to two sums. The last rank
+    // spins 1 ms before each collective, and the steps are launched back to back with nothing from
+    // the host in between, so every wait of the others holds. A wait let through too early adds
+    // what a buffer held before (or a step that a fast rank pushed later); a flag lost to a reset
+    // hangs (caught below). As captured (CUDA's nodes), copied (kernels), and rank 0 as captured
+    // with the others copied. Broken on purpose (mem_op_waits_skipped): the sums go wrong.
+    REQUIRE(cuda::prepare_mem_op_kernel());
+    comm();
+    const int ranks = mpi().size(), me = mpi().rank();
+    if (ranks < 2) {
+        MESSAGE("one rank: NCCL orders nothing across ranks; run under mpirun -np 2 (scripts/multi-gpu-check.sh)");
+        return;
+    }
+    static cuda::nccl_communicator copy_engines = cuda::communicator_from_mpi(mpi(), {cuda::nccl_cta_policy::zero});
+    constexpr int n = 1 << 20, steps = 100;
+    constexpr unsigned late_ns = 1'000'000;
+    const bool late = me == ranks - 1;
+    const int all = n * ranks;
+    const auto all_elements = static_cast<std::size_t>(all);
+    cuda::stream s;
+    cuda::nccl_symmetric_buffer<int> part(copy_engines, n), whole(copy_engines, all_elements), from(copy_engines, all_elements),
+        to(copy_engines, all_elements);
+    cuda::device_buffer<int> counter(1), staging(all_elements), gathered_sum(all_elements), scattered_sum(all_elements);
+    auto step = [&](cudaStream_t on) {
+        k::add_one(counter.data(), on);
+        if (late) {
+            k::fill_from(staging.data(), counter.data(), 1000 * me, all, on);
+            k::slow_copy(part.data(), staging.data(), n, late_ns, on);
+        } else k::fill_from(part.data(), counter.data(), 1000 * me, n, on);
+        CAPSCOPE_CHECK(ncclAllGather(part.data(), whole.data(), n, ncclInt32, copy_engines.get(), on));
+        k::add(gathered_sum.data(), gathered_sum.data(), whole.data(), all, on);
+        if (late) k::slow_copy(from.data(), staging.data(), all, late_ns, on);
+        else k::fill_from(from.data(), counter.data(), 1000 * me, all, on);
+        CAPSCOPE_CHECK(ncclAlltoAll(from.data(), to.data(), n, ncclInt32, copy_engines.get(), on));
+        k::add(scattered_sum.data(), scattered_sum.data(), to.data(), all, on);
+    };
+    auto reset = [&] {
+        counter.fill_bytes(0, s);
+        gathered_sum.fill_bytes(0, s);
+        scattered_sum.fill_bytes(0, s);
+    };
+    // Each received part r holds, summed over the steps, 1 + ... + steps + 1000 r steps.
+    auto wrong_in = [&](const cuda::device_buffer<int>& sum, int ran) {
+        std::vector<int> got(all_elements, 0);
+        CAPSCOPE_CHECK(cudaMemcpy(got.data(), sum.data(), got.size() * sizeof(int), cudaMemcpyDeviceToHost));
+        long wrong = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != ran * (ran + 1) / 2 + 1000 * int(i / n) * ran;
+        if (wrong) std::fprintf(stderr, "rank %d: %ld of %d sums wrong (element 0: %d, expected %d)\n", me, wrong, all, got[0], ran * (ran + 1) / 2);
+        return wrong;
+    };
+    // NCCL sets up its copy-engine state at a communicator's first such collective, which a capture forbids.
+    reset();
+    step(s.get());
+    s.synchronize();
+    CHECK(wrong_in(gathered_sum, 1) == 0);
+    CHECK(wrong_in(scattered_sum, 1) == 0);
+
+    struct pairing {
+        const char* name;
+        bool copied; // this rank's graph copied, its memory operations as kernels
+    };
+    for (const pairing& p : {pairing{"every rank as captured", false}, pairing{"every rank copied, kernels", true},
+                             pairing{"rank 0 as captured, the others copied", me != 0}}) {
+        INFO(p.name, ", rank ", me);
+        cuda::graph g = cuda::capture(s, step);
+        std::size_t kernels = 0, kept = 0;
+        if (p.copied) {
+            cuda::copy_result c = cuda::without_user_objects(std::move(g));
+            REQUIRE(c.refused.empty());
+            kernels = c.mem_op_kernels;
+            kept = c.mem_op_nodes_kept;
+            g = std::move(c.copy);
+            CHECK(kernels >= 4); // two collectives, each a batch before its copies and one after (NCCL may sync within a long batch too)
+            CHECK(kept == 0);
+        }
+        const cuda::graph_exec exec(g);
+        reset();
+        s.synchronize();
+        MPI_Barrier(MPI_COMM_WORLD); // (not needed for the order: the same start for every pairing's timing)
+        for (int k = 0; k < steps; ++k) exec.launch(s);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (cudaStreamQuery(s.get()) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (cudaStreamQuery(s.get()) == cudaErrorNotReady) {
+            std::fprintf(stderr, "copy-engine collectives, %s: rank %d still waits after 30 s\n", p.name, me);
+            std::abort(); // a held stream cannot be let go from here; mpirun ends the other ranks
+        }
+        s.synchronize(); // (and reports a fault)
+        CHECK(wrong_in(gathered_sum, steps) == 0);
+        CHECK(wrong_in(scattered_sum, steps) == 0);
+        if (me == 0)
+            std::printf("  copy-engine all-gather and all-to-all, %s: %d ranks, %d steps back to back, the last rank 1 ms late, exact "
+                        "(rank 0: %zu memory-operation batches as kernels, %zu kept)\n",
+                        p.name, ranks, steps, kernels, kept);
+    }
+}
