@@ -1,15 +1,19 @@
-// What a graph's memory-operation nodes cost at launch (issue 50), on one GPU: a graph of 1,000
-// short kernels (--kernel-ns each) and N batches of stream memory operations as NCCL's copy-engine
-// collectives capture them (a write of a flag, a wait for it, its reset: one node each), launched
-//   as captured                     the batches as memory-operation nodes
+// What the nodes NCCL adds to a captured graph cost at launch (issue 50), on one GPU: a graph of
+// 1,000 short kernels (--kernel-ns each) and N batches of stream memory operations as NCCL's
+// copy-engine collectives capture them (a write of a flag, a wait for it, its reset: one node
+// each), or N collectives' event records as NCCL's graph-mixing support leaves them (a wait on one
+// event at the root, a record of it after each), launched
+//   as captured                     the batches as memory-operation nodes, every record
 //   copied, nodes kept              cuda::without_user_objects with the seam keep_mem_op_nodes
+//                                   (or keep_event_records)
 //   copied                          cuda::without_user_objects: each batch a one-thread kernel
-//                                   (cuda/mem_op_kernel.hpp, loaded by cuda::prepare_mem_op_kernel)
+//                                   (cuda/mem_op_kernel.hpp, loaded by cuda::prepare_mem_op_kernel);
+//                                   the chain's last record only (cuda/graph_event_records.hpp)
 // It reports the host's time per cudaGraphLaunch (median of --launches back to back, the device
 // behind), the device's time per graph (CUDA events around --launches), round-robin over
-// --rounds, and the same without batches for reference.
+// --rounds, and the same with neither for reference.
 //
-//   graph_mem_ops [--batches N,N,...] [--launches N] [--rounds N] [--kernel-ns N]     exit 77 without a GPU
+//   graph_mem_ops [--batches N,...] [--records N,...] [--launches N] [--rounds N] [--kernel-ns N]     exit 77 without a GPU
 
 #include "arguments.hpp"
 #include "round_robin.hpp"
@@ -22,6 +26,7 @@
 #include <capscope/cuda/graph_copy.hpp>
 #include <capscope/cuda/stream.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -45,6 +50,23 @@ void flag_batch(unsigned* flag, cudaStream_t s) {
     mem_ops::issue_batch({mem_ops::write_op(flag, false, 1), mem_ops::wait_op(flag, false, 1, CU_STREAM_WAIT_VALUE_EQ), mem_ops::write_op(flag, false, 0)}, s);
 }
 
+//! A record of `e` as NCCL's graph-mixing support leaves one after a captured collective.
+void record_external(cudaEvent_t e, cudaStream_t s) { CAPSCOPE_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal)); }
+
+//! N positive numbers separated by commas, or a refusal through `args`.
+std::vector<int> counts_from(const std::string& text, const char* option, bench::arguments& args) {
+    std::vector<int> counts;
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t comma = std::min(text.find(',', at), text.size());
+        const std::string item = text.substr(at, comma - at);
+        if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos || std::stoi(item) < 1)
+            args.refuse(std::string(option) + " takes positive numbers separated by commas (per graph), not '" + item + "'");
+        counts.push_back(std::stoi(item));
+        at = comma + 1;
+    }
+    return counts;
+}
+
 struct variant {
     std::string name;
     cuda::graph_exec exec;
@@ -55,44 +77,53 @@ struct variant {
 
 int main(int argc, char** argv) {
     int launches = 20, rounds = 5, kernel_ns = 2000;
-    std::string batches_text = "40,200";
+    std::string batches_text = "40,200", records_text = "24,48,200";
     bench::arguments args("graph_mem_ops");
-    args.text("--batches", batches_text, "N,N,...").integer("--launches", launches, 2).integer("--rounds", rounds, 1).integer("--kernel-ns", kernel_ns, 0);
+    args.text("--batches", batches_text, "N,N,...").text("--records", records_text, "N,N,...").integer("--launches", launches, 2).integer("--rounds", rounds, 1)
+        .integer("--kernel-ns", kernel_ns, 0);
     args.parse_or_exit(argc, argv);
-    std::vector<int> batch_counts;
-    for (std::size_t at = 0; at < batches_text.size();) {
-        const std::size_t comma = std::min(batches_text.find(',', at), batches_text.size());
-        const std::string item = batches_text.substr(at, comma - at);
-        if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos || std::stoi(item) < 1)
-            args.refuse("--batches takes positive numbers separated by commas (batches per graph), not '" + item + "'");
-        batch_counts.push_back(std::stoi(item));
-        at = comma + 1;
-    }
+    const std::vector<int> batch_counts = counts_from(batches_text, "--batches", args), record_counts = counts_from(records_text, "--records", args);
     const std::string device = bench::device_or_skip();
-    std::printf("%s: 1000 kernels of %d ns and N batches of memory operations (write, wait, reset) in one graph; %d launches, %d rounds\n",
+    std::printf("%s: 1000 kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of one event after a wait "
+                "on it, in one graph; %d launches, %d rounds\n",
                 device.c_str(), kernel_ns, launches, rounds);
     if (!cuda::prepare_mem_op_kernel()) return std::fprintf(stderr, "graph_mem_ops: no CUDA context to load the kernel into\n"), 1;
     cuda::stream s;
     cuda::device_buffer<unsigned> flag(1);
     flag.fill_bytes(0, s);
     cuda::event begin = cuda::event::timing(), end = cuda::event::timing();
-    for (const int batches : batch_counts) {
-        auto body = [&](int with_batches) {
-            return [&, with_batches](cudaStream_t on) {
-                const int every = with_batches ? 1000 / with_batches : 0;
-                for (int k = 0; k < 1000; ++k) {
+    const cuda::event serial; // NCCL's graph-mixing event's role
+    serial.record(s);
+    s.synchronize();
+    struct family {
+        int count;
+        bool records; // records of an event, else batches of memory operations
+    };
+    std::vector<family> families;
+    for (const int b : batch_counts) families.push_back({b, false});
+    for (const int r : record_counts) families.push_back({r, true});
+    for (const family f : families) {
+        auto body = [&](int with) {
+            return [&, with](cudaStream_t on) {
+                const int every = with ? std::max(1, 1000 / with) : 0;
+                if (with && f.records) CAPSCOPE_CHECK(cudaStreamWaitEvent(on, serial.get(), cudaEventWaitExternal));
+                for (int k = 0, added = 0; k < 1000; ++k) {
                     spin<<<1, 1, 0, on>>>(kernel_ns);
-                    if (every && k % every == 0) flag_batch(flag.data(), on);
+                    if (!every || k % every != 0 || added == with) continue;
+                    ++added;
+                    if (f.records) record_external(serial.get(), on);
+                    else flag_batch(flag.data(), on);
                 }
             };
         };
+        bool& keep = f.records ? capscope::detail::installed_breakage().keep_event_records : capscope::detail::installed_breakage().keep_mem_op_nodes;
         std::vector<variant> v;
-        v.push_back({"no batches", cuda::graph_exec(cuda::capture(s, body(0))), {}, {}});
-        v.push_back({"as captured", cuda::graph_exec(cuda::capture(s, body(batches))), {}, {}});
-        capscope::detail::installed_breakage().keep_mem_op_nodes = true;
-        cuda::copy_result kept = cuda::without_user_objects(cuda::capture(s, body(batches)));
-        capscope::detail::installed_breakage().keep_mem_op_nodes = false;
-        cuda::copy_result copied = cuda::without_user_objects(cuda::capture(s, body(batches)));
+        v.push_back({"neither", cuda::graph_exec(cuda::capture(s, body(0))), {}, {}});
+        v.push_back({"as captured", cuda::graph_exec(cuda::capture(s, body(f.count))), {}, {}});
+        keep = true;
+        cuda::copy_result kept = cuda::without_user_objects(cuda::capture(s, body(f.count)));
+        keep = false;
+        cuda::copy_result copied = cuda::without_user_objects(cuda::capture(s, body(f.count)));
         if (!kept.refused.empty() || !copied.refused.empty()) return std::fprintf(stderr, "not copied: %s%s\n", kept.refused.c_str(), copied.refused.c_str()), 1;
         v.push_back({"copied, nodes kept", cuda::graph_exec(kept.copy), {}, {}});
         v.push_back({"copied", cuda::graph_exec(copied.copy), {}, {}});
@@ -112,9 +143,11 @@ int main(int argc, char** argv) {
                 x.host_us.push_back(bench::median(us));
                 x.device_us.push_back(1000.0 * double(cuda::event::elapsed_ms(begin, end)) / launches);
             }
+        if (f.records && copied.event_records_dropped != std::size_t(f.count - 1))
+            return std::fprintf(stderr, "the copy ran %zu of %d records as empty nodes, not %d\n", copied.event_records_dropped, f.count, f.count - 1), 1;
         for (const variant& x : v)
-            std::printf("%4d batches, %-20s host %9.1f us a launch; device %8.1f us a graph\n", x.name == "no batches" ? 0 : batches, x.name.c_str(),
-                        bench::median(x.host_us), bench::median(x.device_us));
+            std::printf("%4d %-8s %-20s host %9.1f us a launch; device %8.1f us a graph\n", x.name == "neither" ? 0 : f.count, f.records ? "records," : "batches,",
+                        x.name.c_str(), bench::median(x.host_us), bench::median(x.device_us));
     }
     return 0;
 }

@@ -9,7 +9,7 @@
 # CUPTI (bench/data_parallel --trace); `launch` times the host's enqueue of one variant on 1 and 2
 # GPUs under settings that might make cudaGraphLaunch block (issue 50); `cuts` times issue 50's
 # copy-engine variants alone (all on copy engines, one gather a step, memory operations as kernels
-# and as nodes) on 1, 2 (and 4) GPUs into one table with its breakdown ($OUT/bench-cuts.md). The bench part also runs
+# and as nodes, NCCL's event records thinned and kept) on 1, 2 (and 4) GPUs into one table with its breakdown ($OUT/bench-cuts.md). The bench part also runs
 # bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once) and
 # bench/pipeline_model (the example model pipelined, 1F1B). Logs go to $OUT.
 #   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [cuts] [fork]     (default: all but launch and cuts)
@@ -140,6 +140,8 @@ if is_part cuts && [ ${#parts[@]} -gt 0 ]; then
   cuts+=",data parallel (copy-engine all-to-all; memory operations as nodes)/full_iteration"
   cuts+=",sharded (kept; copy-engine gathers; memory operations as nodes)/transformer_engine"
   cuts+=",sharded (kept; copy-engine gathers; memory operations as nodes)/full_iteration"
+  cuts+=",data parallel/full_iteration,data parallel (event records kept)/full_iteration"
+  cuts+=",sharded (kept; copy-engine gathers; event records kept)/full_iteration"
   rm -f "$OUT/bench-cuts.csv"
   for np in 1 2 $([ "$(nvidia-smi -L | wc -l)" -ge 4 ] && echo 4); do
     run "bench-cuts-np$np" mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE ./build-mpi/bench/data_parallel --only "$cuts" \

@@ -15,6 +15,7 @@
 //   keep_user_objects      runners instantiate their graphs as captured (launches of NCCL's wait past 28 in flight)
 //   copy_kernels_as_empty  graphs copied without user objects get an empty node for each kernel
 //   mem_op_waits_skipped   the kernel a copied graph runs for a memory-operation node leaves out its waits
+//   first_event_record_kept  a copied graph keeps the first record of a chain of one event's, not the last
 //   abort_parent_only      aborting a communicator leaves those split from it (a pipeline's edges) running
 //   skip_replica_average   gpt::pipeline_model skips averaging its gradients over its pipeline replicas
 //   recompute_forward_hooks  gpt::pipeline_model's recomputed forward runs the forward hooks as well
@@ -69,6 +70,7 @@ inline void install_from_environment() {
         else if (item == "keep_user_objects") library.keep_user_objects = true;
         else if (item == "copy_kernels_as_empty") library.copy_kernels_as_empty = true;
         else if (item == "mem_op_waits_skipped") library.mem_op_waits_skipped = true;
+        else if (item == "first_event_record_kept") library.first_event_record_kept = true;
         else if (item == "abort_parent_only") library.abort_parent_only = true;
         else if (item == "skip_replica_average") library.skip_replica_average = true;
         else if (item == "recompute_forward_hooks") library.recompute_forward_hooks = true;
@@ -82,7 +84,7 @@ inline void install_from_environment() {
         }
         if (!known) {
             std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, skip_in_place_replays, skip_graph_updates, "
-                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, mem_op_waits_skipped, abort_parent_only, skip_replica_average, recompute_forward_hooks, skip_pass_copy_back, skip_all_to_all_sum, first_microbatch_as_last, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
+                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, mem_op_waits_skipped, first_event_record_kept, abort_parent_only, skip_replica_average, recompute_forward_hooks, skip_pass_copy_back, skip_all_to_all_sum, first_microbatch_as_last, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
             std::exit(99);
         }
     }

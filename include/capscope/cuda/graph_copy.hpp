@@ -25,7 +25,10 @@
 //! copy-engine collectives capture; each as a one-thread kernel that does the same,
 //! mem_op_kernel.hpp, since CUDA does such a node's work on the host at every launch, or as it
 //! was where it holds another operation), memcpy, memset, host, empty, event record and wait nodes,
-//! and child graphs, recursively; edges with their data (programmatic launch ports). Not copied,
+//! and child graphs, recursively; edges with their data (programmatic launch ports). Where the
+//! graph records one event in a chain, as NCCL's graph-mixing support does after each collective,
+//! the records but the last become empty nodes (graph_event_records.hpp says why that is sound):
+//! CUDA does part of a record's work on the host at every launch, too. Not copied,
 //! and the source returned as it was with `copy_result::refused` saying why (its launches still
 //! wait past 28): a graph with any other node (a conditional node, graph memory, external
 //! semaphores), a kernel or memory operation whose context is not the current one (the runtime
@@ -35,6 +38,8 @@
 #include <capscope/cuda/driver_api.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/graph_event_records.hpp>
+#include <capscope/cuda/graph_nodes.hpp>
 #include <capscope/cuda/mem_op_kernel.hpp>
 #include <capscope/detail/breakage.hpp>
 
@@ -53,72 +58,6 @@ namespace capscope::cuda {
 
 namespace detail {
 
-//! The driver calls the copies of kernel and memory-operation nodes need, found through the runtime so that nothing
-//! links libcuda directly.
-struct driver_node_calls {
-    PFN_cuGraphKernelNodeGetParams_v12000 get_params = nullptr;
-    PFN_cuGraphAddKernelNode_v12000 add = nullptr;
-    PFN_cuGraphKernelNodeCopyAttributes_v11000 copy_attributes = nullptr;
-    //! Stream memory operations (waits on and writes of values), which NCCL's copy-engine
-    //! collectives capture to order the ranks' copies.
-    PFN_cuGraphBatchMemOpNodeGetParams_v11070 batch_mem_op_params = nullptr;
-    PFN_cuGraphAddBatchMemOpNode_v11070 add_batch_mem_op = nullptr;
-    //! The runtime's cudaGraphNodeGetType fails ("unknown error") on a batch memory operation node.
-    PFN_cuGraphNodeGetType_v10000 node_type = nullptr;
-    //! A kernel node's launch attribute (whether it is cooperative), for NCCL's nodes too.
-    PFN_cuGraphKernelNodeGetAttribute_v11000 kernel_attribute = nullptr;
-};
-
-inline const driver_node_calls& driver_nodes() {
-    static const driver_node_calls calls = [] {
-        driver_node_calls c;
-        c.get_params = driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
-        c.add = driver_entry<PFN_cuGraphAddKernelNode_v12000>("cuGraphAddKernelNode", 12000);
-        c.copy_attributes = driver_entry<PFN_cuGraphKernelNodeCopyAttributes_v11000>("cuGraphKernelNodeCopyAttributes", 11000);
-        c.batch_mem_op_params = driver_entry<PFN_cuGraphBatchMemOpNodeGetParams_v11070>("cuGraphBatchMemOpNodeGetParams", 11070);
-        c.add_batch_mem_op = driver_entry<PFN_cuGraphAddBatchMemOpNode_v11070>("cuGraphAddBatchMemOpNode", 11070);
-        c.node_type = driver_entry<PFN_cuGraphNodeGetType_v10000>("cuGraphNodeGetType", 10000);
-        c.kernel_attribute = driver_entry<PFN_cuGraphKernelNodeGetAttribute_v11000>("cuGraphKernelNodeGetAttribute", 11000);
-        return c;
-    }();
-    return calls;
-}
-
-//! The runtime's enum has no name for the driver's CU_GRAPH_NODE_TYPE_BATCH_MEM_OP.
-inline constexpr cudaGraphNodeType batch_mem_op_node = static_cast<cudaGraphNodeType>(CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
-
-inline const char* node_type_name(cudaGraphNodeType t) {
-    switch (t) {
-    case cudaGraphNodeTypeKernel: return "kernel";
-    case cudaGraphNodeTypeMemcpy: return "memcpy";
-    case cudaGraphNodeTypeMemset: return "memset";
-    case cudaGraphNodeTypeHost: return "host";
-    case cudaGraphNodeTypeGraph: return "child graph";
-    case cudaGraphNodeTypeEmpty: return "empty";
-    case cudaGraphNodeTypeWaitEvent: return "event wait";
-    case cudaGraphNodeTypeEventRecord: return "event record";
-    case cudaGraphNodeTypeExtSemaphoreSignal: return "external semaphore signal";
-    case cudaGraphNodeTypeExtSemaphoreWait: return "external semaphore wait";
-    case cudaGraphNodeTypeMemAlloc: return "graph memory allocation";
-    case cudaGraphNodeTypeMemFree: return "graph memory free";
-    case cudaGraphNodeTypeConditional: return "conditional";
-    default: return t == batch_mem_op_node ? "batch memory operation" : "unknown";
-    }
-}
-
-} // namespace detail
-
-//! A node's type, asked of the driver: the runtime's `cudaGraphNodeGetType` fails on the batch
-//! memory operation nodes that NCCL's copy-engine collectives capture (`detail::batch_mem_op_node`).
-//! The driver's enum numbers the runtime's types alike.
-inline cudaGraphNodeType node_type(cudaGraphNode_t n) {
-    CUgraphNodeType t{};
-    CAPSCOPE_CHECK(detail::driver_nodes().node_type(n, &t));
-    return static_cast<cudaGraphNodeType>(t);
-}
-
-namespace detail {
-
 struct raw_graph { // a graph being built here, destroyed unless handed on
     cudaGraph_t g = nullptr;
     raw_graph() { CAPSCOPE_CHECK(cudaGraphCreate(&g, 0)); }
@@ -129,10 +68,11 @@ struct raw_graph { // a graph being built here, destroyed unless handed on
     raw_graph& operator=(const raw_graph&) = delete;
 };
 
-//! What the copy did with memory-operation nodes.
-struct mem_op_counts {
-    std::size_t kernels = 0; //!< nodes run as the kernel of mem_op_kernel.hpp
-    std::size_t kept = 0;    //!< nodes kept as they were (see mem_op_kernel.hpp for when)
+//! What the copy did with memory-operation and event record nodes.
+struct copy_counts {
+    std::size_t kernels = 0;         //!< memory-operation nodes run as the kernel of mem_op_kernel.hpp
+    std::size_t kept = 0;            //!< memory-operation nodes kept as they were (see mem_op_kernel.hpp for when)
+    std::size_t records_dropped = 0; //!< event records run as empty nodes (graph_event_records.hpp)
 };
 
 //! Whether any kernel node of `g` or of its child graphs is a cooperative launch, which needs
@@ -158,19 +98,39 @@ inline bool holds_cooperative_kernel(cudaGraph_t g) {
 }
 
 //! Copies `from`'s nodes and edges into the empty graph `to`, each memory-operation node as a
-//! kernel where `mem_op_kernel` (the kernel's function here) is given. Returns why not (a node it
-//! does not copy), or "" when copied; `to` is then as `from`, less user objects.
-inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_op_kernel, mem_op_counts& mem_ops) {
+//! kernel where `mem_op_kernel` (the kernel's function here) is given, and, at the top level
+//! (`child` false), the records of an event but the last of a chain as empty nodes
+//! (graph_event_records.hpp). Returns why not (a node it does not copy), or "" when copied; `to`
+//! is then as `from`, less user objects.
+inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_op_kernel, copy_counts& counts, bool child = false) {
     std::size_t count = 0;
     CAPSCOPE_CHECK(cudaGraphGetNodes(from, nullptr, &count));
     std::vector<cudaGraphNode_t> nodes(count), copies(count, nullptr);
     if (count) CAPSCOPE_CHECK(cudaGraphGetNodes(from, nodes.data(), &count));
+    std::unordered_map<cudaGraphNode_t, std::size_t> index_of;
+    for (std::size_t i = 0; i < count; ++i) index_of.emplace(nodes[i], i);
+    auto index = [&](cudaGraphNode_t n) {
+        const auto at = index_of.find(n);
+        if (at == index_of.end()) throw std::logic_error("capscope: a graph edge names a node the graph does not list");
+        return at->second;
+    };
+    std::size_t edges = 0;
+    CAPSCOPE_CHECK(cudaGraphGetEdges(from, nullptr, nullptr, nullptr, &edges));
+    std::vector<cudaGraphNode_t> src(edges), dst(edges);
+    std::vector<cudaGraphEdgeData> data(edges);
+    if (edges) CAPSCOPE_CHECK(cudaGraphGetEdges(from, src.data(), dst.data(), data.data(), &edges));
     for (std::size_t i = 0; i < count; ++i) {
         const cudaGraphNodeType t = node_type(nodes[i]);
         if (t != cudaGraphNodeTypeKernel && t != cudaGraphNodeTypeMemcpy && t != cudaGraphNodeTypeMemset && t != cudaGraphNodeTypeHost &&
             t != cudaGraphNodeTypeGraph && t != cudaGraphNodeTypeEmpty && t != cudaGraphNodeTypeWaitEvent && t != cudaGraphNodeTypeEventRecord &&
             t != batch_mem_op_node)
             return std::string("a ") + node_type_name(t) + " node";
+    }
+    std::vector<bool> redundant_record(count, false);
+    if (!child && !capscope::detail::installed_breakage().keep_event_records) { // (the seam: a bench's comparison)
+        std::vector<std::vector<std::size_t>> successors(count);
+        for (std::size_t e = 0; e < edges; ++e) successors[index(src[e])].push_back(index(dst[e]));
+        redundant_record = redundant_event_records(from, nodes, successors, capscope::detail::installed_breakage().first_event_record_kept);
     }
     for (std::size_t i = 0; i < count; ++i) {
         const cudaGraphNode_t n = nodes[i];
@@ -188,13 +148,13 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
             if (mem_op_kernel && as_kernel_batch(p.paramArray, p.count, batch).empty()) {
                 try {
                     copies[i] = add_mem_op_kernel_node(to, batch, mem_op_kernel);
-                    ++mem_ops.kernels;
+                    ++counts.kernels;
                     continue;
                 } catch (const error&) {
                 }
             }
             CAPSCOPE_CHECK(drv.add_batch_mem_op(&copies[i], to, nullptr, 0, &p));
-            ++mem_ops.kept;
+            ++counts.kept;
             continue;
         }
         switch (t) {
@@ -238,6 +198,11 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
             break;
         }
         case cudaGraphNodeTypeEventRecord: {
+            if (redundant_record[i]) { // its event's last record, later in the graph, stands for it
+                CAPSCOPE_CHECK(cudaGraphAddEmptyNode(&copies[i], to, nullptr, 0));
+                ++counts.records_dropped;
+                break;
+            }
             cudaEvent_t e = nullptr;
             CAPSCOPE_CHECK(cudaGraphEventRecordNodeGetEvent(n, &e));
             CAPSCOPE_CHECK(cudaGraphAddEventRecordNode(&copies[i], to, nullptr, 0, e));
@@ -247,28 +212,16 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
             cudaGraph_t child = nullptr;
             CAPSCOPE_CHECK(cudaGraphChildGraphNodeGetGraph(n, &child));
             raw_graph copy;
-            if (std::string why = copy_nodes(child, copy.g, mem_op_kernel, mem_ops); !why.empty()) return why + ", in a child graph";
+            if (std::string why = copy_nodes(child, copy.g, mem_op_kernel, counts, true); !why.empty()) return why + ", in a child graph";
             CAPSCOPE_CHECK(cudaGraphAddChildGraphNode(&copies[i], to, nullptr, 0, copy.g)); // CUDA clones it
             break;
         }
         }
     }
-    std::size_t edges = 0;
-    CAPSCOPE_CHECK(cudaGraphGetEdges(from, nullptr, nullptr, nullptr, &edges));
     if (edges) {
-        std::vector<cudaGraphNode_t> src(edges), dst(edges);
-        std::vector<cudaGraphEdgeData> data(edges);
-        CAPSCOPE_CHECK(cudaGraphGetEdges(from, src.data(), dst.data(), data.data(), &edges));
-        std::unordered_map<cudaGraphNode_t, cudaGraphNode_t> copy_by_node;
-        for (std::size_t i = 0; i < count; ++i) copy_by_node.emplace(nodes[i], copies[i]);
-        auto copy_of = [&](cudaGraphNode_t n) {
-            const auto at = copy_by_node.find(n);
-            if (at == copy_by_node.end()) throw std::logic_error("capscope: a graph edge names a node the graph does not list");
-            return at->second;
-        };
         for (std::size_t e = 0; e < edges; ++e) {
-            src[e] = copy_of(src[e]);
-            dst[e] = copy_of(dst[e]);
+            src[e] = copies[index(src[e])];
+            dst[e] = copies[index(dst[e])];
         }
         CAPSCOPE_CHECK(cudaGraphAddDependencies(to, src.data(), dst.data(), data.data(), edges));
     }
@@ -313,6 +266,7 @@ struct copy_result {
     std::string refused;  //!< empty when copied: the node the copy would not take
     std::size_t mem_op_kernels = 0;    //!< memory-operation nodes the copy runs as kernels (mem_op_kernel.hpp)
     std::size_t mem_op_nodes_kept = 0; //!< memory-operation nodes it keeps as they were (whose work CUDA does on the host at each launch)
+    std::size_t event_records_dropped = 0; //!< records of an event that a later record of it stands for (graph_event_records.hpp)
 };
 
 //! `source`'s nodes and edges in a new graph without its user objects, holding `source` alive
@@ -321,12 +275,12 @@ struct copy_result {
 inline copy_result without_user_objects(graph source) {
     try {
         detail::raw_graph copy;
-        detail::mem_op_counts mem_ops;
+        detail::copy_counts counts;
         // (Broken on purpose, or for a bench's comparison, keep_mem_op_nodes keeps them all.)
         const CUfunction mem_op_kernel = capscope::detail::installed_breakage().keep_mem_op_nodes || detail::holds_cooperative_kernel(source.get())
                                              ? nullptr
                                              : detail::mem_op_function_here();
-        if (std::string why = detail::copy_nodes(source.get(), copy.g, mem_op_kernel, mem_ops); !why.empty()) return {std::move(source), std::move(why)};
+        if (std::string why = detail::copy_nodes(source.get(), copy.g, mem_op_kernel, counts); !why.empty()) return {std::move(source), std::move(why)};
         cudaEvent_t done = nullptr;
         CAPSCOPE_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
         try {
@@ -337,9 +291,9 @@ inline copy_result without_user_objects(graph source) {
         }
         graph copied(std::exchange(copy.g, nullptr));
         copied.keep_alive(std::make_shared<const detail::kept_source>(std::move(source), done));
-        return {std::move(copied), {}, mem_ops.kernels, mem_ops.kept};
+        return {std::move(copied), {}, counts.kernels, counts.kept, counts.records_dropped};
     } catch (const error& e) { // CUDA would not copy a node: the source still works as it is
-        return {std::move(source), std::string("a node CUDA would not copy: ") + e.what(), 0, 0};
+        return {std::move(source), std::string("a node CUDA would not copy: ") + e.what(), 0, 0, 0};
     }
 }
 

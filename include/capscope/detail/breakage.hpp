@@ -26,6 +26,8 @@ struct breakage {
     bool copy_kernels_as_empty = false; //!< without_user_objects copies each kernel node as an empty node (the copy computes nothing)
     bool keep_mem_op_nodes = false;     //!< without_user_objects copies memory-operation nodes as they are (a comparison: their launch cost)
     bool mem_op_waits_skipped = false;  //!< the kernel that replaces a memory-operation node leaves out its waits
+    bool keep_event_records = false;    //!< without_user_objects copies every event record node as it is (a comparison: their launch cost)
+    bool first_event_record_kept = false; //!< without_user_objects keeps the first record of a chain of one event's, not the last
     bool abort_parent_only = false;     //!< nccl_communicator::abort leaves the communicators split from it running
     bool skip_replica_average = false;  //!< gpt::pipeline_model does not average its gradients over its replicas
     bool recompute_forward_hooks = false; //!< gpt::pipeline_model's recomputed forward runs the forward hooks too

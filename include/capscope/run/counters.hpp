@@ -27,6 +27,7 @@ struct runner_counters {
     long copies_refused = 0;     //!< graphs kept as captured, holding a node the copy does not take (a conditional node): their launches may wait past 28 in flight
     long mem_op_kernels = 0;     //!< memory-operation nodes (NCCL's copy-engine collectives) that copied graphs run as a kernel (cuda/mem_op_kernel.hpp)
     long mem_op_nodes_kept = 0;  //!< memory-operation nodes copied graphs keep, whose work CUDA does on the host at every launch
+    long event_records_dropped = 0; //!< event records copied graphs run as empty nodes, a later record of the event standing for each (NCCL's, cuda/graph_event_records.hpp)
     // Start-up, in host microseconds (set-up only: never on the replay path).
     long capture_us = 0;             //!< capturing segments into graphs, all of them
     long instantiate_us = 0;         //!< instantiating (or updating) executable graphs, all of them

@@ -319,6 +319,7 @@ public:
         detail::count_one(r.refused.empty() ? counters_.user_object_copies : counters_.copies_refused);
         counters_.mem_op_kernels += long(r.mem_op_kernels);
         counters_.mem_op_nodes_kept += long(r.mem_op_nodes_kept);
+        counters_.event_records_dropped += long(r.event_records_dropped);
         return std::move(r.copy);
     }
 
