@@ -1,5 +1,5 @@
 // What the nodes NCCL adds to a captured graph cost at launch (issue 50), on one GPU: a graph of
-// 1,000 short kernels (--kernel-ns each) and N batches of stream memory operations as NCCL's
+// --kernels short kernels (1,000; --kernel-ns each) and N batches of stream memory operations as NCCL's
 // copy-engine collectives capture them (a write of a flag, a wait for it, its reset: one node
 // each), or N collectives' event records as NCCL's graph-mixing support leaves them (a wait on one
 // event at the root, a record of it after each), launched
@@ -13,7 +13,9 @@
 // behind), the device's time per graph (CUDA events around --launches), round-robin over
 // --rounds, and the same with neither for reference.
 //
-//   graph_mem_ops [--batches N,...] [--records N,...] [--launches N] [--rounds N] [--kernel-ns N]     exit 77 without a GPU
+// It also says how long the copy took (set-up, never on the replay path).
+//
+//   graph_mem_ops [--batches N,...] [--records N,...] [--kernels N] [--launches N] [--rounds N] [--kernel-ns N]     exit 77 without a GPU
 
 #include "arguments.hpp"
 #include "round_robin.hpp"
@@ -76,17 +78,17 @@ struct variant {
 } // namespace
 
 int main(int argc, char** argv) {
-    int launches = 20, rounds = 5, kernel_ns = 2000;
+    int launches = 20, rounds = 5, kernel_ns = 2000, kernels = 1000;
     std::string batches_text = "40,200", records_text = "24,48,200";
     bench::arguments args("graph_mem_ops");
     args.text("--batches", batches_text, "N,N,...").text("--records", records_text, "N,N,...").integer("--launches", launches, 2).integer("--rounds", rounds, 1)
-        .integer("--kernel-ns", kernel_ns, 0);
+        .integer("--kernel-ns", kernel_ns, 0).integer("--kernels", kernels, 1);
     args.parse_or_exit(argc, argv);
     const std::vector<int> batch_counts = counts_from(batches_text, "--batches", args), record_counts = counts_from(records_text, "--records", args);
     const std::string device = bench::device_or_skip();
-    std::printf("%s: 1000 kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of one event after a wait "
+    std::printf("%s: %d kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of one event after a wait "
                 "on it, in one graph; %d launches, %d rounds\n",
-                device.c_str(), kernel_ns, launches, rounds);
+                device.c_str(), kernels, kernel_ns, launches, rounds);
     if (!cuda::prepare_mem_op_kernel()) return std::fprintf(stderr, "graph_mem_ops: no CUDA context to load the kernel into\n"), 1;
     cuda::stream s;
     cuda::device_buffer<unsigned> flag(1);
@@ -105,9 +107,9 @@ int main(int argc, char** argv) {
     for (const family f : families) {
         auto body = [&](int with) {
             return [&, with](cudaStream_t on) {
-                const int every = with ? std::max(1, 1000 / with) : 0;
+                const int every = with ? std::max(1, kernels / with) : 0;
                 if (with && f.records) CAPSCOPE_CHECK(cudaStreamWaitEvent(on, serial.get(), cudaEventWaitExternal));
-                for (int k = 0, added = 0; k < 1000; ++k) {
+                for (int k = 0, added = 0; k < kernels; ++k) {
                     spin<<<1, 1, 0, on>>>(kernel_ns);
                     if (!every || k % every != 0 || added == with) continue;
                     ++added;
@@ -123,7 +125,10 @@ int main(int argc, char** argv) {
         keep = true;
         cuda::copy_result kept = cuda::without_user_objects(cuda::capture(s, body(f.count)));
         keep = false;
-        cuda::copy_result copied = cuda::without_user_objects(cuda::capture(s, body(f.count)));
+        cuda::graph to_copy = cuda::capture(s, body(f.count));
+        const auto copy_started = std::chrono::steady_clock::now();
+        cuda::copy_result copied = cuda::without_user_objects(std::move(to_copy));
+        const double copy_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - copy_started).count();
         if (!kept.refused.empty() || !copied.refused.empty()) return std::fprintf(stderr, "not copied: %s%s\n", kept.refused.c_str(), copied.refused.c_str()), 1;
         v.push_back({"copied, nodes kept", cuda::graph_exec(kept.copy), {}, {}});
         v.push_back({"copied", cuda::graph_exec(copied.copy), {}, {}});
@@ -145,6 +150,7 @@ int main(int argc, char** argv) {
             }
         if (f.records && copied.event_records_dropped != std::size_t(f.count - 1))
             return std::fprintf(stderr, "the copy ran %zu of %d records as empty nodes, not %d\n", copied.event_records_dropped, f.count, f.count - 1), 1;
+        std::printf("%4d %-8s copied in %.1f ms (set-up)\n", f.count, f.records ? "records," : "batches,", copy_ms);
         for (const variant& x : v)
             std::printf("%4d %-8s %-20s host %9.1f us a launch; device %8.1f us a graph\n", x.name == "neither" ? 0 : f.count, f.records ? "records," : "batches,",
                         x.name.c_str(), bench::median(x.host_us), bench::median(x.device_us));

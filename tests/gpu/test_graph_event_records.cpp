@@ -83,7 +83,7 @@ TEST_CASE("a chain of records of one event in a copied graph: the last stands fo
                 "the whole graph's work, as captured and copied\n", chained + 1, launches);
 }
 
-TEST_CASE("records of one event that are not a chain, or that a wait follows, or that a child graph shares, all stay in the copy") {
+TEST_CASE("records of one event that are not a chain, that a wait follows or runs beside, or that a child graph shares, all stay in the copy") {
     cuda::stream s, side;
     const cuda::event e, fork, join;
     e.record(side);
@@ -113,7 +113,20 @@ TEST_CASE("records of one event that are not a chain, or that a wait follows, or
               k::add_one(a.data(), on);
               record_external(e, on);
           }) == 0);
-    // The shape the copy thins, for contrast: the same without that wait.
+    // A wait on the event on a branch beside the first record (neither before nor after it).
+    CHECK(records_dropped([&](cudaStream_t on) {
+              fork.record(on);
+              fork.wait_on(side);
+              k::add_one(a.data(), on);
+              record_external(e, on);
+              k::add_one(a.data(), on);
+              record_external(e, on);
+              wait_external(e, side);
+              k::add_one(b.data(), side);
+              join.record(side);
+              join.wait_on(on);
+          }) == 0);
+    // The shape the copy thins, for contrast: the same without a wait.
     CHECK(records_dropped([&](cudaStream_t on) {
               k::add_one(a.data(), on);
               record_external(e, on);
@@ -137,5 +150,5 @@ TEST_CASE("records of one event that are not a chain, or that a wait follows, or
     REQUIRE(with_child.refused.empty());
     CHECK(with_child.event_records_dropped == 0);
     s.synchronize();
-    std::printf("  records of one event on parallel branches, around a wait on it, or shared with a child graph: every one kept\n");
+    std::printf("  records of one event on parallel branches, around or beside a wait on it, or shared with a child graph: every one kept\n");
 }

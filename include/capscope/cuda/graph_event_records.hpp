@@ -14,12 +14,13 @@
 //! launch took 5.4-5.6 µs whatever the count. A whole-step graph of a larger sharded model holds
 //! hundreds of collectives.
 //!
-//! Why that is sound: after a launch, the event stands for its last record. That one comes after
-//! every other record of the chain, so whoever waits on the event waits at least as long as
-//! before. Within the launch, nothing waits on the event after its first record. The waits before
-//! it observe the event as it was before the launch, or a record of this launch that comes after
-//! them, which would have been a deadlock in the source too. An event recorded or waited on in a
-//! child graph is left alone, and so is every record in a graph that does not hold this shape.
+//! Why that is sound: after a launch, an event recorded in a graph stands for its last record,
+//! in the source as in the copy (`tests/gpu/test_graph_event_records.cpp` holds the source to
+//! that). Whoever waits on it later binds to it through a call made after the launch returned
+//! (an eager wait or query, another graph's launch), so nothing outside the launch observes the
+//! records before the last one. Within the launch, nothing waits on the event after its first
+//! record: the copy thins only where every wait on the event comes before it. An event that a
+//! child graph names is left alone, and so is every record in a graph of any other shape.
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
@@ -57,7 +58,7 @@ inline void events_in_children(cudaGraph_t g, bool is_child, std::set<cudaEvent_
 
 //! For one graph level (`nodes`, and `successors[i]`: the indices of the nodes that depend on
 //! node i), whether each node is a record a copy may run as an empty node (see the file's comment).
-//! Set-up work: a walk of the graph from each record and wait of an event recorded more than once.
+//! Set-up work: one pass over the graph for each event recorded more than once.
 inline std::vector<bool> redundant_event_records(cudaGraph_t g, const std::vector<cudaGraphNode_t>& nodes,
                                                  const std::vector<std::vector<std::size_t>>& successors, bool keep_the_first = false) {
     struct event_nodes {
@@ -81,44 +82,53 @@ inline std::vector<bool> redundant_event_records(cudaGraph_t g, const std::vecto
     if (!any_chain) return redundant;
     std::set<cudaEvent_t> in_children;
     events_in_children(g, false, in_children);
-    // The nodes reachable from `from` (itself not counted unless on a cycle, which a graph has not).
-    std::vector<char> seen(nodes.size());
-    std::vector<std::size_t> stack;
-    auto reach = [&](std::size_t from) {
-        std::fill(seen.begin(), seen.end(), 0);
-        stack.assign(successors[from].begin(), successors[from].end());
-        while (!stack.empty()) {
-            const std::size_t n = stack.back();
-            stack.pop_back();
-            if (seen[n]) continue;
-            seen[n] = 1;
-            stack.insert(stack.end(), successors[n].begin(), successors[n].end());
-        }
-    };
+    // One topological order (Kahn's), its positions, and each node's predecessors.
+    const std::size_t n = nodes.size(), none = n;
+    std::vector<std::vector<std::size_t>> predecessors(n);
+    std::vector<std::size_t> pending(n, 0), order, position(n, 0);
+    for (std::size_t u = 0; u < n; ++u)
+        for (std::size_t v : successors[u]) predecessors[v].push_back(u), ++pending[v];
+    for (std::size_t u = 0; u < n; ++u)
+        if (pending[u] == 0) order.push_back(u);
+    for (std::size_t at = 0; at < order.size(); ++at)
+        for (std::size_t v : successors[order[at]])
+            if (--pending[v] == 0) order.push_back(v);
+    if (order.size() != n) return redundant; // (a cycle, which CUDA does not allow: leave it all)
+    for (std::size_t at = 0; at < n; ++at) position[order[at]] = at;
+    std::vector<std::size_t> latest(n); // the latest record of the event before each node, by position (none: no such record)
+    std::vector<char> is_record(n), before_first(n);
     for (const auto& [e, en] : by_event) {
         const std::size_t k = en.records.size();
         if (k < 2 || in_children.count(e)) continue;
-        // A chain: the records reach 0, 1, ..., k - 1 of the others, each a different number (in
-        // a graph without cycles, that orders them all); the first reaches every other.
-        std::vector<std::size_t> by_rank(k, nodes.size());
-        bool chain = true;
-        for (std::size_t r : en.records) {
-            reach(r);
-            std::size_t reached = 0;
-            for (std::size_t other : en.records) reached += seen[other] ? 1 : 0;
-            const std::size_t rank = k - 1 - reached; // 0: the first record
-            if (by_rank[rank] != nodes.size()) chain = false;
-            by_rank[rank] = r;
+        std::fill(is_record.begin(), is_record.end(), 0);
+        for (std::size_t r : en.records) is_record[r] = 1;
+        for (std::size_t v : order) {
+            std::size_t l = none;
+            for (std::size_t u : predecessors[v]) {
+                const std::size_t from = is_record[u] ? position[u] : latest[u];
+                if (from != none && (l == none || from > l)) l = from;
+            }
+            latest[v] = l;
         }
+        // A chain: each record's latest record before it is the one just before it in the order.
+        std::vector<std::size_t> records = en.records;
+        std::sort(records.begin(), records.end(), [&](std::size_t a, std::size_t b) { return position[a] < position[b]; });
+        bool chain = latest[records[0]] == none;
+        for (std::size_t j = 1; j < k && chain; ++j) chain = latest[records[j]] == position[records[j - 1]];
         if (!chain) continue;
-        bool waits_first = true; // every wait on the event comes before the first record
-        for (std::size_t w : en.waits) {
-            reach(w);
-            waits_first = waits_first && seen[by_rank[0]];
+        // Every wait on the event comes before the first record: among its ancestors.
+        std::fill(before_first.begin(), before_first.end(), 0);
+        std::vector<std::size_t> stack(predecessors[records[0]]);
+        while (!stack.empty()) {
+            const std::size_t u = stack.back();
+            stack.pop_back();
+            if (before_first[u]) continue;
+            before_first[u] = 1;
+            stack.insert(stack.end(), predecessors[u].begin(), predecessors[u].end());
         }
-        if (!waits_first) continue;
-        for (std::size_t rank = 0; rank + 1 < k; ++rank) redundant[by_rank[rank]] = true;
-        if (keep_the_first) redundant[by_rank[0]] = false, redundant[by_rank[k - 1]] = true; // a test, broken on purpose
+        if (!std::all_of(en.waits.begin(), en.waits.end(), [&](std::size_t w) { return before_first[w] != 0; })) continue;
+        for (std::size_t j = 0; j + 1 < k; ++j) redundant[records[j]] = true;
+        if (keep_the_first) redundant[records[0]] = false, redundant[records[k - 1]] = true; // a test, broken on purpose
     }
     return redundant;
 }
