@@ -12,7 +12,9 @@
 # and as nodes, NCCL's event records thinned and kept) on 1, 2 (and 4) GPUs into one table with its breakdown ($OUT/bench-cuts.md). The bench part also runs
 # bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once) and
 # bench/pipeline_model (the example model pipelined, 1F1B). Logs go to $OUT.
-#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [cuts] [fork]     (default: all but launch and cuts)
+# `quick` is the first call on a newly lent machine: the suite on two ranks, the must-fails that hold
+# graph copies to NCCL's nodes, and bench/nccl_graph_launch.
+#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [cuts] [fork] [quick]     (default: all but launch, cuts and quick)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -23,7 +25,7 @@ cat "$OUT/multi-build.log"
 if [ ! -f build-mpi/build.ninja ]; then
   meson setup build-mpi --buildtype=release -Dtools=false >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 fi
-ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel examples/15_pipeline_trainer bench/data_parallel bench/pipeline bench/pipeline_model >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
+ninja -C build-mpi tests/gpu_test_data_parallel tests/rank_failure_probe tests/gpu_fault_probe tests/gpu_test_nccl tests/pipeline_p2p_probe examples/08_data_parallel examples/15_pipeline_trainer bench/data_parallel bench/pipeline bench/pipeline_model bench/nccl_graph_launch >>"$OUT/multi-build.log" 2>&1 || { tail -40 "$OUT/multi-build.log"; exit 1; }
 parts=("$@")
 echo "build: ok"
 rc=0
@@ -116,6 +118,26 @@ if is_part tests; then
   run two-ranks-memcheck "${mpi2[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./build-mpi/tests/gpu_test_data_parallel
   run tutorial-08 "${mpi2[@]}" ./build-mpi/examples/08_data_parallel
   run tutorial-15 "${mpi2[@]}" ./build-mpi/examples/15_pipeline_trainer
+fi
+if is_part quick && [ ${#parts[@]} -gt 0 ]; then
+  # The graph copies held to NCCL's own nodes across GPUs, in one device call: the suite on two
+  # ranks (the copy-engine trainers check that every memory-operation node ran as the kernel, and
+  # every trainer's graphs are copied with NCCL's event records thinned), the copy-engine order
+  # test, its must-fail and the all-to-all's, and bench/nccl_graph_launch (the copies' node types
+  # and launch times).
+  run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel --no-colors=true
+  log="$OUT/two-ranks-mem-op-waits-skipped.log"
+  CAPSCOPE_BREAK=mem_op_waits_skipped timeout 120 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel \
+    -tc='*copy-engine all-gather and all-to-all*' --no-colors=true >"$log" 2>&1
+  r=$?; echo "== two-ranks-mem-op-waits-skipped (must fail): exit $r"; grep -E "sums wrong|test cases" "$log" | head -6
+  [ $r -ne 0 ] && grep -q "sums wrong" "$log" || rc=1
+  log="$OUT/two-ranks-skip-all-to-all-sum.log"
+  CAPSCOPE_BREAK=skip_all_to_all_sum timeout 200 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel \
+    -tc='*each all-reduce an all-to-all*' --no-colors=true >"$log" 2>&1
+  r=$?; echo "== two-ranks-skip-all-to-all-sum (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$log" | head -4
+  [ $r -ne 0 ] && grep -qF "ERROR: CHECK( same_as_one_all_reduce )" "$log" || rc=1
+  run nccl-graph-launch "${mpi2[@]}" ./build-mpi/bench/nccl_graph_launch
+  tail -25 "$OUT/nccl-graph-launch.log"
 fi
 if is_part bench; then
   rm -f "$OUT/bench-data-parallel.csv"
