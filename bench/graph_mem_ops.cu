@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
         .integer("--kernel-ns", kernel_ns, 0).integer("--kernels", kernels, 1);
     args.parse_or_exit(argc, argv);
     const std::vector<int> batch_counts = counts_from(batches_text, "--batches", args), record_counts = counts_from(records_text, "--records", args);
+    for (const int c : batch_counts) // (one after a kernel at most)
+        if (c > kernels) args.refuse("--batches " + std::to_string(c) + " is more than --kernels " + std::to_string(kernels) + ": at most one after each kernel");
+    for (const int c : record_counts)
+        if (c > kernels) args.refuse("--records " + std::to_string(c) + " is more than --kernels " + std::to_string(kernels) + ": at most one after each kernel");
     const std::string device = bench::device_or_skip();
     std::printf("%s: %d kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of one event after a wait "
                 "on it, in one graph; %d launches, %d rounds\n",

@@ -9,7 +9,8 @@
 # CUPTI (bench/data_parallel --trace); `launch` times the host's enqueue of one variant on 1 and 2
 # GPUs under settings that might make cudaGraphLaunch block (issue 50); `cuts` times issue 50's
 # copy-engine variants alone (all on copy engines, one gather a step, memory operations as kernels
-# and as nodes, NCCL's event records thinned and kept) on 1, 2 (and 4) GPUs into one table with its breakdown ($OUT/bench-cuts.md). The bench part also runs
+# and as nodes, NCCL's event records thinned and kept) on 1, 2 (and 4) GPUs into one table with
+# its breakdown ($OUT/bench-cuts.md). The bench part also runs
 # bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once) and
 # bench/pipeline_model (the example model pipelined, 1F1B). Logs go to $OUT.
 # `quick` is the first call on a newly lent machine: the suite on two ranks, the must-fails that hold
@@ -37,18 +38,18 @@ run() { # name, command...
 }
 mpi2=(mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE)
 is_part() { [ ${#parts[@]} -eq 0 ] || [[ " ${parts[*]} " == *" $1 "* ]]; }
+# Broken on purpose (tests/gpu/breakage.hpp), each must fail on two ranks by a check (the
+# pattern), not by a hang or a crash: must_fail NAME BREAKAGE TEST-CASES PATTERN.
+# --no-colors: Open MPI gives each rank a terminal, so doctest would colour 'ERROR:' and the grep miss it.
+must_fail() {
+  local log="$OUT/two-ranks-$1.log"
+  CAPSCOPE_BREAK=$2 timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc="$3" --no-colors=true >"$log" 2>&1
+  local r=$?; echo "== two-ranks-$1 (must fail): exit $r"; grep -E "ERROR: CHECK|sums wrong|test cases" "$log" | head -6
+  [ $r -ne 0 ] && grep -qF "$4" "$log" || rc=1
+}
 if is_part tests; then
   run one-rank ./build-mpi/tests/gpu_test_data_parallel
   run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel
-  # Broken on purpose (tests/gpu/breakage.hpp), each must fail on two ranks by a check (the
-  # pattern), not by a hang or a crash: must_fail NAME BREAKAGE TEST-CASES PATTERN.
-  # --no-colors: Open MPI gives each rank a terminal, so doctest would colour 'ERROR:' and the grep miss it.
-  must_fail() {
-    local log="$OUT/two-ranks-$1.log"
-    CAPSCOPE_BREAK=$2 timeout 240 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel -tc="$3" --no-colors=true >"$log" 2>&1
-    local r=$?; echo "== two-ranks-$1 (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$log" | head -6
-    [ $r -ne 0 ] && grep -qF "$4" "$log" || rc=1
-  }
   # A sum where the average is expected.
   must_fail sum-for-average sum_for_average '*average*' "ERROR: CHECK"
   # The pipelined model's recomputed forward running the forward hooks too.
@@ -56,7 +57,7 @@ if is_part tests; then
   # The pipelined model's backward passes copying no offloaded tensor back.
   must_fail skip-pass-copy-back skip_pass_copy_back '*offload*' "ERROR: CHECK( same_as_plain )"
   # The all-to-all reduction's sum skipped: it must differ from one all-reduce.
-  must_fail skip-all-to-all-sum skip_all_to_all_sum '*all-to-all*' "ERROR: CHECK( same_as_one_all_reduce )"
+  must_fail skip-all-to-all-sum skip_all_to_all_sum '*each all-reduce an all-to-all*' "ERROR: CHECK( same_as_one_all_reduce )"
   # The memory operations that order NCCL's copy-engine collectives, run as kernels that do not wait.
   must_fail mem-op-waits-skipped mem_op_waits_skipped '*copy-engine all-gather and all-to-all*' "sums wrong"
   # The kept gather called in the last microbatch, not the first.
@@ -125,17 +126,9 @@ if is_part quick && [ ${#parts[@]} -gt 0 ]; then
   # every trainer's graphs are copied with NCCL's event records thinned), the copy-engine order
   # test, its must-fail and the all-to-all's, and bench/nccl_graph_launch (the copies' node types
   # and launch times).
-  run two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel --no-colors=true
-  log="$OUT/two-ranks-mem-op-waits-skipped.log"
-  CAPSCOPE_BREAK=mem_op_waits_skipped timeout 120 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel \
-    -tc='*copy-engine all-gather and all-to-all*' --no-colors=true >"$log" 2>&1
-  r=$?; echo "== two-ranks-mem-op-waits-skipped (must fail): exit $r"; grep -E "sums wrong|test cases" "$log" | head -6
-  [ $r -ne 0 ] && grep -q "sums wrong" "$log" || rc=1
-  log="$OUT/two-ranks-skip-all-to-all-sum.log"
-  CAPSCOPE_BREAK=skip_all_to_all_sum timeout 200 "${mpi2[@]}" -x CAPSCOPE_BREAK ./build-mpi/tests/gpu_test_data_parallel \
-    -tc='*each all-reduce an all-to-all*' --no-colors=true >"$log" 2>&1
-  r=$?; echo "== two-ranks-skip-all-to-all-sum (must fail): exit $r"; grep -E "ERROR: CHECK|test cases" "$log" | head -4
-  [ $r -ne 0 ] && grep -qF "ERROR: CHECK( same_as_one_all_reduce )" "$log" || rc=1
+  run quick-two-ranks "${mpi2[@]}" ./build-mpi/tests/gpu_test_data_parallel --no-colors=true
+  must_fail mem-op-waits-skipped mem_op_waits_skipped '*copy-engine all-gather and all-to-all*' "sums wrong"
+  must_fail skip-all-to-all-sum skip_all_to_all_sum '*each all-reduce an all-to-all*' "ERROR: CHECK( same_as_one_all_reduce )"
   run nccl-graph-launch "${mpi2[@]}" ./build-mpi/bench/nccl_graph_launch
   tail -25 "$OUT/nccl-graph-launch.log"
 fi

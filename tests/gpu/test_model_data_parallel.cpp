@@ -191,10 +191,10 @@ TEST_CASE("the example model, sharded: gathers prefetched one layer ahead give t
 TEST_CASE("the example model with its all-gathers on copy engines (sharded gathers, data parallel's split all-reduce): the bits of NCCL's kernels") {
     // Graph copies run the copy-engine collectives' memory operations as a kernel (opt-in,
     // cuda/mem_op_kernel.hpp): these exact checks are what holds it to NCCL's nodes across GPUs.
+    comm(); // first: it makes this rank's GPU current, and the kernel is loaded into the current one
     REQUIRE(cuda::prepare_mem_op_kernel());
     // A communicator with NCCL's zero-CTA policy, and the store's collective buffers in symmetric
     // windows: NCCL turns each all-gather into copy-engine copies ordered by memory operations.
-    comm();
     static cuda::nccl_communicator copy_engines = cuda::communicator_from_mpi(mpi(), {cuda::nccl_cta_policy::zero});
     cuda::stream s;
     if (mpi().size() > 1) { // (one rank's collectives are local copies anyway)
@@ -281,8 +281,8 @@ TEST_CASE("the example model, data parallel with each all-reduce an all-to-all, 
           "and the bits of one all-reduce on two ranks") {
     // Graph copies run the copy-engine collectives' memory operations as a kernel (opt-in,
     // cuda/mem_op_kernel.hpp): these exact checks are what holds it to NCCL's nodes across GPUs.
+    comm(); // first: it makes this rank's GPU current, and the kernel is loaded into the current one
     REQUIRE(cuda::prepare_mem_op_kernel());
-    comm();
     static cuda::nccl_communicator copy_engines = cuda::communicator_from_mpi(mpi(), {cuda::nccl_cta_policy::zero});
     cuda::stream s;
     const gpt::model_config c = model_for_data_parallel("DEMD");
