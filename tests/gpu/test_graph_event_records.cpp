@@ -94,17 +94,27 @@ TEST_CASE("records of one event that are not a chain, that a wait follows or run
         REQUIRE(c.refused.empty());
         return c.event_records_dropped;
     };
+    // `on_main` and `on_side` on two branches of one graph, side by side.
+    auto branches = [&](auto on_main, auto on_side) {
+        return [&, on_main, on_side](cudaStream_t on) {
+            fork.record(on);
+            fork.wait_on(side);
+            on_main(on);
+            on_side(side.get());
+            join.record(side);
+            join.wait_on(on);
+        };
+    };
     // Two records on branches that run side by side: neither comes after the other.
-    CHECK(records_dropped([&](cudaStream_t on) {
-              fork.record(on);
-              fork.wait_on(side);
-              k::add_one(a.data(), on);
-              record_external(e, on);
-              k::add_one(b.data(), side);
-              record_external(e, side);
-              join.record(side);
-              join.wait_on(on);
-          }) == 0);
+    CHECK(records_dropped(branches(
+              [&](cudaStream_t on) {
+                  k::add_one(a.data(), on);
+                  record_external(e, on);
+              },
+              [&](cudaStream_t on) {
+                  k::add_one(b.data(), on);
+                  record_external(e, on);
+              })) == 0);
     // A wait on the event between two of its records.
     CHECK(records_dropped([&](cudaStream_t on) {
               k::add_one(a.data(), on);
@@ -114,18 +124,17 @@ TEST_CASE("records of one event that are not a chain, that a wait follows or run
               record_external(e, on);
           }) == 0);
     // A wait on the event on a branch beside the first record (neither before nor after it).
-    CHECK(records_dropped([&](cudaStream_t on) {
-              fork.record(on);
-              fork.wait_on(side);
-              k::add_one(a.data(), on);
-              record_external(e, on);
-              k::add_one(a.data(), on);
-              record_external(e, on);
-              wait_external(e, side);
-              k::add_one(b.data(), side);
-              join.record(side);
-              join.wait_on(on);
-          }) == 0);
+    CHECK(records_dropped(branches(
+              [&](cudaStream_t on) {
+                  for (int i = 0; i < 2; ++i) {
+                      k::add_one(a.data(), on);
+                      record_external(e, on);
+                  }
+              },
+              [&](cudaStream_t on) {
+                  wait_external(e, on);
+                  k::add_one(b.data(), on);
+              })) == 0);
     // The shape the copy thins, for contrast: the same without a wait.
     CHECK(records_dropped([&](cudaStream_t on) {
               k::add_one(a.data(), on);
