@@ -127,11 +127,19 @@ TEST_CASE("NCCL's copy-engine all-gather and all-to-all with their memory operat
             std::fprintf(stderr, "copy-engine collectives, %s: rank %d still waits after 60 s\n", p.name, me);
             std::abort(); // a held stream cannot be let go from here; mpirun ends the other ranks
         });
-        for (int k = 0; k < steps; ++k) exec.launch(s);
-        const cudaError_t ended = cudaStreamSynchronize(s.get());
-        finished = true;
-        watch.join();
-        CAPSCOPE_CHECK(ended);
+        struct stop_watch { // (also where a launch throws: a joinable thread would end the process)
+            std::atomic<bool>& finished;
+            std::thread& watch;
+            ~stop_watch() {
+                finished = true;
+                watch.join();
+            }
+        };
+        {
+            const stop_watch stop{finished, watch};
+            for (int k = 0; k < steps; ++k) exec.launch(s);
+            CAPSCOPE_CHECK(cudaStreamSynchronize(s.get()));
+        }
         const long wrong = wrong_in(gathered_sum, steps, 0) + wrong_in(scattered_sum, steps, 10 * me);
         CHECK(wrong == 0);
         if (me == 0)
