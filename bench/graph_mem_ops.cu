@@ -55,8 +55,8 @@ void flag_batch(unsigned* flag, cudaStream_t s) {
 //! A record of `e` as NCCL's graph-mixing support leaves one after a captured collective.
 void record_external(cudaEvent_t e, cudaStream_t s) { CAPSCOPE_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal)); }
 
-//! N positive numbers separated by commas, or a refusal through `args`.
-std::vector<int> counts_from(const std::string& text, const char* option, bench::arguments& args) {
+//! Positive numbers separated by commas, none above `most`, or a refusal through `args`.
+std::vector<int> counts_from(const std::string& text, const char* option, int most, bench::arguments& args) {
     std::vector<int> counts;
     for (std::size_t at = 0; at < text.size();) {
         const std::size_t comma = std::min(text.find(',', at), text.size());
@@ -64,6 +64,8 @@ std::vector<int> counts_from(const std::string& text, const char* option, bench:
         if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos || std::stoi(item) < 1)
             args.refuse(std::string(option) + " takes positive numbers separated by commas (per graph), not '" + item + "'");
         counts.push_back(std::stoi(item));
+        if (counts.back() > most) // (one after a kernel at most)
+            args.refuse(std::string(option) + " " + item + " is more than --kernels " + std::to_string(most) + ": at most one after each kernel");
         at = comma + 1;
     }
     return counts;
@@ -84,11 +86,8 @@ int main(int argc, char** argv) {
     args.text("--batches", batches_text, "N,N,...").text("--records", records_text, "N,N,...").integer("--launches", launches, 2).integer("--rounds", rounds, 1)
         .integer("--kernel-ns", kernel_ns, 0).integer("--kernels", kernels, 1);
     args.parse_or_exit(argc, argv);
-    const std::vector<int> batch_counts = counts_from(batches_text, "--batches", args), record_counts = counts_from(records_text, "--records", args);
-    for (const int c : batch_counts) // (one after a kernel at most)
-        if (c > kernels) args.refuse("--batches " + std::to_string(c) + " is more than --kernels " + std::to_string(kernels) + ": at most one after each kernel");
-    for (const int c : record_counts)
-        if (c > kernels) args.refuse("--records " + std::to_string(c) + " is more than --kernels " + std::to_string(kernels) + ": at most one after each kernel");
+    const std::vector<int> batch_counts = counts_from(batches_text, "--batches", kernels, args),
+                           record_counts = counts_from(records_text, "--records", kernels, args);
     const std::string device = bench::device_or_skip();
     std::printf("%s: %d kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of one event after a wait "
                 "on it, in one graph; %d launches, %d rounds\n",

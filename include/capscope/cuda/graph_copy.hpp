@@ -119,8 +119,9 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
     std::vector<cudaGraphNode_t> src(edges), dst(edges);
     std::vector<cudaGraphEdgeData> data(edges);
     if (edges) CAPSCOPE_CHECK(cudaGraphGetEdges(from, src.data(), dst.data(), data.data(), &edges));
+    std::vector<cudaGraphNodeType> types(count);
     for (std::size_t i = 0; i < count; ++i) {
-        const cudaGraphNodeType t = node_type(nodes[i]);
+        const cudaGraphNodeType t = types[i] = node_type(nodes[i]);
         if (t != cudaGraphNodeTypeKernel && t != cudaGraphNodeTypeMemcpy && t != cudaGraphNodeTypeMemset && t != cudaGraphNodeTypeHost &&
             t != cudaGraphNodeTypeGraph && t != cudaGraphNodeTypeEmpty && t != cudaGraphNodeTypeWaitEvent && t != cudaGraphNodeTypeEventRecord &&
             t != batch_mem_op_node)
@@ -130,11 +131,11 @@ inline std::string copy_nodes(cudaGraph_t from, cudaGraph_t to, CUfunction mem_o
     if (!child && !capscope::detail::installed_breakage().keep_event_records) { // (the seam: a bench's comparison)
         std::vector<std::vector<std::size_t>> successors(count);
         for (std::size_t e = 0; e < edges; ++e) successors[index(src[e])].push_back(index(dst[e]));
-        redundant_record = redundant_event_records(from, nodes, successors, capscope::detail::installed_breakage().first_event_record_kept);
+        redundant_record = redundant_event_records(from, nodes, types, successors, capscope::detail::installed_breakage().first_event_record_kept);
     }
     for (std::size_t i = 0; i < count; ++i) {
         const cudaGraphNode_t n = nodes[i];
-        const cudaGraphNodeType t = node_type(n);
+        const cudaGraphNodeType t = types[i];
         if (t == batch_mem_op_node) { // not a runtime enumerator, so not a case of the switch
             const driver_node_calls& drv = driver_nodes();
             CUDA_BATCH_MEM_OP_NODE_PARAMS p{}; // its array is the node's, read before `from` changes

@@ -56,17 +56,17 @@ inline void events_in_children(cudaGraph_t g, bool is_child, std::set<cudaEvent_
     }
 }
 
-//! For one graph level (`nodes`, and `successors[i]`: the indices of the nodes that depend on
-//! node i), whether each node is a record a copy may run as an empty node (see the file's comment).
-//! Set-up work: one pass over the graph for each event recorded more than once.
-inline std::vector<bool> redundant_event_records(cudaGraph_t g, const std::vector<cudaGraphNode_t>& nodes,
+//! For one graph level (`nodes`, their `types`, and `successors[i]`: the indices of the nodes
+//! that depend on node i), whether each node is a record a copy may run as an empty node (see the
+//! file's comment). Set-up work: one pass over the graph for each event recorded more than once.
+inline std::vector<bool> redundant_event_records(cudaGraph_t g, const std::vector<cudaGraphNode_t>& nodes, const std::vector<cudaGraphNodeType>& types,
                                                  const std::vector<std::vector<std::size_t>>& successors, bool keep_the_first = false) {
     struct event_nodes {
         std::vector<std::size_t> records, waits;
     };
     std::unordered_map<cudaEvent_t, event_nodes> by_event;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
-        const cudaGraphNodeType t = node_type(nodes[i]);
+        const cudaGraphNodeType t = types[i];
         cudaEvent_t e = nullptr;
         if (t == cudaGraphNodeTypeEventRecord) {
             CAPSCOPE_CHECK(cudaGraphEventRecordNodeGetEvent(nodes[i], &e));
