@@ -2,7 +2,8 @@
 // --kernels short kernels (1,000; --kernel-ns each) and N batches of stream memory operations as NCCL's
 // copy-engine collectives capture them (a write of a flag, a wait for it, its reset: one node
 // each), or N collectives' event records as NCCL's graph-mixing support leaves them (a wait on one
-// event at the root, a record of it after each), launched
+// event at the root, a record of it after each; --events E spreads them over E events, one per
+// communicator, each with its own root wait), launched
 //   as captured                     the batches as memory-operation nodes, every record
 //   copied, nodes kept              cuda::without_user_objects with the seam keep_mem_op_nodes
 //                                   (or keep_event_records)
@@ -15,7 +16,7 @@
 //
 // It also says how long the copy took (set-up, never on the replay path).
 //
-//   graph_mem_ops [--batches N,...] [--records N,...] [--kernels N] [--launches N] [--rounds N] [--kernel-ns N]     exit 77 without a GPU
+//   graph_mem_ops [--batches N,...] [--records N,...] [--events E] [--kernels N] [--launches N] [--rounds N] [--kernel-ns N]     exit 77 without a GPU
 
 #include "arguments.hpp"
 #include "round_robin.hpp"
@@ -80,25 +81,27 @@ struct variant {
 } // namespace
 
 int main(int argc, char** argv) {
-    int launches = 20, rounds = 5, kernel_ns = 2000, kernels = 1000;
+    int launches = 20, rounds = 5, kernel_ns = 2000, kernels = 1000, events = 1;
     std::string batches_text = "40,200", records_text = "24,48,200";
     bench::arguments args("graph_mem_ops");
     args.text("--batches", batches_text, "N,N,...").text("--records", records_text, "N,N,...").integer("--launches", launches, 2).integer("--rounds", rounds, 1)
-        .integer("--kernel-ns", kernel_ns, 0).integer("--kernels", kernels, 1);
+        .integer("--kernel-ns", kernel_ns, 0).integer("--kernels", kernels, 1).integer("--events", events, 1);
     args.parse_or_exit(argc, argv);
     const std::vector<int> batch_counts = counts_from(batches_text, "--batches", kernels, args),
                            record_counts = counts_from(records_text, "--records", kernels, args);
+    for (const int r : record_counts)
+        if (r < events) args.refuse("--records " + std::to_string(r) + " is fewer than --events " + std::to_string(events) + ": each event needs a record");
     const std::string device = bench::device_or_skip();
-    std::printf("%s: %d kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of one event after a wait "
-                "on it, in one graph; %d launches, %d rounds\n",
-                device.c_str(), kernels, kernel_ns, launches, rounds);
+    std::printf("%s: %d kernels of %d ns and N batches of memory operations (write, wait, reset), or N records of %d event(s), each after a "
+                "wait on it at the root, in one graph; %d launches, %d rounds\n",
+                device.c_str(), kernels, kernel_ns, events, launches, rounds);
     if (!cuda::prepare_mem_op_kernel()) return std::fprintf(stderr, "graph_mem_ops: no CUDA context to load the kernel into\n"), 1;
     cuda::stream s;
     cuda::device_buffer<unsigned> flag(1);
     flag.fill_bytes(0, s);
     cuda::event begin = cuda::event::timing(), end = cuda::event::timing();
-    const cuda::event serial; // NCCL's graph-mixing event's role
-    serial.record(s);
+    const std::vector<cuda::event> serial(static_cast<std::size_t>(events)); // NCCL's graph-mixing event's role, one per communicator
+    for (const cuda::event& e : serial) e.record(s);
     s.synchronize();
     struct family {
         int count;
@@ -111,12 +114,13 @@ int main(int argc, char** argv) {
         auto body = [&](int with) {
             return [&, with](cudaStream_t on) {
                 const int every = with ? std::max(1, kernels / with) : 0;
-                if (with && f.records) CAPSCOPE_CHECK(cudaStreamWaitEvent(on, serial.get(), cudaEventWaitExternal));
+                if (with && f.records)
+                    for (const cuda::event& e : serial) CAPSCOPE_CHECK(cudaStreamWaitEvent(on, e.get(), cudaEventWaitExternal));
                 for (int k = 0, added = 0; k < kernels; ++k) {
                     spin<<<1, 1, 0, on>>>(kernel_ns);
                     if (!every || k % every != 0 || added == with) continue;
                     ++added;
-                    if (f.records) record_external(serial.get(), on);
+                    if (f.records) record_external(serial[std::size_t(added % events)].get(), on);
                     else flag_batch(flag.data(), on);
                 }
             };
@@ -151,8 +155,8 @@ int main(int argc, char** argv) {
                 x.host_us.push_back(bench::median(us));
                 x.device_us.push_back(1000.0 * double(cuda::event::elapsed_ms(begin, end)) / launches);
             }
-        if (f.records && copied.event_records_dropped != std::size_t(f.count - 1))
-            return std::fprintf(stderr, "the copy ran %zu of %d records as empty nodes, not %d\n", copied.event_records_dropped, f.count, f.count - 1), 1;
+        if (f.records && copied.event_records_dropped != std::size_t(f.count - events))
+            return std::fprintf(stderr, "the copy ran %zu of %d records as empty nodes, not %d\n", copied.event_records_dropped, f.count, f.count - events), 1;
         std::printf("%4d %-8s copied in %.1f ms (set-up)\n", f.count, f.records ? "records," : "batches,", copy_ms);
         for (const variant& x : v)
             std::printf("%4d %-8s %-20s host %9.1f us a launch; device %8.1f us a graph\n", x.name == "neither" ? 0 : f.count, f.records ? "records," : "batches,",

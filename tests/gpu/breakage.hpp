@@ -21,6 +21,7 @@
 //   recompute_forward_hooks  gpt::pipeline_model's recomputed forward runs the forward hooks as well
 //   skip_pass_copy_back    gpt::pipeline_model's backward passes copy no offloaded tensor back to the device
 //   skip_all_to_all_sum    all_reduce_as::all_to_all_then_all_gather sums nothing (each rank gathers its own part)
+//   nccl_order_skipped     with NCCL_GRAPH_MIXING_SUPPORT=0, nccl_launch_order waits for nothing (NCCL's rules for graphs unkept)
 //   first_microbatch_as_last  the plan calls first_microbatch_only stages (a kept gather) in the last microbatch
 //   sum_for_average, drop_loss_scale_update, no_watchdog, no_doctor   (tests/gpu, tests/mpi)
 // An unknown name ends the test with exit 99, which Meson reports as an error even where the
@@ -76,6 +77,7 @@ inline void install_from_environment() {
         else if (item == "recompute_forward_hooks") library.recompute_forward_hooks = true;
         else if (item == "skip_pass_copy_back") library.skip_pass_copy_back = true;
         else if (item == "skip_all_to_all_sum") library.skip_all_to_all_sum = true;
+        else if (item == "nccl_order_skipped") library.nccl_order_skipped = true;
         else if (item == "first_microbatch_as_last") library.first_microbatch_as_last = true;
         else {
             known = false;
@@ -84,7 +86,7 @@ inline void install_from_environment() {
         }
         if (!known) {
             std::fprintf(stderr, "CAPSCOPE_BREAK names '%.*s', which is no breakage -- fix: drop_waits_from=NAME, ignore_guards, skip_rerun, skip_in_place_replays, skip_graph_updates, "
-                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, mem_op_waits_skipped, first_event_record_kept, abort_parent_only, skip_replica_average, recompute_forward_hooks, skip_pass_copy_back, skip_all_to_all_sum, first_microbatch_as_last, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
+                                 "skip_replay_check, drop_edge_waits, one_phase_variant, pass_graph_per_chunk, keep_user_objects, copy_kernels_as_empty, mem_op_waits_skipped, first_event_record_kept, abort_parent_only, skip_replica_average, recompute_forward_hooks, skip_pass_copy_back, skip_all_to_all_sum, nccl_order_skipped, first_microbatch_as_last, sum_for_average, drop_loss_scale_update, no_watchdog or no_doctor\n", int(item.size()), item.data());
             std::exit(99);
         }
     }

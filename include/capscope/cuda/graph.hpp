@@ -77,10 +77,19 @@ public:
     //! `without_user_objects` (graph_copy.hpp), the graph it was copied from, whose user objects
     //! keep NCCL's plans alive. An executable graph instantiated from this one holds it too.
     const std::shared_ptr<const void>& keeps_alive() const noexcept { return keep_; }
-    void keep_alive(std::shared_ptr<const void> what) noexcept { keep_ = std::move(what); }
+    //! `finished`, when given: an event the graph records once all its other work has finished, at
+    //! every launch, and that `what` keeps alive (a copy's, graph_copy.hpp).
+    void keep_alive(std::shared_ptr<const void> what, cudaEvent_t finished = nullptr) noexcept {
+        keep_ = std::move(what);
+        finished_ = finished;
+    }
+    //! The event each launch records once all its work has finished, alive while `keeps_alive()`
+    //! is; null for a graph that records none (not a copy).
+    cudaEvent_t finished_event() const noexcept { return finished_; }
 
 private:
     std::shared_ptr<const void> keep_; // declared first, released last
+    cudaEvent_t finished_ = nullptr;   // owned by what keep_ holds
     capscope::detail::unique_handle<cudaGraph_t, &detail::destroy_graph> handle_;
 };
 
@@ -91,11 +100,16 @@ public:
         CAPSCOPE_CHECK(cudaGraphInstantiate(handle_.out(), g.get(), 0));
         ++detail::live_exec_count;
         keep_ = g.keeps_alive();
+        finished_ = g.finished_event();
     }
 
     cudaGraphExec_t get() const noexcept { return handle_.get(); }
     explicit operator bool() const noexcept { return bool(handle_); }
     void launch(cudaStream_t s) const { CAPSCOPE_CHECK(cudaGraphLaunch(get(), s)); }
+    //! What keeps this graph's nodes valid, and the event each launch records once all its work
+    //! has finished (null when the graph records none): graph::keeps_alive, graph::finished_event.
+    const std::shared_ptr<const void>& keeps_alive() const noexcept { return keep_; }
+    cudaEvent_t finished_event() const noexcept { return finished_; }
 
     //! Applies `g`'s node parameters (kernel arguments, launch sizes, memcpy addresses) to this
     //! executable graph in place, when `g` has its topology (`cudaGraphExecUpdate`). Returns
@@ -108,6 +122,7 @@ public:
         if (why) *why = info.result;
         if (e == cudaSuccess) {
             keep_ = g.keeps_alive(); // the nodes now refer to what `g`'s refer to
+            finished_ = g.finished_event(); // (an update keeps the topology, so a copy's record node too, with its event)
             return update_result::updated;
         }
         if (e == cudaErrorGraphExecUpdateFailure) {
@@ -120,6 +135,7 @@ public:
 
 private:
     std::shared_ptr<const void> keep_; // declared first, released last: see graph::keeps_alive
+    cudaEvent_t finished_ = nullptr;   // owned by what keep_ holds
     capscope::detail::unique_handle<cudaGraphExec_t, &detail::destroy_exec> handle_;
 };
 

@@ -291,7 +291,7 @@ inline copy_result without_user_objects(graph source) {
             throw;
         }
         graph copied(std::exchange(copy.g, nullptr));
-        copied.keep_alive(std::make_shared<const detail::kept_source>(std::move(source), done));
+        copied.keep_alive(std::make_shared<const detail::kept_source>(std::move(source), done), done);
         return {std::move(copied), {}, counts.kernels, counts.kept, counts.records_dropped};
     } catch (const error& e) { // CUDA would not copy a node: the source still works as it is
         return {std::move(source), std::string("a node CUDA would not copy: ") + e.what(), 0, 0, 0};

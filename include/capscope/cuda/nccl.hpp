@@ -8,6 +8,7 @@
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/nccl_abort.hpp>
+#include <capscope/cuda/nccl_graph_mixing.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/detail/fnv1a.hpp>
 #include <capscope/detail/unique_handle.hpp>
@@ -170,8 +171,10 @@ public:
     }
     bool aborted() const noexcept { return aborted_ && aborted_->load(); }
     //! Averages `count` floats in place over the communicator's ranks (`ncclAllReduce` with
-    //! `ncclAvg`) on `s`, eagerly or inside a capture.
+    //! `ncclAvg`) on `s`, eagerly or inside a capture (eagerly after the last graph holding NCCL
+    //! work finished, where NCCL's graph mixing is off: cuda/nccl_graph_mixing.hpp).
     void average_in_place(float* data, std::size_t count, cudaStream_t s) const {
+        order_.before_eager(s);
         CAPSCOPE_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclAvg, comm_.get(), s));
     }
     //! Whether it was aborted, readable after the communicator itself moved.
@@ -206,6 +209,7 @@ private:
     std::shared_ptr<detail::split_family> children_ = std::make_shared<detail::split_family>(); //!< split from this one
     std::shared_ptr<detail::split_family> parent_; //!< the family of the one this was split from
     nccl_options options_{};
+    nccl_launch_order order_; //!< NCCL's graph-mixing setting, read once
 };
 
 //! Runs `calls()` as one NCCL group (`ncclGroupStart` ... `ncclGroupEnd`), which NCCL launches as
@@ -242,6 +246,7 @@ inline void require_same_plan(const nccl_communicator& comm, std::uint64_t plan_
     std::uint64_t all[2] = {0, 0};
     device_buffer<std::uint64_t> buffer(2);
     buffer.copy_from_host(std::span<const std::uint64_t>(mine), s);
+    nccl_launch_order().before_eager(s); // (NCCL's rules without graph mixing: nccl_graph_mixing.hpp)
     CAPSCOPE_CHECK(ncclAllReduce(buffer.data(), buffer.data(), 2, ncclUint64, ncclMin, comm.get(), s));
     buffer.copy_to_host(std::span<std::uint64_t>(all), s);
     CAPSCOPE_CHECK(cudaStreamSynchronize(s));

@@ -34,6 +34,7 @@ struct breakage {
     bool skip_pass_copy_back = false;     //!< gpt::pipeline_model's backward passes copy no offloaded tensor back
     bool first_microbatch_as_last = false; //!< the plan calls first_microbatch_only stages in the last microbatch instead
     bool skip_all_to_all_sum = false;     //!< all_reduce_as::all_to_all_then_all_gather sums nothing: each rank gathers its own part
+    bool nccl_order_skipped = false;      //!< nccl_launch_order keeps none of NCCL's rules for graphs without graph mixing
 };
 
 inline breakage installed_breakage_v{};

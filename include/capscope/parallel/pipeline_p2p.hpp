@@ -30,6 +30,7 @@
 #include <capscope/cuda/stream.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/cuda/nccl.hpp>
+#include <capscope/cuda/nccl_graph_mixing.hpp>
 #include <capscope/pipeline/edge_plan.hpp>
 #include <capscope/pipeline/issued_order.hpp>
 #include <capscope/pipeline/p2p_buffer.hpp>
@@ -113,6 +114,7 @@ public:
         if (layout_ != pipeline::communicator_layout::shared)
             throw std::logic_error("capscope pipeline: this schedule's sends and receives go on a communicator per edge, whose order "
                                    "`run` keeps across groups and passes; issue() puts a group on one stream -- fix: run(), or Megatron's grouping");
+        order_.before_eager(stream); // eager, after a phase graph (cuda/nccl_graph_mixing.hpp)
         auto calls = [&] {
             for (const pipeline::p2p_op& op : g.ops) {
                 const p2p_buffer b = buffer_of(op);
@@ -216,6 +218,7 @@ private:
         edge& e = edges_[std::size_t(edge_index_[p])];
         fork_->wait_on(e.stream);
         e.used = true;
+        order_.before_eager(e.stream); // eager, after a graph holding NCCL work (cuda/nccl_graph_mixing.hpp)
         cuda::in_nccl_group([&] {
             for (const pipeline::p2p_op& op : pt.ops) {
                 const p2p_buffer b = buffer_of(op);
@@ -236,6 +239,7 @@ private:
     }
 
     const cuda::nccl_communicator& world_;
+    cuda::nccl_launch_order order_;
     pipeline::schedule_shape shape_;
     int rank_ = 0;
     pipeline::communicator_layout layout_ = pipeline::communicator_layout::shared;

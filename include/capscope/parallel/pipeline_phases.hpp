@@ -16,6 +16,7 @@
 
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/graph_copy.hpp>
+#include <capscope/cuda/nccl_graph_mixing.hpp>
 #include <capscope/detail/breakage.hpp>
 #include <capscope/parallel/pipeline_p2p.hpp>
 #include <capscope/pipeline/phases.hpp>
@@ -82,16 +83,16 @@ public:
         const bool one_variant = detail::installed_breakage().one_phase_variant; // (a test, broken on purpose)
         auto variant = [&](int j) { return std::size_t(one_variant ? 0 : layout_.variant_of(j)); };
         before_each(stream);
-        warmup_->launch(stream);
+        order_.launch(*warmup_, stream); // (NCCL's rules without graph mixing: cuda/nccl_graph_mixing.hpp)
         for (int j = 0; j + 1 < steady; ++j) {
             before_each(stream);
-            steady_[variant(j)].launch(stream);
+            order_.launch(steady_[variant(j)], stream);
         }
         before_each(stream);
         std::size_t tail = variant(steady - 1);
         if (!tail_[tail]) tail = std::size_t(layout_.variant_of(steady - 1)); // (broken on purpose: a tail variant 0 may not exist)
         if (!tail_[tail]) throw std::logic_error("capscope pipeline: no tail captured for " + std::to_string(microbatches) + " microbatches"); // phases.hpp's test says never
-        tail_[tail]->launch(stream);
+        order_.launch(*tail_[tail], stream);
     }
 
 private:
@@ -118,13 +119,15 @@ private:
             ++captures_;
             // A phase holds NCCL's user object; launched from a copy without it, a step of more than
             // 28 phases does not make the host wait (cuda/graph_copy.hpp).
-            if (detail::installed_breakage().keep_user_objects) return cuda::graph_exec(g);
-            return cuda::graph_exec(cuda::without_user_objects(std::move(g)).copy);
+            cuda::graph_exec exec(detail::installed_breakage().keep_user_objects ? std::move(g) : cuda::without_user_objects(std::move(g)).copy);
+            order_.captured();
+            return exec;
         }
         throw std::logic_error("capscope pipeline: no phase for its key in the count chosen to hold it"); // phases.hpp's test says never
     }
 
     const cuda::nccl_communicator& world_;
+    cuda::nccl_launch_order order_;
     pipeline::schedule_shape shape_;
     int rank_ = 0;
     pipeline::phase_layout layout_;

@@ -1,0 +1,206 @@
+// NCCL's rules for graphs without its graph-mixing support (cuda/nccl_graph_mixing.hpp), kept by
+// construction: an eager NCCL call waits on the host for the last launch of a graph holding NCCL
+// work, and such a launch on another stream waits on the device for the one before. One GPU and no
+// NCCL: the "NCCL work" is a slow kernel whose result the next step reads, as NCCL's proxy thread
+// would read the state the graph leaves, so reading too early is seen.
+
+#include <capscope/capscope.hpp>
+#include <capscope/cuda.hpp>
+#include <capscope/cuda/graph_copy.hpp>
+#include <capscope/cuda/nccl_graph_mixing.hpp>
+#include <capscope/engine.hpp>
+
+#include "data_parallel_model.hpp"
+#include "engine_kernels.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace capscope;
+namespace k = engine_kernels;
+
+namespace {
+
+constexpr unsigned slow_ns = 2'000'000; // the graph's last kernel: 2 ms
+
+//! The graph as a runner would launch it: copied without its user objects (it then records its own
+//! end), or as captured (an event is recorded after it).
+cuda::graph_exec launchable(cuda::graph g, bool copied) {
+    if (!copied) return cuda::graph_exec(g);
+    cuda::copy_result c = cuda::without_user_objects(std::move(g));
+    REQUIRE(c.refused.empty());
+    REQUIRE(c.copy.finished_event() != nullptr);
+    return cuda::graph_exec(c.copy);
+}
+
+//! NCCL_GRAPH_MIXING_SUPPORT set for a scope, and put back after it.
+struct mixing_setting {
+    std::string before;
+    bool was_set;
+    explicit mixing_setting(const char* value) {
+        const char* b = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+        was_set = b != nullptr;
+        if (b) before = b;
+        setenv("NCCL_GRAPH_MIXING_SUPPORT", value, 1);
+    }
+    ~mixing_setting() {
+        if (was_set) setenv("NCCL_GRAPH_MIXING_SUPPORT", before.c_str(), 1);
+        else unsetenv("NCCL_GRAPH_MIXING_SUPPORT");
+    }
+};
+
+} // namespace
+
+TEST_CASE("NCCL_GRAPH_MIXING_SUPPORT read as NCCL reads it: unset, empty or not a number is on, a number is on unless it is 0") {
+    CHECK(cuda::nccl_graph_mixing_from(nullptr));
+    CHECK(cuda::nccl_graph_mixing_from(""));
+    CHECK(cuda::nccl_graph_mixing_from("1"));
+    CHECK(cuda::nccl_graph_mixing_from("2"));
+    CHECK(cuda::nccl_graph_mixing_from("0x1"));
+    CHECK(cuda::nccl_graph_mixing_from("off")); // NCCL warns and keeps its default
+    CHECK(!cuda::nccl_graph_mixing_from("0"));
+    CHECK(!cuda::nccl_graph_mixing_from("0x0"));
+    const mixing_setting off("0");
+    CHECK(!cuda::nccl_graph_mixing());
+    CHECK(!cuda::nccl_launch_order().kept() == !!capscope::detail::installed_breakage().nccl_order_skipped);
+}
+
+TEST_CASE("without NCCL's graph mixing, an eager call after a graph holding NCCL work waits for it on the host, and a graph on another stream on the device") {
+    // Each launch adds one to a counter, then a slow kernel copies it into host memory (the state an
+    // eager NCCL call would hand to NCCL's proxy thread). After each launch, before_eager() must
+    // leave the host reading this launch's value. A second graph on another stream reads what the
+    // first wrote (a graph of the same communicator launched beside it): its launch must follow the
+    // first's. Broken on purpose (nccl_order_skipped), the host reads the last launch's value and
+    // the second graph reads before the first has written.
+    constexpr int launches = 3, n = 1 << 16;
+    cuda::stream s, other;
+    cuda::device_buffer<int> counter(1), staging(n), out(n);
+    cuda::pinned_buffer<int> seen(1);
+    for (const bool copied : {true, false}) {
+        INFO(std::string(copied ? "copied" : "as captured"));
+        const cuda::graph_exec writer = launchable(cuda::capture(s, [&](cudaStream_t on) {
+                                                       k::add_one(counter.data(), on);
+                                                       k::fill_from(staging.data(), counter.data(), 0, n, on);
+                                                       k::slow_copy(seen.data(), staging.data(), 1, slow_ns, on);
+                                                   }),
+                                                   copied);
+        const cuda::graph_exec reader = launchable(cuda::capture(other, [&](cudaStream_t on) { k::scale(out.data(), staging.data(), 1, n, on); }), copied);
+        counter.fill_bytes(0, s);
+        staging.fill_bytes(0, s);
+        seen.data()[0] = 0;
+        s.synchronize();
+        const cuda::nccl_launch_order order(false); // NCCL_GRAPH_MIXING_SUPPORT=0
+        const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
+        std::vector<int> got(n);
+        for (int launch = 1; launch <= launches; ++launch) {
+            order.launch(writer, s);
+            order.before_eager();
+            const int read = *static_cast<volatile int*>(seen.data());
+            INFO("launch ", launch, ": the host read ", read, ", expected ", 2 * launch - 1);
+            CHECK(read == 2 * launch - 1); // (two writer launches a round)
+            // The writer again, then the reader on the other stream at once.
+            order.launch(writer, s);
+            order.launch(reader, other);
+            other.synchronize();
+            out.copy_to_host(got, other);
+            other.synchronize();
+            const long wrong = long(std::count_if(got.begin(), got.end(), [&](int v) { return v != 2 * launch; }));
+            INFO("launch ", launch, ": the graph on the other stream read ", wrong, " of ", n, " elements before the first had written them");
+            CHECK(wrong == 0);
+            s.synchronize();
+            order.before_eager(); // (all finished: the host waits for nothing)
+        }
+        const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
+        if (!capscope::detail::installed_breakage().nccl_order_skipped) {
+            CHECK(after.host_waits - before.host_waits == 2 * launches);
+            CHECK(after.stream_waits - before.stream_waits == launches);
+            CHECK(after.events_recorded - before.events_recorded == (copied ? 0 : 3 * launches));
+        }
+        std::printf("  without NCCL's graph mixing, %s: %ld host waits, %ld stream waits, %ld events recorded in %d launches\n",
+                    copied ? "copied" : "as captured", after.host_waits - before.host_waits, after.stream_waits - before.stream_waits,
+                    after.events_recorded - before.events_recorded, 3 * launches);
+    }
+}
+
+TEST_CASE("with NCCL's graph mixing on, the order adds no call: NCCL orders its work itself") {
+    cuda::stream s;
+    cuda::device_buffer<int> counter(1);
+    const cuda::graph_exec g = launchable(cuda::capture(s, [&](cudaStream_t on) { k::add_one(counter.data(), on); }), true);
+    const cuda::nccl_launch_order order(true);
+    const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
+    order.captured();
+    for (int i = 0; i < 3; ++i) {
+        order.launch(g, s);
+        order.before_eager();
+    }
+    s.synchronize();
+    const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
+    CHECK(after.host_waits == before.host_waits);
+    CHECK(after.stream_waits == before.stream_waits);
+    CHECK(after.capture_waits == before.capture_waits);
+    CHECK(after.events_recorded == before.events_recorded);
+    std::vector<int> c(1);
+    counter.copy_to_host(c, s);
+    s.synchronize();
+    CHECK(c[0] >= 3); // launched all the same
+}
+
+namespace {
+//! A backward hook that declares collective calls (so the runner treats its graph as NCCL's): the
+//! step's counter into host memory, after a slow kernel.
+struct slow_collective {
+    const int* counter;
+    int* seen;
+    void operator()(backward_context& c) const { k::slow_copy(seen, counter, 1, slow_ns, c.stream()); }
+    std::string collective_calls(int) const { return "a slow copy standing for NCCL's work"; }
+};
+} // namespace
+
+TEST_CASE("without NCCL's graph mixing, a runner's eager collective after its hook graphs runs once they have finished (transformer_engine)") {
+    // transformer_engine: the layers' backward hooks are graphs, the step-end stage that reduces what
+    // lies outside the layers runs eagerly after them (as the example trainer's does), here reading on
+    // the host what the hooks' graphs wrote. Broken on purpose (nccl_order_skipped), it reads the
+    // last step's value.
+    const mixing_setting off("0");
+    cuda::stream s;
+    data_parallel_model::dp_model m(0, s);
+    cuda::pinned_buffer<int> seen(1);
+    seen.data()[0] = 0;
+    std::vector<int> read;
+    hook_pipeline hooks{hook<hook_phase::backward, capturable, on_lane<1>, last_microbatch_only>("slow collective", slow_collective{m.counter.data(), seen.data()})};
+    training_program p = m.program();
+    stage host_read;
+    host_read.name = "eager collective (host read)";
+    host_read.kind = stage_kind_id("collective");
+    host_read.lane = 1;
+    host_read.collective_calls = "reads on the host what the hooks wrote";
+    host_read.buffers_declared = true;
+    host_read.forward = stream_fn::from([&](cudaStream_t) { read.push_back(int(*static_cast<volatile int*>(seen.data()))); });
+    p.step_end.insert(p.step_end.begin(), host_read);
+    using te = config<impl::ahead_of_time_per_layer, modules<>, warmup_steps<1>>;
+    runner<te> r(with_hooks(std::move(p), hooks, m.tensors));
+    const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
+    constexpr int steps = 5;
+    for (int step = 1; step <= steps; ++step) r.step(s);
+    s.synchronize();
+    REQUIRE(read.size() == std::size_t(steps));
+    CHECK(r.counters().replays > 0);
+    for (int step = 2; step <= steps; ++step) { // (step 1 is the eager warmup: no graph to wait for)
+        INFO("step ", step, ": the eager collective read ", read[std::size_t(step - 1)], " on the host");
+        CHECK(read[std::size_t(step - 1)] == step);
+    }
+    const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
+    if (!capscope::detail::installed_breakage().nccl_order_skipped) {
+        CHECK(after.host_waits - before.host_waits == steps - 1);
+        CHECK(after.capture_waits - before.capture_waits >= 1);
+    }
+    std::printf("  without NCCL's graph mixing, transformer_engine: the eager step-end collective read this step's value in %d replayed "
+                "steps (%ld host waits, %ld captures followed by a device wait)\n",
+                steps - 1, after.host_waits - before.host_waits, after.capture_waits - before.capture_waits);
+}
