@@ -204,3 +204,33 @@ TEST_CASE("without NCCL's graph mixing, a runner's eager collective after its ho
                 "steps (%ld host waits, %ld captures followed by a device wait)\n",
                 steps - 1, after.host_waits - before.host_waits, after.capture_waits - before.capture_waits);
 }
+
+TEST_CASE("without NCCL's graph mixing, the order watches the last launch's graph but does not keep it: NCCL's plans go with the graph") {
+    // The source graph of a copy holds NCCL's plans (its user objects), which must go before their
+    // communicator does. The order keeps none alive, and once the copy is gone its end was waited
+    // for: the next eager call or launch elsewhere waits for nothing, and touches no freed event.
+    cuda::stream s, other;
+    cuda::device_buffer<int> counter(1);
+    counter.fill_bytes(0, s);
+    s.synchronize();
+    const cuda::nccl_launch_order order(false);
+    const long graphs_before = cuda::detail::live_graph_count.load();
+    {
+        const cuda::graph_exec g = launchable(cuda::capture(s, [&](cudaStream_t on) { k::add_one(counter.data(), on); }), true);
+        order.launch(g, s);
+    }
+    CHECK(cuda::detail::live_graph_count.load() == graphs_before);
+    const cuda::graph_exec h = launchable(cuda::capture(other, [&](cudaStream_t on) { k::add_one(counter.data(), on); }), true);
+    const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
+    order.launch(h, other); // another stream: nothing left to wait for
+    order.before_eager();  // h's end
+    const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
+    if (!capscope::detail::installed_breakage().nccl_order_skipped) {
+        CHECK(after.stream_waits == before.stream_waits);
+        CHECK(after.host_waits == before.host_waits + 1);
+    }
+    std::vector<int> c(1);
+    counter.copy_to_host(c, other);
+    other.synchronize();
+    CHECK(c[0] == 2);
+}

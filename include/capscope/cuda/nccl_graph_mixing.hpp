@@ -76,10 +76,14 @@ struct last_nccl_launch {
     unsigned long long stream_id = 0;
     int device = -1;
     cudaEvent_t finished = nullptr;
-    std::shared_ptr<const void> keeps_finished; //!< keeps a copy's event alive (graph_exec::keeps_alive)
+    //! What keeps a copy's event alive (graph_exec::keeps_alive), watched, not held: holding it
+    //! would keep NCCL's plans (the source graph's user objects) past their communicator's end.
+    //! Once it is gone, the copy's last launch has finished (graph_copy.hpp's kept_source waits).
+    std::weak_ptr<const void> keeps_finished;
+    bool own_event = false; //!< `finished` is one of `own_events` below, not a copy's
     nccl_order_counts counts;
     //! Events recorded after graphs that record no end of their own, one per device, made at first use.
-    std::array<std::optional<event>, 64> own;
+    std::array<std::optional<event>, 64> own_events;
 };
 inline last_nccl_launch& thread_nccl_launch() noexcept {
     static thread_local last_nccl_launch state;
@@ -127,22 +131,27 @@ public:
         detail::last_nccl_launch& last = detail::thread_nccl_launch();
         const unsigned long long id = detail::stream_id(s);
         if (last.pending && last.stream_id != id) {
-            CAPSCOPE_CHECK(cudaStreamWaitEvent(s, last.finished, 0));
-            ++last.counts.stream_waits;
+            const std::shared_ptr<const void> alive = last.keeps_finished.lock();
+            if (last.own_event || alive) { // (else the copy is gone, and its end was waited for)
+                CAPSCOPE_CHECK(cudaStreamWaitEvent(s, last.finished, 0));
+                ++last.counts.stream_waits;
+            }
         }
         g.launch(s);
         if (g.finished_event()) {
             last.finished = g.finished_event();
             last.keeps_finished = g.keeps_alive();
+            last.own_event = false;
         } else {
             const int device = detail::current_device();
-            if (device < 0 || std::size_t(device) >= last.own.size())
+            if (device < 0 || std::size_t(device) >= last.own_events.size())
                 throw std::out_of_range("capscope: nccl_launch_order keeps an event for devices 0 to 63; this is device " + std::to_string(device));
-            std::optional<event>& e = last.own[std::size_t(device)];
+            std::optional<event>& e = last.own_events[std::size_t(device)];
             if (!e) e.emplace();
             e->record(s);
             last.finished = e->get();
             last.keeps_finished.reset();
+            last.own_event = true;
             ++last.counts.events_recorded;
         }
         last.pending = true;
@@ -160,10 +169,13 @@ public:
             CAPSCOPE_CHECK(cudaStreamIsCapturing(s, &status));
             if (status != cudaStreamCaptureStatusNone) return;
         }
-        CAPSCOPE_CHECK(cudaEventSynchronize(last.finished));
+        const std::shared_ptr<const void> alive = last.keeps_finished.lock();
+        if (last.own_event || alive) { // (else the copy is gone, and its end was waited for)
+            CAPSCOPE_CHECK(cudaEventSynchronize(last.finished));
+            ++last.counts.host_waits;
+        }
         last.pending = false;
         last.keeps_finished.reset();
-        ++last.counts.host_waits;
     }
 
     //! What this thread's orders added so far.
