@@ -10,4 +10,5 @@
 #include <capscope/cuda/event.hpp>
 #include <capscope/cuda/graph.hpp>
 #include <capscope/cuda/graph_copy.hpp>
+#include <capscope/cuda/nccl_graph_mixing.hpp>
 #include <capscope/cuda/stream.hpp>

@@ -35,6 +35,18 @@ TEST_CASE("a failed NCCL call names the call, the library's error string and the
     }
 }
 
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+TEST_CASE("a communicator for copy-engine collectives loads the kernel that graph copies run for their memory operations") {
+    // Nothing else in this program loads it: without the communicator's load, graph copies would
+    // keep NCCL's memory-operation nodes, whose work CUDA does on the host at every launch.
+    REQUIRE(cuda::detail::mem_op_function_here() == nullptr);
+    ncclUniqueId id{};
+    CAPSCOPE_CHECK(ncclGetUniqueId(&id));
+    const cuda::nccl_communicator comm(1, id, 0, {cuda::nccl_cta_policy::zero});
+    CHECK(cuda::detail::mem_op_function_here() != nullptr);
+}
+#endif
+
 TEST_CASE("an all-reduce that is not the identity, eagerly and inside a captured graph, into a poisoned buffer") {
     // One rank's plain sum is the identity, which a skipped collective would also "compute". A
     // pre-multiplied sum (ncclRedOpCreatePreMulSum) scales the input: 3 * x on one rank, and on

@@ -45,10 +45,11 @@
 //! of more than `mem_op_batch::capacity` operations are not converted: the copy keeps such a node
 //! as it is, and says how many it kept (`copy_result::mem_op_nodes_kept`).
 //!
-//! For now a program opts in, calling `prepare_mem_op_kernel` once per device before its first
-//! collective (bench/data_parallel and the data-parallel tests do): the kernel has been held to
-//! CUDA's nodes on one GPU (tests/gpu/test_mem_op_kernel.cpp), and has not yet run where it
-//! matters, with NCCL's copy-engine collectives between GPUs.
+//! A communicator made for copy-engine collectives (`nccl_options{nccl_cta_policy::zero}`,
+//! nccl.hpp) loads it on its device; other programs call `prepare_mem_op_kernel` once per device
+//! before their first capture. Held to CUDA's nodes on one GPU (tests/gpu/test_mem_op_kernel.cpp),
+//! and across two H200s under NCCL's copy-engine all-gather and all-to-all, 100 steps back to back
+//! with one rank late (tests/gpu/test_copy_engine_order.cpp, 2026-11-29).
 
 #include <capscope/cuda/driver_api.hpp>
 #include <capscope/detail/breakage.hpp>

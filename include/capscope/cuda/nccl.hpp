@@ -7,6 +7,7 @@
 
 #include <capscope/cuda/buffer.hpp>
 #include <capscope/cuda/error.hpp>
+#include <capscope/cuda/mem_op_kernel.hpp>
 #include <capscope/cuda/nccl_abort.hpp>
 #include <capscope/cuda/nccl_graph_mixing.hpp>
 #include <capscope/detail/breakage.hpp>
@@ -90,6 +91,10 @@ public:
                                     std::to_string(NCCL_MINOR) + ") -- fix: nccl_cta_policy::nccl_default, or a newer NCCL");
 #endif
         CAPSCOPE_CHECK(ncclCommInitRankConfig(comm_.out(), ranks, id, rank, &config));
+        // Copy-engine collectives order the ranks' copies with memory operations, which graph
+        // copies run as a kernel where it is loaded (mem_op_kernel.hpp); loaded now, while the
+        // device is idle, as its load waits for the context's queued work.
+        if (options.cta_policy == nccl_cta_policy::zero) (void)prepare_mem_op_kernel();
     }
 
     //! One communicator per device of this process (`ncclCommInitAll`): several GPUs without MPI.
