@@ -13,9 +13,10 @@
 # its breakdown ($OUT/bench-cuts.md). The bench part also runs
 # bench/pipeline (1F1B on 2 GPUs: eager, a whole-step graph, phases captured once) and
 # bench/pipeline_model (the example model pipelined, 1F1B). Logs go to $OUT.
-# `quick` is the first call on a newly lent machine: the suite on two ranks, the must-fails that hold
-# graph copies to NCCL's nodes, and bench/nccl_graph_launch.
-#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [cuts] [fork] [quick]     (default: all but launch, cuts and quick)
+# `quick` is the first call on a newly lent machine: the suite on two ranks (also with NCCL's
+# graph-mixing support off), the must-fails that hold graph copies to NCCL's nodes, and
+# bench/nccl_graph_launch. `mixing` times four variants with NCCL's graph-mixing support off.
+#   scripts/multi-gpu-check.sh [tests] [bench] [profile] [launch] [cuts] [mixing] [fork] [quick]     (default: all but launch, cuts, mixing and quick)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/capscope-gpu-out}
@@ -131,6 +132,21 @@ if is_part quick && [ ${#parts[@]} -gt 0 ]; then
   must_fail skip-all-to-all-sum skip_all_to_all_sum '*each all-reduce an all-to-all*' "ERROR: CHECK( same_as_one_all_reduce )"
   run nccl-graph-launch "${mpi2[@]}" ./build-mpi/bench/nccl_graph_launch
   tail -25 "$OUT/nccl-graph-launch.log"
+  # The suite again with NCCL's graph-mixing support off: capscope then keeps NCCL's rules for
+  # graphs itself (cuda/nccl_graph_mixing.hpp).
+  run quick-two-ranks-mixing-off env NCCL_GRAPH_MIXING_SUPPORT=0 "${mpi2[@]}" -x NCCL_GRAPH_MIXING_SUPPORT ./build-mpi/tests/gpu_test_data_parallel --no-colors=true
+fi
+if is_part mixing && [ ${#parts[@]} -gt 0 ]; then
+  # Four variants with NCCL's graph-mixing support off (no event wait or record in NCCL's graphs;
+  # docs/multi_gpu.md), on 1, 2 (and 4) GPUs: $OUT/bench-mixing-off.md. Set beside `cuts`'s rows.
+  v="data parallel/full_iteration,data parallel/transformer_engine,sharded (kept; copy-engine gathers)/full_iteration"
+  v+=",sharded (kept; copy-engine gathers)/transformer_engine"
+  rm -f "$OUT/bench-mixing-off.csv"
+  for np in 1 2 $([ "$(nvidia-smi -L | wc -l)" -ge 4 ] && echo 4); do
+    run "bench-mixing-off-np$np" env NCCL_GRAPH_MIXING_SUPPORT=0 mpirun --allow-run-as-root -np $np -x NCCL_NVLS_ENABLE -x NCCL_GRAPH_MIXING_SUPPORT \
+      ./build-mpi/bench/data_parallel --only "$v" --rounds "${CUTS_ROUNDS:-6}" --csv "$OUT/bench-mixing-off.csv"
+  done
+  python3 bench/data_parallel_table.py "$OUT/bench-mixing-off.csv" >"$OUT/bench-mixing-off.md" && cat "$OUT/bench-mixing-off.md"
 fi
 if is_part bench; then
   rm -f "$OUT/bench-data-parallel.csv"
