@@ -57,37 +57,42 @@ struct mixing_setting {
 
 } // namespace
 
-TEST_CASE("NCCL_GRAPH_MIXING_SUPPORT read as NCCL reads it: unset, empty or not a number is on, a number is on unless it is 0") {
+TEST_CASE("NCCL_GRAPH_MIXING_SUPPORT read as NCCL reads it: unset or empty is on; else strtoll's number, on unless it is 0") {
     CHECK(cuda::nccl_graph_mixing_from(nullptr));
     CHECK(cuda::nccl_graph_mixing_from(""));
     CHECK(cuda::nccl_graph_mixing_from("1"));
     CHECK(cuda::nccl_graph_mixing_from("2"));
     CHECK(cuda::nccl_graph_mixing_from("0x1"));
-    CHECK(cuda::nccl_graph_mixing_from("off")); // NCCL warns and keeps its default
+    CHECK(cuda::nccl_graph_mixing_from("99999999999999999999")); // overflows: NCCL keeps its default
     CHECK(!cuda::nccl_graph_mixing_from("0"));
     CHECK(!cuda::nccl_graph_mixing_from("0x0"));
+    CHECK(!cuda::nccl_graph_mixing_from("off")); // no number: strtoll gives 0, and NCCL takes it
+    CHECK(!cuda::nccl_graph_mixing_from("false"));
+    CHECK(!cuda::nccl_graph_mixing_from(" "));
+    CHECK(!cuda::nccl_graph_mixing_from("0abc"));
     const mixing_setting off("0");
     CHECK(!cuda::nccl_graph_mixing());
     CHECK(!cuda::nccl_launch_order().kept() == !!capscope::detail::installed_breakage().nccl_order_skipped);
 }
 
 TEST_CASE("without NCCL's graph mixing, an eager call after a graph holding NCCL work waits for it on the host, and a graph on another stream on the device") {
-    // Each launch adds one to a counter, then a slow kernel copies it into host memory (the state an
-    // eager NCCL call would hand to NCCL's proxy thread). After each launch, before_eager() must
+    // Each launch adds one to a counter, then a slow kernel copies it, then it goes into a buffer
+    // and into host memory (the state an eager NCCL call would hand to NCCL's proxy thread). After each launch, before_eager() must
     // leave the host reading this launch's value. A second graph on another stream reads what the
     // first wrote (a graph of the same communicator launched beside it): its launch must follow the
     // first's. Broken on purpose (nccl_order_skipped), the host reads the last launch's value and
     // the second graph reads before the first has written.
     constexpr int launches = 3, n = 1 << 16;
     cuda::stream s, other;
-    cuda::device_buffer<int> counter(1), staging(n), out(n);
+    cuda::device_buffer<int> counter(1), value(1), staging(n), out(n);
     cuda::pinned_buffer<int> seen(1);
     for (const bool copied : {true, false}) {
         INFO(std::string(copied ? "copied" : "as captured"));
         const cuda::graph_exec writer = launchable(cuda::capture(s, [&](cudaStream_t on) {
                                                        k::add_one(counter.data(), on);
-                                                       k::fill_from(staging.data(), counter.data(), 0, n, on);
-                                                       k::slow_copy(seen.data(), staging.data(), 1, slow_ns, on);
+                                                       k::slow_copy(value.data(), counter.data(), 1, slow_ns, on);
+                                                       k::fill_from(staging.data(), value.data(), 0, n, on);
+                                                       k::scale(seen.data(), value.data(), 1, 1, on);
                                                    }),
                                                    copied);
         const cuda::graph_exec reader = launchable(cuda::capture(other, [&](cudaStream_t on) { k::scale(out.data(), staging.data(), 1, n, on); }), copied);
@@ -126,6 +131,38 @@ TEST_CASE("without NCCL's graph mixing, an eager call after a graph holding NCCL
                     copied ? "copied" : "as captured", after.host_waits - before.host_waits, after.stream_waits - before.stream_waits,
                     after.events_recorded - before.events_recorded, 3 * launches);
     }
+}
+
+TEST_CASE("without NCCL's graph mixing, a graph holding NCCL work launched after an eager NCCL call on another stream runs after it") {
+    // NCCL's graph-mixing wait ordered a graph's collectives after the eager ones before it; without
+    // it, the order's event after the eager call does. The "eager call" is a slow kernel writing a
+    // buffer that the graph, on another stream, reads. Broken on purpose (nccl_order_skipped), the
+    // graph reads before it is written.
+    constexpr int n = 1 << 16, rounds = 3;
+    cuda::stream s, other;
+    cuda::device_buffer<int> counter(1), value(1), staging(n), out(n);
+    counter.fill_bytes(0, s);
+    s.synchronize();
+    const cuda::graph_exec reader = launchable(cuda::capture(other, [&](cudaStream_t on) { k::scale(out.data(), staging.data(), 1, n, on); }), true);
+    const cuda::nccl_launch_order order(false);
+    const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
+    std::vector<int> got(n);
+    for (int round = 1; round <= rounds; ++round) {
+        order.eager(s, [&] {
+            k::add_one(counter.data(), s);
+            k::slow_copy(value.data(), counter.data(), 1, slow_ns, s);
+            k::fill_from(staging.data(), value.data(), 0, n, s);
+        });
+        order.launch(reader, other);
+        out.copy_to_host(got, other);
+        other.synchronize();
+        const long wrong = long(std::count_if(got.begin(), got.end(), [&](int v) { return v != round; }));
+        INFO("round ", round, ": the graph read ", wrong, " of ", n, " elements before the eager call had written them");
+        CHECK(wrong == 0);
+        s.synchronize();
+    }
+    const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
+    if (!capscope::detail::installed_breakage().nccl_order_skipped) CHECK(after.stream_waits - before.stream_waits == rounds);
 }
 
 TEST_CASE("with NCCL's graph mixing on, the order adds no call: NCCL orders its work itself") {

@@ -179,8 +179,7 @@ public:
     //! `ncclAvg`) on `s`, eagerly or inside a capture (eagerly after the last graph holding NCCL
     //! work finished, where NCCL's graph mixing is off: cuda/nccl_graph_mixing.hpp).
     void average_in_place(float* data, std::size_t count, cudaStream_t s) const {
-        order_.before_eager(s);
-        CAPSCOPE_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclAvg, comm_.get(), s));
+        order_.eager(s, [&] { CAPSCOPE_CHECK(ncclAllReduce(data, data, count, ncclFloat32, ncclAvg, comm_.get(), s)); });
     }
     //! Whether it was aborted, readable after the communicator itself moved.
     std::shared_ptr<const std::atomic<bool>> aborted_flag() const noexcept { return aborted_; }

@@ -15,20 +15,28 @@
 //! And NCCL uploads a captured plan too large for the kernel's arguments on a stream of its own,
 //! which only the graph-mixing wait orders before the graph's first launch (`src/enqueue.cc`).
 //!
-//! `nccl_launch_order` keeps all three for whoever calls it at those points; capscope's runners,
-//! pipeline phases and point-to-point passes do. With the support on, each call is one branch on a
-//! flag read once. With it off: before launching a graph that holds NCCL work, a wait (on the
-//! device) for the last such launch if that was on another stream; after capturing one, a wait for
-//! the device (set-up, once per capture); before an eager NCCL call, a wait on the host for the last
-//! such launch. A copied graph (graph_copy.hpp) records its own end, so its launch adds no call;
-//! a graph kept as captured has an event recorded after it. No allocation on the replay path.
+//! `nccl_launch_order` keeps all three, and one more that only the graph-mixing wait kept: a graph
+//! launched after an eager NCCL call on another stream runs after it. capscope calls it where it
+//! launches graphs that hold collective calls and where it makes such calls eagerly: `runner`,
+//! `in_place_runner`, `pipeline_phase_graphs`, `pipeline_p2p` and
+//! `nccl_communicator::average_in_place`. With the support on, each call is one branch on a flag
+//! read once. With it off, per device:
+//!   - before launching a graph that holds NCCL work, a wait (on the device) for the last NCCL work
+//!     if that was on another stream;
+//!   - after capturing one, a wait for the device (set-up, once per capture), for NCCL's upload;
+//!   - before an eager NCCL call, a wait on the host for the last graph launch holding NCCL work,
+//!     and an event recorded after the call.
+//! A copied graph (graph_copy.hpp) records its own end, so its launch records no event; a graph
+//! kept as captured has one recorded after it. Each launch asks the stream's id and device.
 //!
-//! What it cannot see: NCCL calls the trainer makes outside capscope's stages (an
-//! `in_place_runner`'s regions, a loss all-reduce after `step()`). With the support off, those
-//! must keep (1) and (2) themselves; `nccl_launch_order::before_eager` is the call that does.
-//! The state is per host thread (NCCL allows one thread per communicator), across communicators:
-//! a wait for one communicator's graph before another's eager call is more than NCCL needs, never
-//! less.
+//! What it cannot see: NCCL work it is not told of. That includes graphs the trainer captures
+//! itself, `pipeline_pass_graphs`' passes (which hold no collective by their contract), inference
+//! runners, and NCCL calls outside capscope's stages (a loss all-reduce after `step()`). With the
+//! support off, such code calls `launch`, `captured` and `eager` itself.
+//! The state is per device and process-wide, so a trainer may move between threads. One thread
+//! driving several GPUs' ranks (`nccl_communicator::for_devices`) must launch every rank's graph
+//! before an eager call on any of them: that call waits on the host for its rank's graph, which
+//! waits for its peers'. That is NCCL's own rule 2.
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/event.hpp>
@@ -38,22 +46,24 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
 namespace capscope::cuda {
 
-//! NCCL's reading of `NCCL_GRAPH_MIXING_SUPPORT`'s value (`NCCL_PARAM`: unset or empty is the
-//! default, 1; otherwise a number, strtoll base 0, nonzero meaning on; text that is no number reads
-//! as the default too, as NCCL warns and keeps it).
+//! NCCL's reading of `NCCL_GRAPH_MIXING_SUPPORT`'s value (`ncclLoadParam`, v2.28.3): unset or
+//! empty is the default, on; otherwise `strtoll(value, nullptr, 0)`, whatever follows the number,
+//! and the default only where that overflows. So "0", "off" and "false" all read as 0: off.
 inline bool nccl_graph_mixing_from(const char* value) noexcept {
     if (!value || !*value) return true;
-    char* end = nullptr;
-    const long long n = std::strtoll(value, &end, 0);
-    if (end == value || *end != '\0') return true;
+    errno = 0;
+    const long long n = std::strtoll(value, nullptr, 0);
+    if (errno) return true;
     return n != 0;
 }
 
@@ -61,43 +71,76 @@ inline bool nccl_graph_mixing_from(const char* value) noexcept {
 //! environment, where NCCL also puts what `nccl.conf` sets once it has initialised.
 inline bool nccl_graph_mixing() noexcept { return nccl_graph_mixing_from(std::getenv("NCCL_GRAPH_MIXING_SUPPORT")); }
 
-//! What `nccl_launch_order` did: waits it added, counted per host thread.
+//! What `nccl_launch_order` did, over every device of the process.
 struct nccl_order_counts {
-    long host_waits = 0;    //!< eager NCCL calls held until the last graph holding NCCL work had finished
-    long stream_waits = 0;  //!< launches made to wait on the device for one on another stream
-    long capture_waits = 0; //!< captures of NCCL work followed by a wait for the device
-    long events_recorded = 0; //!< launches of graphs that record no end of their own, an event recorded after them
+    long host_waits = 0;      //!< eager NCCL calls held until the last graph holding NCCL work had finished
+    long stream_waits = 0;    //!< launches made to wait on the device for NCCL work on another stream
+    long capture_waits = 0;   //!< captures of NCCL work followed by a wait for the device
+    long events_recorded = 0; //!< events recorded after eager calls and after graphs that record no end of their own
 };
 
 namespace detail {
-//! The last launch of a graph holding NCCL work on this thread: where, and what says it finished.
-struct last_nccl_launch {
+//! The last NCCL work on one device: a graph launch or an eager call, where, and what says it
+//! finished.
+struct last_nccl_work {
+    std::mutex mutex;
     bool pending = false;
+    bool graph = false; //!< a graph launch (an eager call else)
     unsigned long long stream_id = 0;
-    int device = -1;
     cudaEvent_t finished = nullptr;
     //! What keeps a copy's event alive (graph_exec::keeps_alive), watched, not held: holding it
     //! would keep NCCL's plans (the source graph's user objects) past their communicator's end.
     //! Once it is gone, the copy's last launch has finished (graph_copy.hpp's kept_source waits).
     std::weak_ptr<const void> keeps_finished;
-    bool own_event = false; //!< `finished` is one of `own_events` below, not a copy's
+    bool own_event = false;    //!< `finished` is `own`, not a copy's
+    std::optional<event> own;  //!< recorded after eager calls and uncopied graphs; made on the device at first need
     nccl_order_counts counts;
-    //! Events recorded after graphs that record no end of their own, one per device, made at first use.
-    std::array<std::optional<event>, 64> own_events;
 };
-inline last_nccl_launch& thread_nccl_launch() noexcept {
-    static thread_local last_nccl_launch state;
+inline constexpr int nccl_order_devices = 64;
+inline std::array<last_nccl_work, nccl_order_devices>& nccl_work_by_device() noexcept {
+    static std::array<last_nccl_work, nccl_order_devices> state;
     return state;
+}
+inline int device_of(cudaStream_t s) {
+    int d = 0;
+    if (s) CAPSCOPE_CHECK(cudaStreamGetDevice(s, &d));
+    else CAPSCOPE_CHECK(cudaGetDevice(&d));
+    if (d < 0 || d >= nccl_order_devices)
+        throw std::out_of_range("capscope: nccl_launch_order keeps devices 0 to " + std::to_string(nccl_order_devices - 1) + "; this is device " + std::to_string(d));
+    return d;
 }
 inline unsigned long long stream_id(cudaStream_t s) {
     unsigned long long id = 0;
     CAPSCOPE_CHECK(cudaStreamGetId(s, &id));
     return id;
 }
-inline int current_device() {
-    int d = 0;
-    CAPSCOPE_CHECK(cudaGetDevice(&d));
-    return d;
+inline bool capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CAPSCOPE_CHECK(cudaStreamIsCapturing(s, &status));
+    return status != cudaStreamCaptureStatusNone;
+}
+//! `w.own`, made on device `d` if not yet (set-up: once per device).
+inline const event& own_event_of(last_nccl_work& w, int d) {
+    if (w.own) return *w.own;
+    int current = 0;
+    CAPSCOPE_CHECK(cudaGetDevice(&current));
+    if (current != d) CAPSCOPE_CHECK(cudaSetDevice(d));
+    try {
+        w.own.emplace();
+    } catch (...) {
+        if (current != d) (void)cudaSetDevice(current);
+        throw;
+    }
+    if (current != d) CAPSCOPE_CHECK(cudaSetDevice(current));
+    return *w.own;
+}
+//! Makes `s` wait for `w`'s last work if it is pending on another stream than `id` (and alive).
+inline void follow_on_device(last_nccl_work& w, cudaStream_t s, unsigned long long id) {
+    if (!w.pending || w.stream_id == id) return;
+    const std::shared_ptr<const void> alive = w.keeps_finished.lock();
+    if (!w.own_event && !alive) return; // the copy is gone, and its end was waited for
+    CAPSCOPE_CHECK(cudaStreamWaitEvent(s, w.finished, 0));
+    ++w.counts.stream_waits;
 }
 } // namespace detail
 
@@ -117,69 +160,102 @@ public:
     }
 
     //! After a graph holding NCCL work was captured, before its first launch: NCCL's upload of a
-    //! large plan (on a stream of its own) finished.
+    //! large plan (on a stream of its own) finished. (In relaxed capture mode, so that another
+    //! thread's capture does not make the wait illegal.)
     void captured() const {
         if (!kept()) return;
-        CAPSCOPE_CHECK(cudaDeviceSynchronize());
-        ++detail::thread_nccl_launch().counts.capture_waits;
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        CAPSCOPE_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+        const cudaError_t waited = cudaDeviceSynchronize();
+        (void)cudaThreadExchangeStreamCaptureMode(&mode);
+        CAPSCOPE_CHECK(waited);
+        detail::last_nccl_work& w = detail::nccl_work_by_device()[std::size_t(detail::device_of(nullptr))];
+        const std::lock_guard<std::mutex> lock(w.mutex);
+        ++w.counts.capture_waits;
     }
 
-    //! Launches `g`, which holds NCCL work, on `s`: after the last such launch if that was on
-    //! another stream (rule 1), and noted for the next eager call (rule 2).
+    //! Launches `g`, which holds NCCL work, on `s`: after the last NCCL work if that was on another
+    //! stream (rule 1, and an eager call before), and noted for the next eager call (rule 2).
     void launch(const graph_exec& g, cudaStream_t s) const {
         if (!kept()) return g.launch(s);
-        detail::last_nccl_launch& last = detail::thread_nccl_launch();
+        const int d = detail::device_of(s);
+        detail::last_nccl_work& w = detail::nccl_work_by_device()[std::size_t(d)];
+        const std::lock_guard<std::mutex> lock(w.mutex);
         const unsigned long long id = detail::stream_id(s);
-        if (last.pending && last.stream_id != id) {
-            const std::shared_ptr<const void> alive = last.keeps_finished.lock();
-            if (last.own_event || alive) { // (else the copy is gone, and its end was waited for)
-                CAPSCOPE_CHECK(cudaStreamWaitEvent(s, last.finished, 0));
-                ++last.counts.stream_waits;
-            }
-        }
+        const event* own = g.finished_event() ? nullptr : &detail::own_event_of(w, d); // (made before the launch)
+        detail::follow_on_device(w, s, id);
         g.launch(s);
-        if (g.finished_event()) {
-            last.finished = g.finished_event();
-            last.keeps_finished = g.keeps_alive();
-            last.own_event = false;
-        } else {
-            const int device = detail::current_device();
-            if (device < 0 || std::size_t(device) >= last.own_events.size())
-                throw std::out_of_range("capscope: nccl_launch_order keeps an event for devices 0 to 63; this is device " + std::to_string(device));
-            std::optional<event>& e = last.own_events[std::size_t(device)];
-            if (!e) e.emplace();
-            e->record(s);
-            last.finished = e->get();
-            last.keeps_finished.reset();
-            last.own_event = true;
-            ++last.counts.events_recorded;
+        w.pending = true;
+        w.graph = true;
+        w.stream_id = id;
+        if (!own) {
+            w.finished = g.finished_event();
+            w.keeps_finished = g.keeps_alive();
+            w.own_event = false;
+            return;
         }
-        last.pending = true;
-        last.stream_id = id;
+        w.finished = own->get();
+        w.keeps_finished.reset();
+        w.own_event = true;
+        own->record(s);
+        ++w.counts.events_recorded;
     }
 
-    //! Before an eager NCCL call: the last launch of a graph holding NCCL work has finished.
-    //! `s`, when given, is the call's stream: under capture there is nothing to wait for.
+    //! Before an eager NCCL call on `s`: the last launch of a graph holding NCCL work has finished
+    //! (rule 2). Under capture there is nothing to wait for. `s` may be null: the current device.
     void before_eager(cudaStream_t s = nullptr) const {
         if (!kept()) return;
-        detail::last_nccl_launch& last = detail::thread_nccl_launch();
-        if (!last.pending) return;
-        if (s) {
-            cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-            CAPSCOPE_CHECK(cudaStreamIsCapturing(s, &status));
-            if (status != cudaStreamCaptureStatusNone) return;
+        if (s && detail::capturing(s)) return;
+        detail::last_nccl_work& w = detail::nccl_work_by_device()[std::size_t(detail::device_of(s))];
+        const std::lock_guard<std::mutex> lock(w.mutex);
+        if (!w.pending || !w.graph) return;
+        const std::shared_ptr<const void> alive = w.keeps_finished.lock();
+        if (w.own_event || alive) { // (else the copy is gone, and its end was waited for)
+            CAPSCOPE_CHECK(cudaEventSynchronize(w.finished));
+            ++w.counts.host_waits;
         }
-        const std::shared_ptr<const void> alive = last.keeps_finished.lock();
-        if (last.own_event || alive) { // (else the copy is gone, and its end was waited for)
-            CAPSCOPE_CHECK(cudaEventSynchronize(last.finished));
-            ++last.counts.host_waits;
-        }
-        last.pending = false;
-        last.keeps_finished.reset();
+        w.pending = false;
+        w.keeps_finished.reset();
     }
 
-    //! What this thread's orders added so far.
-    static nccl_order_counts counts() noexcept { return detail::thread_nccl_launch().counts; }
+    //! After an eager NCCL call on `s`: noted, so that a graph launched on another stream follows it.
+    void after_eager(cudaStream_t s) const {
+        if (!kept() || detail::capturing(s)) return;
+        const int d = detail::device_of(s);
+        detail::last_nccl_work& w = detail::nccl_work_by_device()[std::size_t(d)];
+        const std::lock_guard<std::mutex> lock(w.mutex);
+        const event& own = detail::own_event_of(w, d);
+        own.record(s);
+        w.pending = true;
+        w.graph = false;
+        w.stream_id = detail::stream_id(s);
+        w.finished = own.get();
+        w.keeps_finished.reset();
+        w.own_event = true;
+        ++w.counts.events_recorded;
+    }
+
+    //! `calls()`, which makes NCCL calls on `s` (eagerly or under capture), between
+    //! `before_eager(s)` and `after_eager(s)`.
+    template <class Calls>
+    void eager(cudaStream_t s, Calls&& calls) const {
+        before_eager(s);
+        calls();
+        after_eager(s);
+    }
+
+    //! What the orders of every device added so far.
+    static nccl_order_counts counts() {
+        nccl_order_counts sum;
+        for (detail::last_nccl_work& w : detail::nccl_work_by_device()) {
+            const std::lock_guard<std::mutex> lock(w.mutex);
+            sum.host_waits += w.counts.host_waits;
+            sum.stream_waits += w.counts.stream_waits;
+            sum.capture_waits += w.counts.capture_waits;
+            sum.events_recorded += w.counts.events_recorded;
+        }
+        return sum;
+    }
 
 private:
     enum : signed char { unread, on, off };

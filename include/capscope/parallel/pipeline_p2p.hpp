@@ -114,7 +114,6 @@ public:
         if (layout_ != pipeline::communicator_layout::shared)
             throw std::logic_error("capscope pipeline: this schedule's sends and receives go on a communicator per edge, whose order "
                                    "`run` keeps across groups and passes; issue() puts a group on one stream -- fix: run(), or Megatron's grouping");
-        order_.before_eager(stream); // eager, after a phase graph (cuda/nccl_graph_mixing.hpp)
         auto calls = [&] {
             for (const pipeline::p2p_op& op : g.ops) {
                 const p2p_buffer b = buffer_of(op);
@@ -122,8 +121,11 @@ public:
                 else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, op.m.from, world_.get(), stream));
             }
         };
-        if (shape_.grouping == pipeline::p2p_grouping::one_by_one) calls(); // each group holds one operation
-        else cuda::in_nccl_group(calls);
+        // (Eagerly, after a phase graph's launch, NCCL's rules without graph mixing: cuda/nccl_graph_mixing.hpp.)
+        order_.eager(stream, [&] {
+            if (shape_.grouping == pipeline::p2p_grouping::one_by_one) calls(); // each group holds one operation
+            else cuda::in_nccl_group(calls);
+        });
     }
 
     //! Proves on the host that the step as `run` issues it, with the buffers `buffer_of` gives,
@@ -218,13 +220,14 @@ private:
         edge& e = edges_[std::size_t(edge_index_[p])];
         fork_->wait_on(e.stream);
         e.used = true;
-        order_.before_eager(e.stream); // eager, after a graph holding NCCL work (cuda/nccl_graph_mixing.hpp)
-        cuda::in_nccl_group([&] {
-            for (const pipeline::p2p_op& op : pt.ops) {
-                const p2p_buffer b = buffer_of(op);
-                if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
-                else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
-            }
+        order_.eager(e.stream, [&] { // (NCCL's rules without graph mixing: cuda/nccl_graph_mixing.hpp)
+            cuda::in_nccl_group([&] {
+                for (const pipeline::p2p_op& op : pt.ops) {
+                    const p2p_buffer b = buffer_of(op);
+                    if (op.send) CAPSCOPE_CHECK(ncclSend(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
+                    else CAPSCOPE_CHECK(ncclRecv(b.data, b.bytes, ncclUint8, e.peer, e.comm.get(), e.stream));
+                }
+            });
         });
         part_done_[p].record(e.stream);
         for (const pipeline::p2p_op& op : pt.ops) {

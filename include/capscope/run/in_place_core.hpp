@@ -243,6 +243,10 @@ private:
         plan_ = std::move(plan);
         calls_ = bind_calls(plan_, program_->program);
         graphs_.resize(std::size_t(plan_.graph_count));
+        graph_nccl_.assign(std::size_t(plan_.graph_count), 0);
+        for (const plan_segment& seg : plan_.segments)
+            if (seg.graphed)
+                for (int k = 0; k < seg.call_count; ++k) graph_nccl_[std::size_t(seg.graph)] |= calls_[std::size_t(seg.first_call + k)].collective ? 1 : 0;
         // Per call: its segment, its slot (a trainer's region) or none (capscope's own), the next region.
         seg_of_call_.assign(calls_.size(), -1);
         for (std::size_t i = 0; i < plan_.segments.size(); ++i)
@@ -402,7 +406,10 @@ private:
             g = executor_.launchable(std::move(g), !graphs_.updates[at].empty());
             executor_.apply(graphs_.execs[at], g, calls_[std::size_t(seg.first_call)].name);
             if (!graphs_.updates[at].empty()) graphs_.kept[at] = std::move(g); // its child nodes are updated through it
-            graphs_.execs[at].launch(on_);
+            if (graph_nccl_[at]) {
+                nccl_order_.captured();
+                nccl_order_.launch(graphs_.execs[at], on_); // (NCCL's rules without graph mixing)
+            } else graphs_.execs[at].launch(on_);
             detail::count_one(executor_.counters().replays);
         } else if (mode_ == segment_mode::replayed && !launched_) {
             launch_open();
@@ -413,7 +420,11 @@ private:
 
     void launch_open() {
         const plan_segment& seg = plan_.segments[std::size_t(open_)];
-        if (!skip_replays_) graphs_.execs[std::size_t(seg.graph)].launch(on_); // (a test may break it on purpose)
+        if (!skip_replays_) { // (a test may break it on purpose)
+            const cuda::graph_exec& exec = graphs_.execs[std::size_t(seg.graph)];
+            if (graph_nccl_[std::size_t(seg.graph)]) nccl_order_.launch(exec, on_); // (NCCL's rules without graph mixing)
+            else exec.launch(on_);
+        }
         detail::count_one(executor_.counters().replays);
         launched_ = true;
     }
@@ -452,7 +463,11 @@ private:
         const plan_segment& seg = plan_.segments[std::size_t(open_)];
         const std::span<const bound_call> part{calls_.data() + a, std::size_t(b - a)};
         int running = -1;
-        if (mode_ == segment_mode::eager) return executor_.execute_part(part, on_, seg.lane, running, false);
+        if (mode_ == segment_mode::eager) {
+            if (std::none_of(part.begin(), part.end(), [](const bound_call& c) { return c.collective; }))
+                return executor_.execute_part(part, on_, seg.lane, running, false);
+            return nccl_order_.eager(on_, [&] { executor_.execute_part(part, on_, seg.lane, running, false); });
+        }
         try {
             executor_.execute_part(part, on_, seg.lane, running, true);
         } catch (const std::exception& e) {
@@ -579,6 +594,8 @@ private:
     std::vector<region_slot*> slot_of_call_;
     std::vector<const stage*> recorded_stage_of_call_; //!< into program_->as_recorded
     training_graphs graphs_;
+    std::vector<unsigned char> graph_nccl_; //!< per graph: whether it makes collective calls (cuda/nccl_graph_mixing.hpp)
+    cuda::nccl_launch_order nccl_order_;
     std::unique_ptr<capture_doctor> doctor_;
     std::string gap_label_;
     scratch_pool* previous_scratch_ = nullptr;

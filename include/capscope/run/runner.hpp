@@ -253,8 +253,9 @@ public:
                 detail::count_one(executor_.counters().replays);
             } else {
                 if (doctor) doctor->segment(seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)]);
-                if (segment_nccl_[std::size_t(&seg - plan_.segments.data())]) nccl_order_.before_eager();
-                executor_.run_eagerly(calls_of(seg), on, seg.lane);
+                if (segment_nccl_[std::size_t(&seg - plan_.segments.data())])
+                    nccl_order_.eager(on, [&] { executor_.run_eagerly(calls_of(seg), on, seg.lane); });
+                else executor_.run_eagerly(calls_of(seg), on, seg.lane);
             }
             executor_.record(seg.record, on);
         }
@@ -437,8 +438,9 @@ private:
         for (const plan_segment& seg : plan_.segments) {
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
             executor_.wait(plan_.waits_of(seg.waits), on);
-            if (segment_nccl_[std::size_t(&seg - plan_.segments.data())]) nccl_order_.before_eager();
-            executor_.run_eagerly(calls_of(seg), on, seg.lane);
+            if (segment_nccl_[std::size_t(&seg - plan_.segments.data())])
+                nccl_order_.eager(on, [&] { executor_.run_eagerly(calls_of(seg), on, seg.lane); });
+            else executor_.run_eagerly(calls_of(seg), on, seg.lane);
             executor_.record(seg.record, on);
         }
         executor_.wait(plan_.waits_of(plan_.end_waits), s);
