@@ -4,7 +4,8 @@
 // refused naming the first difference (and record_again() takes the new order); CUDA work between
 // two regions of one graph is named by the capture doctor before any capture, and by the capture
 // itself without the doctor; the doctor names a region that launches on the legacy stream; a
-// composition's hooks apply to the recorded program; replayed steps allocate nothing on the host.
+// composition's hooks apply to the recorded program; replayed steps allocate nothing on the host;
+// with NCCL's graph mixing off, an eager collective region waits for the layers' graphs.
 
 #include "count_host_allocations.hpp"
 #include "engine_kernels.hpp"
@@ -17,6 +18,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -358,4 +360,54 @@ TEST_CASE("in place: a replayed step allocates nothing on the host") {
     std::printf("  host allocations per replayed step: local %ld, full_iteration %ld\n", local_allocations, whole_allocations);
     CHECK(local_allocations == 0);
     CHECK(whole_allocations == 0);
+}
+
+TEST_CASE("in place, without NCCL's graph mixing: an eager collective region after the layers' graphs runs once they have finished") {
+    // With NCCL_GRAPH_MIXING_SUPPORT=0, an eager NCCL call must not follow an unfinished graph
+    // launch holding NCCL work (cuda/nccl_graph_mixing.hpp). Here the layers' backward regions
+    // declare collective calls (kind "collective") and copy the step's counter into host memory
+    // after 2 ms; a collective region at the step's end, eager under transformer_engine, reads it on
+    // the host. Broken on purpose (nccl_order_skipped), it reads an earlier step's value.
+    const char* before = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+    const std::string kept_value = before ? before : "";
+    setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 1);
+    struct put_back {
+        bool was_set;
+        std::string value;
+        ~put_back() {
+            if (was_set) setenv("NCCL_GRAPH_MIXING_SUPPORT", value.c_str(), 1);
+            else unsetenv("NCCL_GRAPH_MIXING_SUPPORT");
+        }
+    } restore{before != nullptr, kept_value};
+    constexpr int blocks = 2;
+    cuda::stream s;
+    ints counter{1}, tmp{n};
+    counter.fill_bytes(0, s);
+    tmp.fill_bytes(0, s);
+    cuda::pinned_buffer<int> seen(1);
+    seen.data()[0] = 0;
+    std::vector<int> read;
+    in_place_runner<te> cap;
+    for (int i = 0; i < steps; ++i) {
+        in_place_step step = cap.step(s);
+        step.run({.kind = stage_kind_id("count"), .buffers_declared = true}, [&](cudaStream_t on) { k::add_one(counter.data(), on); });
+        step.microbatch();
+        for (int l = 0; l < blocks; ++l)
+            step.forward({.layer = l, .kind = stage_kind_id("block"), .buffers_declared = true}, [&](cudaStream_t on) { k::scale(tmp.data(), tmp.data(), 1, n, on); });
+        for (int l = blocks - 1; l >= 0; --l)
+            step.backward({.layer = l, .kind = stage_kind_id("collective"), .buffers_declared = true},
+                          [&](cudaStream_t on) { k::slow_copy(seen.data(), counter.data(), 1, 2'000'000, on); });
+        step.run({.kind = stage_kind_id("collective"), .name = "host read", .buffers_declared = true},
+                 [&](cudaStream_t) { read.push_back(int(*static_cast<volatile int*>(seen.data()))); });
+        step.end();
+    }
+    s.synchronize();
+    REQUIRE(read.size() == std::size_t(steps));
+    CHECK(cap.counters().replays > 0);
+    for (int i = 3; i < steps; ++i) { // (the warmup's two steps are eager, and the third captures)
+        INFO("step ", i, ": the eager collective region read ", read[std::size_t(i)], " on the host, expected ", i + 1);
+        CHECK(read[std::size_t(i)] == i + 1);
+    }
+    std::printf("  in place, without NCCL's graph mixing: the eager collective region read %d, %d, %d in replayed steps 4-6 (%ld replays)\n",
+                read[3], read[4], read[5], cap.counters().replays);
 }
