@@ -9,6 +9,7 @@
 
 #include "count_host_allocations.hpp"
 #include "engine_kernels.hpp"
+#include "scoped_environment.hpp"
 #include "support.hpp"
 
 #include <capscope/capscope.hpp>
@@ -18,7 +19,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -368,17 +368,7 @@ TEST_CASE("in place, without NCCL's graph mixing: an eager collective region aft
     // declare collective calls (kind "collective") and copy the step's counter into host memory
     // after 2 ms; a collective region at the step's end, eager under transformer_engine, reads it on
     // the host. Broken on purpose (nccl_order_skipped), it reads an earlier step's value.
-    const char* before = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
-    const std::string kept_value = before ? before : "";
-    setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 1);
-    struct put_back {
-        bool was_set;
-        std::string value;
-        ~put_back() {
-            if (was_set) setenv("NCCL_GRAPH_MIXING_SUPPORT", value.c_str(), 1);
-            else unsetenv("NCCL_GRAPH_MIXING_SUPPORT");
-        }
-    } restore{before != nullptr, kept_value};
+    const scoped_environment off("NCCL_GRAPH_MIXING_SUPPORT", "0");
     constexpr int blocks = 2;
     cuda::stream s;
     ints counter{1}, tmp{n};

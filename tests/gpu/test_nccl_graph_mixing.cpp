@@ -12,12 +12,12 @@
 
 #include "data_parallel_model.hpp"
 #include "engine_kernels.hpp"
+#include "scoped_environment.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,22 +39,6 @@ cuda::graph_exec launchable(cuda::graph g, bool copied) {
     return cuda::graph_exec(c.copy);
 }
 
-//! NCCL_GRAPH_MIXING_SUPPORT set for a scope, and put back after it.
-struct mixing_setting {
-    std::string before;
-    bool was_set;
-    explicit mixing_setting(const char* value) {
-        const char* b = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
-        was_set = b != nullptr;
-        if (b) before = b;
-        setenv("NCCL_GRAPH_MIXING_SUPPORT", value, 1);
-    }
-    ~mixing_setting() {
-        if (was_set) setenv("NCCL_GRAPH_MIXING_SUPPORT", before.c_str(), 1);
-        else unsetenv("NCCL_GRAPH_MIXING_SUPPORT");
-    }
-};
-
 } // namespace
 
 TEST_CASE("NCCL_GRAPH_MIXING_SUPPORT read as NCCL reads it: unset or empty is on; else strtoll's number, on unless it is 0") {
@@ -70,7 +54,7 @@ TEST_CASE("NCCL_GRAPH_MIXING_SUPPORT read as NCCL reads it: unset or empty is on
     CHECK(!cuda::nccl_graph_mixing_from("false"));
     CHECK(!cuda::nccl_graph_mixing_from(" "));
     CHECK(!cuda::nccl_graph_mixing_from("0abc"));
-    const mixing_setting off("0");
+    const scoped_environment off("NCCL_GRAPH_MIXING_SUPPORT", "0");
     CHECK(!cuda::nccl_graph_mixing());
     CHECK(!cuda::nccl_launch_order().kept() == !!capscope::detail::installed_breakage().nccl_order_skipped);
 }
@@ -204,7 +188,7 @@ TEST_CASE("without NCCL's graph mixing, a runner's eager collective after its ho
     // lies outside the layers runs eagerly after them (as the example trainer's does), here reading on
     // the host what the hooks' graphs wrote. Broken on purpose (nccl_order_skipped), it reads the
     // last step's value.
-    const mixing_setting off("0");
+    const scoped_environment off("NCCL_GRAPH_MIXING_SUPPORT", "0");
     cuda::stream s;
     data_parallel_model::dp_model m(0, s);
     cuda::pinned_buffer<int> seen(1);

@@ -243,10 +243,7 @@ private:
         plan_ = std::move(plan);
         calls_ = bind_calls(plan_, program_->program);
         graphs_.resize(std::size_t(plan_.graph_count));
-        graph_nccl_.assign(std::size_t(plan_.graph_count), 0);
-        for (const plan_segment& seg : plan_.segments)
-            if (seg.graphed)
-                for (int k = 0; k < seg.call_count; ++k) graph_nccl_[std::size_t(seg.graph)] |= calls_[std::size_t(seg.first_call + k)].collective ? 1 : 0;
+        graph_nccl_ = collectives_of(plan_, calls_).graphs;
         // Per call: its segment, its slot (a trainer's region) or none (capscope's own), the next region.
         seg_of_call_.assign(calls_.size(), -1);
         for (std::size_t i = 0; i < plan_.segments.size(); ++i)

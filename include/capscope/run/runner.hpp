@@ -35,6 +35,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -68,6 +69,23 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
     }
     return calls;
 }
+
+//! Per segment of a plan, whether any of its calls makes collective calls; per graph, whether any
+//! of its segments does. Around those, NCCL's rules without graph mixing are kept
+//! (cuda/nccl_graph_mixing.hpp).
+struct collective_segments {
+    std::vector<unsigned char> segments, graphs;
+};
+inline collective_segments collectives_of(const training_plan& plan, std::span<const bound_call> calls) {
+    collective_segments c{std::vector<unsigned char>(plan.segments.size(), 0), std::vector<unsigned char>(std::size_t(plan.graph_count), 0)};
+    for (std::size_t i = 0; i < plan.segments.size(); ++i) {
+        const plan_segment& s = plan.segments[i];
+        for (const bound_call& b : calls.subspan(std::size_t(s.first_call), std::size_t(s.call_count))) c.segments[i] |= b.collective ? 1 : 0;
+        if (s.graphed) c.graphs[std::size_t(s.graph)] |= c.segments[i];
+    }
+    return c;
+}
+
 //! What a training runner of `Config` checks of its program before planning it: the layer schemas
 //! it names (`schema_mismatch`), the config's model facts (P10), a guarded optimizer (P17).
 template <class Config, class... Layers>
@@ -194,14 +212,11 @@ public:
         graphs_.resize(std::size_t(plan_.graph_count));
         fresh_.assign(std::size_t(plan_.graph_count), {-1, -1});
         first_segment_.assign(std::size_t(plan_.graph_count), -1);
-        graph_nccl_.assign(std::size_t(plan_.graph_count), 0);
-        segment_nccl_.assign(plan_.segments.size(), 0);
         for (std::size_t i = 0; i < plan_.segments.size(); ++i) {
             const plan_segment& s = plan_.segments[i];
             if (s.graphed && first_segment_[std::size_t(s.graph)] < 0) first_segment_[std::size_t(s.graph)] = int(i);
-            for (const detail::bound_call& c : calls_of(s)) segment_nccl_[i] |= c.collective ? 1 : 0;
-            if (s.graphed) graph_nccl_[std::size_t(s.graph)] |= segment_nccl_[i];
         }
+        nccl_ = detail::collectives_of(plan_, calls_);
         if (detail::installed_breakage().skip_rerun) program_.rerun = {}; // a test, broken on purpose: a refused step stays refused
     }
     runner(runner&&) noexcept = default;
@@ -248,12 +263,12 @@ public:
             if (replaying && seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)] &&
                 (graphs_.execs[std::size_t(seg.graph)] || capture_in_step(seg, on)) && updated(seg)) {
                 const cuda::graph_exec& exec = graphs_.execs[std::size_t(seg.graph)];
-                if (graph_nccl_[std::size_t(seg.graph)]) nccl_order_.launch(exec, on); // (NCCL's rules without graph mixing)
+                if (nccl_.graphs[std::size_t(seg.graph)]) nccl_order_.launch(exec, on); // (NCCL's rules without graph mixing)
                 else exec.launch(on);
                 detail::count_one(executor_.counters().replays);
             } else {
                 if (doctor) doctor->segment(seg.graphed && !graphs_.run_eagerly[std::size_t(seg.graph)]);
-                if (segment_nccl_[std::size_t(&seg - plan_.segments.data())])
+                if (nccl_.segments[std::size_t(&seg - plan_.segments.data())])
                     nccl_order_.eager(on, [&] { executor_.run_eagerly(calls_of(seg), on, seg.lane); });
                 else executor_.run_eagerly(calls_of(seg), on, seg.lane);
             }
@@ -343,7 +358,7 @@ private:
         graphs_.updates[at] = executor_.take_captured_updates();
         g = executor_.launchable(std::move(g), !graphs_.updates[at].empty());
         executor_.apply(graphs_.execs[at], g, calls_[std::size_t(seg.first_call)].name);
-        if (graph_nccl_[at]) nccl_order_.captured();
+        if (nccl_.graphs[at]) nccl_order_.captured();
         if (!graphs_.updates[at].empty()) graphs_.kept[at] = std::move(g); // its child nodes are updated through the graph instantiated
         fresh_[at] = {step_serial_, int(&seg - plan_.segments.data())};
         return true;
@@ -438,7 +453,7 @@ private:
         for (const plan_segment& seg : plan_.segments) {
             const cudaStream_t on = seg.lane ? lanes.fork(seg.lane, s) : s;
             executor_.wait(plan_.waits_of(seg.waits), on);
-            if (segment_nccl_[std::size_t(&seg - plan_.segments.data())])
+            if (nccl_.segments[std::size_t(&seg - plan_.segments.data())])
                 nccl_order_.eager(on, [&] { executor_.run_eagerly(calls_of(seg), on, seg.lane); });
             else executor_.run_eagerly(calls_of(seg), on, seg.lane);
             executor_.record(seg.record, on);
@@ -468,9 +483,7 @@ private:
     //! thread may still read it while CUPTI lets go; on the heap, so the runner moves.
     std::unique_ptr<detail::capture_doctor> doctor_;
     std::vector<int> first_segment_;
-    //! Per graph, per segment: whether it makes collective calls (bound_call::collective), so that
-    //! NCCL's rules without graph mixing are kept around it (cuda/nccl_graph_mixing.hpp).
-    std::vector<unsigned char> graph_nccl_, segment_nccl_;
+    detail::collective_segments nccl_; //!< which segments and graphs make collective calls
     cuda::nccl_launch_order nccl_order_;
     cuda::pinned_buffer<int> rerun_flag_; //!< where refused() reads the rerun flag (programs with a rerun, from the first step)
     int warm_steps_ = 0; //!< steps since construction or reset(), up to the warmup
