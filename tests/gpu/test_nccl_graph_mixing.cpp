@@ -255,3 +255,80 @@ TEST_CASE("without NCCL's graph mixing, the order watches the last launch's grap
     other.synchronize();
     CHECK(c[0] == 2);
 }
+
+TEST_CASE("without NCCL's graph mixing, an inference runner's eager collectives run once its collective graphs have finished") {
+    // A tensor-parallel server's forward, two layers: each attention stage makes collective calls
+    // and is a per-layer graph; layer 0's MLP, outside the config's modules, is an eager island that
+    // makes collective calls too, here reading on the host what layer 0's graph wrote. Past the
+    // largest bucket, after layer 1's graph, the eager forward reads it as well. Broken on purpose
+    // (nccl_order_skipped), both read an earlier value.
+    const scoped_environment off("NCCL_GRAPH_MIXING_SUPPORT", "0");
+    cuda::stream s;
+    cuda::device_buffer<int> counter(1);
+    cuda::pinned_buffer<int> seen(1);
+    counter.fill_bytes(0, s);
+    seen.data()[0] = 0;
+    s.synchronize();
+    std::vector<int> island_read, oversize_read;
+    auto attention = [&](int layer) {
+        stage a;
+        a.name = "layer" + std::to_string(layer) + ".attention (all-reduce)";
+        a.layer = layer;
+        a.captured_by = {capture_module::attention};
+        a.collective_calls = "a slow copy standing for NCCL's work";
+        a.buffers_declared = true;
+        a.forward = stream_fn::from([c = counter.data(), to = seen.data()](cudaStream_t on) {
+            k::add_one(c, on);
+            k::slow_copy(to, c, 1, slow_ns, on);
+        });
+        return a;
+    };
+    stage mlp;
+    mlp.name = "layer0.mlp (eager collective, host read)";
+    mlp.layer = 0;
+    mlp.captured_by = {capture_module::mlp};
+    mlp.kind = stage_kind_id("collective");
+    mlp.collective_calls = "reads on the host what layer 0's attention graph wrote";
+    mlp.buffers_declared = true;
+    mlp.forward = stream_fn::from([from = seen.data(), into = &island_read](cudaStream_t) {
+        into->push_back(int(*static_cast<const volatile int*>(from)));
+    });
+    inference_program p;
+    for (int size : {1, 2}) {
+        p.buckets.push_back({attention(0), mlp, attention(1)});
+        p.bucket_sizes.push_back(size);
+    }
+    struct eager_forward_reads {
+        const int* seen;
+        std::vector<int>* into;
+        void forward(cudaStream_t, int) { into->push_back(int(*static_cast<const volatile int*>(seen))); }
+    } eager_forward{seen.data(), &oversize_read};
+    p.eager_forward = sized_stream_fn::of<&eager_forward_reads::forward>(&eager_forward);
+    using serve = config<impl::lazy_per_layer, inference::per_layer, modules<capture::attention>, warmup_steps<1>, buckets<1, 2>,
+                         oversize_requests<oversize::run_eagerly>>;
+    inference_runner<serve> r(std::move(p));
+    REQUIRE(r.plan().graphs_per_bucket == 2);
+    REQUIRE(r.plan().eager_islands_per_run() == 1);
+    const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
+    constexpr int runs = 4;
+    for (int run = 1; run <= runs; ++run) r.run(1, s); // run 1 is the eager warmup: no graph to wait for
+    r.run(3, s); // past the largest bucket: the eager forward, after run 4's layer-1 graph
+    s.synchronize();
+    REQUIRE(island_read.size() == std::size_t(runs));
+    REQUIRE(oversize_read.size() == 1);
+    CHECK(r.counters().replays == 2 * (runs - 1));
+    for (int run = 2; run <= runs; ++run) {
+        INFO("run ", run, ": the eager collective island read ", island_read[std::size_t(run - 1)], " on the host");
+        CHECK(island_read[std::size_t(run - 1)] == 2 * run - 1);
+    }
+    INFO("the eager forward past the largest bucket read ", oversize_read[0], " on the host");
+    CHECK(oversize_read[0] == 2 * runs);
+    const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
+    if (!capscope::detail::installed_breakage().nccl_order_skipped) {
+        CHECK(after.host_waits - before.host_waits == runs); // each replayed run's island, and the eager forward
+        CHECK(after.capture_waits - before.capture_waits == 2);
+    }
+    std::printf("  without NCCL's graph mixing, an inference runner: its eager collective island read its run's value in %d replayed "
+                "runs, the eager forward past the largest bucket %d (%ld host waits, %ld captures followed by a device wait)\n",
+                runs - 1, oversize_read[0], after.host_waits - before.host_waits, after.capture_waits - before.capture_waits);
+}

@@ -18,8 +18,8 @@
 //! `nccl_launch_order` keeps all three, and one more that only the graph-mixing wait kept: a graph
 //! launched after an eager NCCL call on another stream runs after it. capscope calls it where it
 //! launches graphs that hold collective calls and where it makes such calls eagerly: `runner`,
-//! `in_place_runner`, `pipeline_phase_graphs`, `pipeline_p2p` and
-//! `nccl_communicator::average_in_place`. With the support on, each call is one branch on a flag
+//! `in_place_runner`, the inference runners (`bucket_runner`), `pipeline_phase_graphs`,
+//! `pipeline_p2p` and `nccl_communicator::average_in_place`. With the support on, each call is one branch on a flag
 //! read once. With it off, per device:
 //!   - before launching a graph that holds NCCL work, a wait (on the device) for the last NCCL work
 //!     if that was on another stream;
@@ -30,9 +30,9 @@
 //! kept as captured has one recorded after it. Each launch asks the stream's id and device.
 //!
 //! What it cannot see: NCCL work it is not told of. That includes graphs the trainer captures
-//! itself, `pipeline_pass_graphs`' passes (which hold no collective by their contract), inference
-//! runners, and NCCL calls outside capscope's stages (a loss all-reduce after `step()`). With the
-//! support off, such code calls `launch`, `captured` and `eager` itself.
+//! itself, `pipeline_pass_graphs`' passes (which hold no collective by their contract), and NCCL
+//! calls outside capscope's stages (a loss all-reduce after `step()`). With the support off, such
+//! code calls `launch`, `captured` and `eager` itself.
 //! The state is per device and process-wide, so a trainer may move between threads. One thread
 //! driving several GPUs' ranks (`nccl_communicator::for_devices`) must launch every rank's graph
 //! before an eager call on any of them: that call waits on the host for its rank's graph, which

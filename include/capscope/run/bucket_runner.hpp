@@ -16,15 +16,22 @@
 //! to the executable one with `cudaGraphExecUpdate`; it is instantiated anew only when CUDA
 //! refuses the update. `counters()` counts both. Capture, failures, scratch memory and updates
 //! are the training runner's (capscope/run/segment_executor.hpp).
+//!
+//! Segments whose stages make collective calls (a tensor-parallel all-reduce) keep NCCL's rules
+//! for graphs when its graph-mixing support is off, as the training runner's do
+//! (capscope/cuda/nccl_graph_mixing.hpp). So does `eager_forward`, past the largest bucket, when
+//! any stage of the program makes collective calls: it runs the same forward.
 
 #include <capscope/cuda/error.hpp>
 #include <capscope/cuda/graph.hpp>
+#include <capscope/cuda/nccl_graph_mixing.hpp>
 #include <capscope/plan/inference_plan.hpp>
 #include <capscope/plan/inference_settings.hpp>
 #include <capscope/run/capture_failed.hpp>
 #include <capscope/run/counters.hpp>
 #include <capscope/run/runner.hpp>
 
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,7 +49,8 @@ public:
         : program_(std::move(program)),
           plan_(make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program_)),
           calls_(detail::bind_calls(plan_, program_)),
-          executor_(Settings.mode, Settings.on_failure) {
+          executor_(Settings.mode, Settings.on_failure),
+          nccl_(detail::collective_segments_of(plan_.segments, calls_)) {
         const std::size_t per_bucket = std::size_t(plan_.sizes.size()) * std::size_t(plan_.graphs_per_bucket);
         execs_.resize(Settings.execs == bucket_exec::shared ? std::size_t(plan_.graphs_per_bucket) : per_bucket);
         if (Settings.execs == bucket_exec::shared) templates_.resize(per_bucket);
@@ -84,11 +92,13 @@ public:
             if (Settings.ahead_of_time && !captured_ahead_) capture_all(s);
             for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) {
                 if (seg->graphed && !run_eagerly_[index(b, seg->graph)] && ready(b, *seg, s)) {
-                    execs_[slot(b, seg->graph)].launch(s);
+                    const cuda::graph_exec& exec = execs_[slot(b, seg->graph)];
+                    if (collective(*seg)) nccl_order_.launch(exec, s); // (NCCL's rules without graph mixing)
+                    else exec.launch(s);
                     detail::count_one(k.replays);
                     continue;
                 }
-                executor_.run_eagerly(calls_of(*seg), s, 0);
+                run_segment_eagerly(*seg, s);
             }
         }
     }
@@ -144,6 +154,7 @@ public:
         program_ = std::move(program);
         plan_ = std::move(plan);
         calls_ = detail::bind_calls(plan_, program_);
+        nccl_ = detail::collective_segments_of(plan_.segments, calls_);
     }
 
     //! Frees every graph and returns to the state after construction (eager warmup again).
@@ -197,13 +208,20 @@ private:
                                    " rows is past the largest bucket and the config runs it eagerly, but the inference program has no "
                                    "eager_forward; bind inference_program::eager_forward");
         scope_label label("eager forward (past the largest bucket)");
-        program_.eager_forward(s, c.requested);
+        if (std::find(nccl_.begin(), nccl_.end(), 1) != nccl_.end()) nccl_order_.eager(s, [&] { program_.eager_forward(s, c.requested); });
+        else program_.eager_forward(s, c.requested);
         detail::count_one(executor_.counters().steps);
         detail::count_one(executor_.counters().oversize_runs);
     }
 
     void run_bucket_eagerly(int b, cudaStream_t s) {
-        for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) executor_.run_eagerly(calls_of(*seg), s, 0);
+        for (const plan_segment* seg = plan_.bucket_begin(b); seg != plan_.bucket_end(b); ++seg) run_segment_eagerly(*seg, s);
+    }
+
+    bool collective(const plan_segment& seg) const { return nccl_[std::size_t(&seg - plan_.segments.data())] != 0; }
+    void run_segment_eagerly(const plan_segment& seg, cudaStream_t s) {
+        if (collective(seg)) nccl_order_.eager(s, [&] { executor_.run_eagerly(calls_of(seg), s, 0); });
+        else executor_.run_eagerly(calls_of(seg), s, 0);
     }
 
     std::span<const detail::bound_call> calls_of(const plan_segment& seg) const {
@@ -243,6 +261,7 @@ private:
             return segment_site{"graph g" + std::to_string(seg.graph) + " of bucket " + std::to_string(plan_.sizes[b]), seg.layer, seg.graph, b};
         });
         if (!g) run_eagerly_[index(b, seg.graph)] = 1;
+        else if (collective(seg)) nccl_order_.captured(); // (before its first launch: NCCL's upload, without graph mixing)
         return g;
     }
 
@@ -265,6 +284,8 @@ private:
     std::vector<int> loaded_;               //!< shared: the bucket whose graph an executable graph holds
     std::vector<unsigned char> stale_;      //!< per (bucket, graph): rebound, capture again
     std::vector<unsigned char> run_eagerly_; //!< per (bucket, graph): capture failed, policy run_eagerly
+    std::vector<unsigned char> nccl_;       //!< per segment: its stages make collective calls
+    cuda::nccl_launch_order nccl_order_;
     std::vector<int> runs_;                 //!< forwards per bucket since construction or reset(), up to the warmup
     bool captured_ahead_ = false;
 };

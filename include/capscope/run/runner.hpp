@@ -76,13 +76,16 @@ std::vector<bound_call> bind_calls(const Plan& plan, const Program& program) {
 struct collective_segments {
     std::vector<unsigned char> segments, graphs;
 };
+inline std::vector<unsigned char> collective_segments_of(std::span<const plan_segment> segments, std::span<const bound_call> calls) {
+    std::vector<unsigned char> c(segments.size(), 0);
+    for (std::size_t i = 0; i < segments.size(); ++i)
+        for (const bound_call& b : calls.subspan(std::size_t(segments[i].first_call), std::size_t(segments[i].call_count))) c[i] |= b.collective ? 1 : 0;
+    return c;
+}
 inline collective_segments collectives_of(const training_plan& plan, std::span<const bound_call> calls) {
-    collective_segments c{std::vector<unsigned char>(plan.segments.size(), 0), std::vector<unsigned char>(std::size_t(plan.graph_count), 0)};
-    for (std::size_t i = 0; i < plan.segments.size(); ++i) {
-        const plan_segment& s = plan.segments[i];
-        for (const bound_call& b : calls.subspan(std::size_t(s.first_call), std::size_t(s.call_count))) c.segments[i] |= b.collective ? 1 : 0;
-        if (s.graphed) c.graphs[std::size_t(s.graph)] |= c.segments[i];
-    }
+    collective_segments c{collective_segments_of(plan.segments, calls), std::vector<unsigned char>(std::size_t(plan.graph_count), 0)};
+    for (std::size_t i = 0; i < plan.segments.size(); ++i)
+        if (plan.segments[i].graphed) c.graphs[std::size_t(plan.segments[i].graph)] |= c.segments[i];
     return c;
 }
 
