@@ -225,7 +225,7 @@ TEST_CASE("Megatron's own batch sizes, recorded from d98e8a64dd, match capscope'
         for (std::string v; std::getline(sizes, v, ',');) want.push_back(std::stoi(v));
         const bucket_list got = megatron_cuda_graph_batch_sizes(std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3]),
                                                                 m[4] == "linear" ? bucket_sizing::linear : bucket_sizing::exponential);
-        CHECK_MESSAGE(got == want, line, " -> capscope: ", detail::bucket_text(got));
+        CHECK_MESSAGE(got == want, line, " -> capscope: ", capscope::detail::bucket_text(got));
         ++cases;
         agree += got == want;
     }

@@ -44,7 +44,7 @@ TEST_CASE("the per-edge plan: every send and receive in one part on its edge, ea
                         const rank_program& p = programs[std::size_t(r)];
                         std::size_t ops = 0, covered = 0;
                         for (const p2p_group& grp : p.groups) ops += grp.ops.size();
-                        std::vector<int> last_after_on_lane(std::size_t(detail::lane_count(s, communicator_layout::per_edge)), -2);
+                        std::vector<int> last_after_on_lane(std::size_t(capscope::pipeline::detail::lane_count(s, communicator_layout::per_edge)), -2);
                         for (std::size_t i = 0; i < plan.parts.size(); ++i) {
                             const edge_part& part = plan.parts[i];
                             covered += part.ops.size();
@@ -52,7 +52,7 @@ TEST_CASE("the per-edge plan: every send and receive in one part on its edge, ea
                             last_after_on_lane[std::size_t(part.lane)] = part.after;
                             for (std::size_t o = 0; o < part.ops.size(); ++o) {
                                 const p2p_op& op = part.ops[o];
-                                CHECK(detail::lane_of(s, communicator_layout::per_edge, op) == part.lane);
+                                CHECK(capscope::pipeline::detail::lane_of(s, communicator_layout::per_edge, op) == part.lane);
                                 CHECK((op.m.from == r || op.m.to == r));
                                 const bool act = op.m.what == carries::activation;
                                 if (!op.send) {

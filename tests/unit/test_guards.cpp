@@ -49,8 +49,8 @@ TEST_CASE("a guarded optimizer is a conditional node inside the graph, and a hos
     CHECK(contains(local_text, "eager        check_finite IF 'all_finite' { optimizer }  [guards read on the host: IF 'all_finite']\n"));
     // As a failed capture names a segment's stages: comma-separated, the braces still read right.
     const plan_segment& step_end = local.segments.back();
-    CHECK(detail::segment_stages(local, g.p, step_end, ", ") == "check_finite, IF 'all_finite' { optimizer }");
-    CHECK(detail::segment_stages(local, g.p, step_end, "\\n") == "check_finite\\nIF 'all_finite' {\\noptimizer\\n}");
+    CHECK(capscope::detail::segment_stages(local, g.p, step_end, ", ") == "check_finite, IF 'all_finite' { optimizer }");
+    CHECK(capscope::detail::segment_stages(local, g.p, step_end, "\\n") == "check_finite\\nIF 'all_finite' {\\noptimizer\\n}");
 
     // The guard reads the flag: a writer on a side lane is waited for, as any other reader's would be.
     g.p.step_end.front().lane = 2;
@@ -177,7 +177,7 @@ TEST_CASE("a guarded stage's forward and backward, side by side in a whole-step 
     auto& list = g.p.microbatches[0];
     list.back().guard = run_if(g.all_finite); // the head: its forward call and its backward call are adjacent
     const training_plan whole = make_training_plan({graph_impl::whole_iteration, {}}, 0, g.p);
-    const std::string stages = detail::segment_stages(whole, g.p, whole.segments.front(), " ");
+    const std::string stages = capscope::detail::segment_stages(whole, g.p, whole.segments.front(), " ");
     CHECK(contains(stages, "IF 'all_finite' { head } IF 'all_finite' { head }"));
-    CHECK(contains(detail::guard_list(whole, g.p, whole.segments.front()), "IF 'all_finite', IF 'all_finite', IF 'all_finite'"));
+    CHECK(contains(capscope::detail::guard_list(whole, g.p, whole.segments.front()), "IF 'all_finite', IF 'all_finite', IF 'all_finite'"));
 }

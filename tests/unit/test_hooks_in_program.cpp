@@ -7,6 +7,8 @@
 #include <capscope/capscope.hpp>
 #include <capscope/engine.hpp>
 
+#include "fake_stream.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,8 +18,7 @@
 using namespace capscope;
 
 namespace {
-int not_a_stream = 0;
-const auto fake_stream = reinterpret_cast<cudaStream_t>(&not_a_stream);
+using host_tests::fake_stream;
 
 using fake::where;
 

@@ -7,6 +7,8 @@
 #include <capscope/capscope.hpp>
 #include <capscope/engine.hpp>
 
+#include "fake_stream.hpp"
+
 #include <doctest/doctest.h>
 
 #include <stdexcept>
@@ -17,8 +19,7 @@ using namespace capscope;
 
 namespace {
 
-int not_a_stream = 0;
-const auto fake_stream = reinterpret_cast<cudaStream_t>(&not_a_stream); // never given to CUDA here
+using host_tests::fake_stream;
 
 //! A trainer that owns its loops and logs what its regions' code does.
 struct loop_first {

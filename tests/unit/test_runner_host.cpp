@@ -8,6 +8,8 @@
 #include <capscope/capscope.hpp>
 #include <capscope/engine.hpp>
 
+#include "fake_stream.hpp"
+
 #include <doctest/doctest.h>
 
 #include <string>
@@ -32,9 +34,7 @@ std::vector<std::string> promised_order(const training_program& p) {
     return out;
 }
 
-// A stream handle that is never given to CUDA: eager steps only pass it to the fake stages.
-int not_a_stream = 0;
-const auto fake_stream = reinterpret_cast<cudaStream_t>(&not_a_stream);
+using host_tests::fake_stream;
 
 template <class Config>
 void check_warmup_order(const char* what) {
