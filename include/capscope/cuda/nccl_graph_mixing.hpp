@@ -19,8 +19,8 @@
 //! launched after an eager NCCL call on another stream runs after it. capscope calls it where it
 //! launches graphs that hold collective calls and where it makes such calls eagerly: `runner`,
 //! `in_place_runner`, the inference runners (`bucket_runner`), `pipeline_phase_graphs`,
-//! `pipeline_p2p` and `nccl_communicator::average_in_place`. With the support on, each call is one branch on a flag
-//! read once. With it off, per device:
+//! `pipeline_p2p` and `nccl_communicator::average_in_place`. With the support on, each call is
+//! one branch on a flag read once. With it off, per device:
 //!   - before launching a graph that holds NCCL work, a wait (on the device) for the last NCCL work
 //!     if that was on another stream;
 //!   - after capturing one, a wait for the device (set-up, once per capture), for NCCL's upload;
