@@ -258,10 +258,11 @@ TEST_CASE("without NCCL's graph mixing, the order watches the last launch's grap
 
 TEST_CASE("without NCCL's graph mixing, an inference runner's eager collectives run once its collective graphs have finished") {
     // A tensor-parallel server's forward, two layers: each attention stage makes collective calls
-    // and is a per-layer graph; layer 0's MLP, outside the config's modules, is an eager island that
-    // makes collective calls too, here reading on the host what layer 0's graph wrote. Past the
-    // largest bucket, after layer 1's graph, the eager forward reads it as well. Broken on purpose
-    // (nccl_order_skipped), both read an earlier value.
+    // and is a per-layer graph; each MLP, outside the config's modules, is an eager island. Layer
+    // 0's makes collective calls too, here reading on the host what layer 0's graph wrote; layer
+    // 1's makes none, so it must wait for nothing. Then the second bucket's eager warmup, after the
+    // first bucket's graphs, its replay, and past the largest bucket the eager forward, which reads
+    // what the last graph wrote. Broken on purpose (nccl_order_skipped), they read earlier values.
     const scoped_environment off("NCCL_GRAPH_MIXING_SUPPORT", "0");
     cuda::stream s;
     cuda::device_buffer<int> counter(1);
@@ -283,19 +284,25 @@ TEST_CASE("without NCCL's graph mixing, an inference runner's eager collectives 
         });
         return a;
     };
-    stage mlp;
-    mlp.name = "layer0.mlp (eager collective, host read)";
-    mlp.layer = 0;
-    mlp.captured_by = {capture_module::mlp};
-    mlp.kind = stage_kind_id("collective");
-    mlp.collective_calls = "reads on the host what layer 0's attention graph wrote";
-    mlp.buffers_declared = true;
-    mlp.forward = stream_fn::from([from = seen.data(), into = &island_read](cudaStream_t) {
+    stage mlp0;
+    mlp0.name = "layer0.mlp (eager collective, host read)";
+    mlp0.layer = 0;
+    mlp0.captured_by = {capture_module::mlp};
+    mlp0.kind = stage_kind_id("collective");
+    mlp0.collective_calls = "reads on the host what layer 0's attention graph wrote";
+    mlp0.buffers_declared = true;
+    mlp0.forward = stream_fn::from([from = seen.data(), into = &island_read](cudaStream_t) {
         into->push_back(int(*static_cast<const volatile int*>(from)));
     });
+    stage mlp1;
+    mlp1.name = "layer1.mlp (no collective)";
+    mlp1.layer = 1;
+    mlp1.captured_by = {capture_module::mlp};
+    mlp1.buffers_declared = true;
+    mlp1.forward = stream_fn::from([](cudaStream_t) {});
     inference_program p;
     for (int size : {1, 2}) {
-        p.buckets.push_back({attention(0), mlp, attention(1)});
+        p.buckets.push_back({attention(0), mlp0, attention(1), mlp1});
         p.bucket_sizes.push_back(size);
     }
     struct eager_forward_reads {
@@ -308,27 +315,36 @@ TEST_CASE("without NCCL's graph mixing, an inference runner's eager collectives 
                          oversize_requests<oversize::run_eagerly>>;
     inference_runner<serve> r(std::move(p));
     REQUIRE(r.plan().graphs_per_bucket == 2);
-    REQUIRE(r.plan().eager_islands_per_run() == 1);
+    REQUIRE(r.plan().eager_islands_per_run() == 2);
     const cuda::nccl_order_counts before = cuda::nccl_launch_order::counts();
-    constexpr int runs = 4;
+    constexpr int runs = 4; // in bucket 1; each run adds 2 to the counter
     for (int run = 1; run <= runs; ++run) r.run(1, s); // run 1 is the eager warmup: no graph to wait for
-    r.run(3, s); // past the largest bucket: the eager forward, after run 4's layer-1 graph
+    r.run(2, s); // bucket 2's eager warmup: its first collective waits for run 4's layer-1 graph
+    r.run(2, s); // bucket 2 captured and replayed
+    r.run(3, s); // past the largest bucket: the eager forward, after bucket 2's layer-1 graph
     s.synchronize();
-    REQUIRE(island_read.size() == std::size_t(runs));
+    REQUIRE(island_read.size() == std::size_t(runs + 2));
     REQUIRE(oversize_read.size() == 1);
-    CHECK(r.counters().replays == 2 * (runs - 1));
+    CHECK(r.counters().replays == 2 * (runs - 1) + 2);
     for (int run = 2; run <= runs; ++run) {
         INFO("run ", run, ": the eager collective island read ", island_read[std::size_t(run - 1)], " on the host");
         CHECK(island_read[std::size_t(run - 1)] == 2 * run - 1);
     }
-    INFO("the eager forward past the largest bucket read ", oversize_read[0], " on the host");
-    CHECK(oversize_read[0] == 2 * runs);
+    INFO("bucket 2's warmup read ", island_read[runs], ", its replay ", island_read[runs + 1], ", the eager forward past the largest bucket ",
+         oversize_read[0]);
+    CHECK(island_read[runs] == 2 * runs);         // what run 4's last graph wrote
+    CHECK(island_read[runs + 1] == 2 * runs + 3); // its own layer-0 graph's
+    CHECK(oversize_read[0] == 2 * runs + 4);
     const cuda::nccl_order_counts after = cuda::nccl_launch_order::counts();
     if (!capscope::detail::installed_breakage().nccl_order_skipped) {
-        CHECK(after.host_waits - before.host_waits == runs); // each replayed run's island, and the eager forward
-        CHECK(after.capture_waits - before.capture_waits == 2);
+        // Each replayed run's collective island, bucket 2's warmup once, the eager forward; layer
+        // 1's island none.
+        CHECK(after.host_waits - before.host_waits == (runs - 1) + 1 + 1 + 1);
+        CHECK(after.capture_waits - before.capture_waits == 4);
     }
     std::printf("  without NCCL's graph mixing, an inference runner: its eager collective island read its run's value in %d replayed "
-                "runs, the eager forward past the largest bucket %d (%ld host waits, %ld captures followed by a device wait)\n",
-                runs - 1, oversize_read[0], after.host_waits - before.host_waits, after.capture_waits - before.capture_waits);
+                "runs, bucket 2's warmup %d, its replay %d, the eager forward past the largest bucket %d (%ld host waits, %ld captures "
+                "followed by a device wait)\n",
+                runs - 1, island_read[runs], island_read[runs + 1], oversize_read[0], after.host_waits - before.host_waits,
+                after.capture_waits - before.capture_waits);
 }
