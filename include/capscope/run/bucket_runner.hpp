@@ -52,7 +52,7 @@ public:
           plan_(make_inference_plan(Settings.scope, Settings.modules, Settings.sizes, program_)),
           calls_(detail::bind_calls(plan_, program_)),
           executor_(Settings.mode, Settings.on_failure),
-          nccl_(detail::collective_segments_of(plan_.segments, calls_)), any_nccl_(std::find(nccl_.begin(), nccl_.end(), 1) != nccl_.end()) {
+          nccl_(detail::collective_segments_of(plan_.segments, calls_)) {
         const std::size_t per_bucket = std::size_t(plan_.sizes.size()) * std::size_t(plan_.graphs_per_bucket);
         execs_.resize(Settings.execs == bucket_exec::shared ? std::size_t(plan_.graphs_per_bucket) : per_bucket);
         if (Settings.execs == bucket_exec::shared) templates_.resize(per_bucket);
@@ -157,7 +157,6 @@ public:
         plan_ = std::move(plan);
         calls_ = detail::bind_calls(plan_, program_);
         nccl_ = detail::collective_segments_of(plan_.segments, calls_);
-        any_nccl_ = std::find(nccl_.begin(), nccl_.end(), 1) != nccl_.end();
     }
 
     //! Frees every graph and returns to the state after construction (eager warmup again).
@@ -211,7 +210,7 @@ private:
                                    " rows is past the largest bucket and the config runs it eagerly, but the inference program has no "
                                    "eager_forward; bind inference_program::eager_forward");
         scope_label label("eager forward (past the largest bucket)");
-        if (any_nccl_) nccl_order_.eager(s, [&] { program_.eager_forward(s, c.requested); });
+        if (std::find(nccl_.begin(), nccl_.end(), 1) != nccl_.end()) nccl_order_.eager(s, [&] { program_.eager_forward(s, c.requested); });
         else program_.eager_forward(s, c.requested);
         detail::count_one(executor_.counters().steps);
         detail::count_one(executor_.counters().oversize_runs);
@@ -288,7 +287,6 @@ private:
     std::vector<unsigned char> stale_;      //!< per (bucket, graph): rebound, capture again
     std::vector<unsigned char> run_eagerly_; //!< per (bucket, graph): capture failed, policy run_eagerly
     std::vector<unsigned char> nccl_;       //!< per segment: its stages make collective calls
-    bool any_nccl_ = false;                 //!< some segment does (so eager_forward counts as NCCL work)
     cuda::nccl_launch_order nccl_order_;
     std::vector<int> runs_;                 //!< forwards per bucket since construction or reset(), up to the warmup
     bool captured_ahead_ = false;
